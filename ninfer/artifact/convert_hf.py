@@ -1,0 +1,240 @@
+"""Hugging Face model directory -> .ninfer.
+
+Reads config.json, safetensors (one file or shards with an index), tokenizer.json,
+tokenizer_config.json or chat_template.jinja, generation_config.json. Tensor names are
+normalised as docs/artifact.md describes; values keep their source dtype unless `weights`
+asks for a storage format.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from ninfer.artifact.format import ArtifactWriter, StoredTensor
+from ninfer.artifact.progress import Progress
+from ninfer.artifact.quant import WEIGHT_FORMATS, bf16_encode, plain, quantize
+from ninfer.errors import ConvertError
+
+MODEL_TYPES = {
+    "llama": "llama",
+    "qwen3": "qwen3",
+    "qwen3_moe": "qwen3_moe",
+    "qwen3_5": "qwen3_5",
+    "qwen3_5_text": "qwen3_5",
+    "qwen3_5_moe": "qwen3_5_moe",
+    "qwen3_5_moe_text": "qwen3_5_moe",
+}
+
+# 2-D weights that `--weights fp8|nvfp4` may quantise: the projections of attention, MLP,
+# experts and DeltaNet. Embeddings, the head, routers, norms and small gates stay high precision.
+_QUANTISABLE = re.compile(
+    r"\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj|in_proj_qkvz|in_proj_qkv|in_proj_z|out_proj)\.weight$"
+)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConvertError(f"{path}: missing") from None
+    except ValueError as e:
+        raise ConvertError(f"{path}: not valid JSON ({e})") from None
+
+
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The text model's config, with a nested `text_config` lifted to the top level."""
+    if "text_config" not in config:
+        return dict(config)
+    out = {k: v for k, v in config.items() if k not in ("text_config",)}
+    out.update(config["text_config"])
+    out["model_type"] = config.get("model_type", out.get("model_type"))
+    for key in ("tie_word_embeddings",):
+        if key in config:
+            out[key] = config[key]
+    return out
+
+
+def normalise_name(name: str) -> str:
+    if name.startswith("model.language_model."):
+        return "model." + name[len("model.language_model.") :]
+    if name.startswith("model.visual."):
+        return "visual." + name[len("model.visual.") :]
+    return name
+
+
+def _safetensor_files(src: Path) -> list[Path]:
+    index = src / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(_read_json(index).get("weight_map", {}).values()))
+        paths = [src / f for f in files]
+        for p in paths:
+            if not p.exists():
+                raise ConvertError(f"{p}: shard named by model.safetensors.index.json is missing")
+        return paths
+    paths = sorted(src.glob("*.safetensors"))
+    if not paths:
+        raise ConvertError(f"{src}: no *.safetensors weights found")
+    return paths
+
+
+def _iter_tensors(files: list[Path]) -> Iterator[tuple[str, np.ndarray, str]]:
+    """Yield (name, float32-or-native array, source dtype) one tensor at a time."""
+    from safetensors import safe_open
+
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                t = f.get_tensor(name)
+                dtype = str(t.dtype).removeprefix("torch.")
+                if dtype == "bfloat16":
+                    # keep the exact bit pattern
+                    import torch
+
+                    yield name, t.contiguous().view(torch.int16).numpy().view(np.uint16), "bf16"
+                elif dtype in ("float32", "float16"):
+                    yield name, t.numpy(), {"float32": "f32", "float16": "f16"}[dtype]
+                else:
+                    yield name, t.float().numpy(), "f32"
+
+
+def _split_fused_experts(name: str, arr: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """experts.gate_up_proj [E, 2I, H] and experts.down_proj [E, H, I] -> per-expert 2-D weights."""
+    m = re.match(r"(.*\.experts)\.(gate_up_proj|down_proj)$", name)
+    if not m:
+        return [(name, arr)]
+    prefix, kind = m.groups()
+    out = []
+    for e in range(arr.shape[0]):
+        if kind == "gate_up_proj":
+            inter = arr.shape[1] // 2
+            out.append((f"{prefix}.{e}.gate_proj.weight", arr[e, :inter]))
+            out.append((f"{prefix}.{e}.up_proj.weight", arr[e, inter:]))
+        else:
+            out.append((f"{prefix}.{e}.down_proj.weight", arr[e]))
+    return out
+
+
+def _store(name: str, arr: np.ndarray, src_fmt: str, weights: str | None) -> StoredTensor:
+    if weights is None:
+        return StoredTensor(src_fmt, tuple(arr.shape), {"data": np.ascontiguousarray(arr)})
+    dense = arr if src_fmt != "bf16" else (arr.astype(np.uint32) << 16).view(np.float32)
+    dense = np.asarray(dense, dtype=np.float32)
+    if weights in ("fp8", "nvfp4") and dense.ndim == 2 and _QUANTISABLE.search(name):
+        if weights == "fp8" or dense.shape[1] % 16 == 0:
+            return quantize(dense, weights)
+    if weights == "bf16" or dense.ndim == 2:
+        return StoredTensor("bf16", tuple(dense.shape), {"data": bf16_encode(dense)})
+    return plain(dense, "f32")  # norms and other vectors stay exact
+
+
+def load_tokenizer(src: Path) -> tuple[str, dict[str, Any], str | None]:
+    """(tokenizer.json text, tokenizer_config dict, chat template or None)."""
+    tok_path = src / "tokenizer.json"
+    if not tok_path.exists():
+        raise ConvertError(f"{tok_path}: missing (ninfer needs a `tokenizers` tokenizer.json)")
+    tok_json = tok_path.read_text(encoding="utf-8")
+    tok_cfg = _read_json(src / "tokenizer_config.json") if (src / "tokenizer_config.json").exists() else {}
+    template = None
+    if (src / "chat_template.jinja").exists():
+        template = (src / "chat_template.jinja").read_text(encoding="utf-8")
+    elif isinstance(tok_cfg.get("chat_template"), str):
+        template = tok_cfg["chat_template"]
+    return tok_json, tok_cfg, template
+
+
+def special_tokens(tok_json: str, tok_cfg: dict[str, Any], config: dict[str, Any], gen: dict[str, Any]) -> dict[str, Any]:
+    vocab: dict[str, int] = {}
+    data = json.loads(tok_json)
+    for added in data.get("added_tokens", []):
+        vocab[added["content"]] = added["id"]
+
+    def token_text(v: Any) -> str | None:
+        if isinstance(v, dict):
+            return v.get("content")
+        return v
+
+    def tid(text: str | None) -> int | None:
+        if text is None:
+            return None
+        if text in vocab:
+            return vocab[text]
+        return data.get("model", {}).get("vocab", {}).get(text) if isinstance(data.get("model", {}).get("vocab"), dict) else None
+
+    eos_ids: list[int] = []
+    for source in (gen.get("eos_token_id"), config.get("eos_token_id"), tid(token_text(tok_cfg.get("eos_token")))):
+        for v in source if isinstance(source, list) else [source]:
+            if isinstance(v, int) and v not in eos_ids:
+                eos_ids.append(v)
+    bos = token_text(tok_cfg.get("bos_token"))
+    return {
+        "bos_token": bos,
+        "bos_token_id": tid(bos) if bos else config.get("bos_token_id"),
+        "eos_token": token_text(tok_cfg.get("eos_token")),
+        "eos_token_ids": eos_ids,
+        "pad_token_id": tid(token_text(tok_cfg.get("pad_token"))),
+        "add_bos": bool(tok_cfg.get("add_bos_token", False)),
+    }
+
+
+def convert_hf(
+    src: str | Path,
+    out: str | Path,
+    *,
+    weights: str | None = None,
+    name: str | None = None,
+    chat_template: str | None = None,
+    progress: bool = False,
+) -> Path:
+    src = Path(src)
+    if not src.is_dir():
+        raise ConvertError(f"{src}: not a directory or .gguf file")
+    if weights is not None and weights not in WEIGHT_FORMATS:
+        raise ConvertError(f"--weights {weights}: unknown format (choose from {', '.join(WEIGHT_FORMATS)})")
+    raw_config = _read_json(src / "config.json")
+    config = text_config(raw_config)
+    model_type = raw_config.get("model_type") or config.get("model_type")
+    arch = MODEL_TYPES.get(model_type)
+    if arch is None:
+        raise ConvertError(
+            f"{src}: unsupported architecture {model_type!r} (supported: {', '.join(sorted(set(MODEL_TYPES)))})"
+        )
+    gen = _read_json(src / "generation_config.json") if (src / "generation_config.json").exists() else {}
+    tok_json, tok_cfg, template = load_tokenizer(src)
+    if chat_template is not None:
+        template = chat_template
+    files = _safetensor_files(src)
+    header = {
+        "metadata": {"name": name or raw_config.get("_name_or_path") or src.name, "source": "huggingface"},
+        "architecture": arch,
+        "config": config,
+        "tokenizer": tok_json,
+        "chat_template": template,
+        "special_tokens": special_tokens(tok_json, tok_cfg, config, gen),
+        "generation": {k: v for k, v in gen.items() if not k.startswith("_") and k != "transformers_version"},
+        "components": ["text"],
+    }
+    if not isinstance(header["metadata"]["name"], str) or "/" in header["metadata"]["name"]:
+        header["metadata"]["name"] = name or src.name
+    components = {"text"}
+    from safetensors import safe_open
+
+    total = sum(len(safe_open(str(p), framework="pt").keys()) for p in files)
+    bar = Progress("converting", total, enabled=progress)
+    with ArtifactWriter(out, header) as writer:
+        for src_name, arr, src_fmt in _iter_tensors(files):
+            bar.advance()
+            tname = normalise_name(src_name)
+            if tname.startswith("mtp."):
+                components.add("mtp")
+            elif tname.startswith("visual."):
+                components.add("vision")
+            for n, a in _split_fused_experts(tname, arr):
+                writer.add(n, _store(n, a, src_fmt, weights))
+        writer.header["components"] = sorted(components, key=["text", "mtp", "vision"].index)
+    bar.done()
+    return Path(out)

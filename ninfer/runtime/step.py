@@ -1,0 +1,70 @@
+"""The two plain dataclasses where the scheduler and the executor meet.
+
+The scheduler (pure Python, no torch) decides *what* runs in a step and emits a `StepBatch`;
+the executor (the only code that touches tensors) runs it and answers with a `StepResult`.
+Nothing else crosses that boundary, so every scheduling decision is testable with a fake
+executor on CPU.
+
+KV layout contract (shared by scheduler and executor)::
+
+    page pool: pages 0..num_pages-1, each holding `page_size` consecutive token positions
+    block_table[i] = page id holding positions [i*page_size, (i+1)*page_size) of that sequence
+
+    seq A: positions 0..9, page_size 4   block_table = (7, 2, 5)
+           page 7 ← pos 0..3 | page 2 ← pos 4..7 | page 5 ← pos 8..9 (+2 free slots)
+
+A chunk computes `token_ids` at positions `start_pos .. start_pos+len-1`; its block table must
+cover every position up to the end of the chunk. Pages before `start_pos` hold valid KV (from
+earlier steps or a reused prefix). Hybrid models also carry a recurrent-state slot per chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SeqChunk:
+    """Work for one sequence in one step: a prefill chunk or one decode token."""
+
+    seq_id: int  # engine-wide id of the sequence (stable for its lifetime)
+    token_ids: tuple[int, ...]  # tokens to compute this step, len >= 1
+    start_pos: int  # absolute position of token_ids[0]
+    block_table: tuple[int, ...]  # KV pages covering positions [0, start_pos + len(token_ids))
+    state_slot: int | None = None  # recurrent-state slot (hybrid models), else None
+    want_logits: bool = True  # return logits of the last position of this chunk
+
+
+@dataclass(frozen=True)
+class StateCopy:
+    """Copy a recurrent-state slot (conv tail + DeltaNet state of every linear layer) before the
+    step runs: used to restore a prefix checkpoint into a lane or to capture one."""
+
+    src_slot: int
+    dst_slot: int
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """Everything one model traversal computes. Chunks are ordered; prefill chunks and decode
+    rows may be mixed. `state_copies` run first, in order."""
+
+    chunks: tuple[SeqChunk, ...]
+    state_copies: tuple[StateCopy, ...] = ()
+    step_index: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.chunks)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What the executor returns: for each chunk with want_logits, in batch order, the id of the
+    chunk's sequence. `logits` is the executor's tensor [n_rows, vocab] (opaque to the
+    scheduler); `sampled` holds the token chosen per row once the sampler ran."""
+
+    seq_ids: tuple[int, ...]
+    sampled: tuple[int, ...] = ()
+    logits: object | None = field(default=None, repr=False)
+    device_seconds: float = 0.0
