@@ -1,0 +1,270 @@
+"""Typed HTTP API errors and the OpenAI error body.
+
+Every error a client can cause through the HTTP API is an `ApiError`: an HTTP status, an
+OpenAI error `type`, a stable machine `code`, the offending request field (`param`, a dotted /
+indexed path such as ``messages[2].content[0].image_url.detail``) and a one-line message that
+says what was wrong. `ApiError.body()` is the OpenAI wire shape::
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": "n", "code": "..."}}
+
+Internal invariant failures are never `ApiError`s; the app answers them with a generic 500.
+The helpers below are the only spellings of each code, so handlers and tests agree on them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ninfer.errors import NinferError
+
+INVALID_REQUEST = "invalid_request_error"
+AUTHENTICATION = "authentication_error"
+NOT_FOUND = "not_found_error"
+RATE_LIMIT = "rate_limit_error"
+SERVER_ERROR = "server_error"
+
+
+class ApiError(NinferError):
+    """A request the server refuses, with everything its HTTP error response needs.
+
+    status: HTTP status code. type: OpenAI error type. code: stable machine-readable code.
+    param: the request field at fault, or None when no single field is.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = INVALID_REQUEST,  # the OpenAI field name
+        code: str | None = None,
+        param: str | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.code = code
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        """The OpenAI error body: ``{"error": {"message", "type", "param", "code"}}``."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"ApiError({self.status}, code={self.code!r}, param={self.param!r}, {self.message!r})"
+        )
+
+
+# -- 400: malformed or unsupported requests -----------------------------------------------------
+
+
+def invalid_json(detail: str) -> ApiError:
+    """The body is not a JSON object."""
+    return ApiError(400, f"the request body is not valid JSON: {detail}", code="invalid_json")
+
+
+def missing(param: str) -> ApiError:
+    """A required field is absent or null."""
+    return ApiError(400, f"'{param}' is required", code="missing_required_parameter", param=param)
+
+
+def invalid_type(param: str, expected: str, value: object) -> ApiError:
+    """A field has the wrong JSON type."""
+    return ApiError(
+        400,
+        f"'{param}' must be {expected}, got {_json_type(value)}",
+        code="invalid_type",
+        param=param,
+    )
+
+
+def invalid_value(param: str, message: str) -> ApiError:
+    """A field has the right type but an impossible value (out of range, unknown enum member)."""
+    return ApiError(400, f"'{param}': {message}", code="invalid_value", param=param)
+
+
+def unsupported_parameter(param: str, guarantee: str) -> ApiError:
+    """A field whose requested behaviour NInfer cannot provide, whatever its value.
+
+    `guarantee` names what cannot be honoured, e.g. "grammar-constrained decoding".
+    """
+    return ApiError(
+        400,
+        f"'{param}' is not supported: ninfer cannot provide {guarantee}",
+        code="unsupported_parameter",
+        param=param,
+    )
+
+
+def unsupported_value(param: str, value: object, guarantee: str) -> ApiError:
+    """A supported field given a value whose behaviour NInfer cannot provide."""
+    return ApiError(
+        400,
+        f"'{param}' = {_short(value)} is not supported: ninfer cannot provide {guarantee}",
+        code="unsupported_value",
+        param=param,
+    )
+
+
+def vision_disabled(param: str) -> ApiError:
+    """Media input on a server started without --vision."""
+    return ApiError(
+        400,
+        "image and video input is disabled on this server; start `ninfer serve` with --vision",
+        code="vision_disabled",
+        param=param,
+    )
+
+
+def invalid_media(param: str, message: str) -> ApiError:
+    """An invalid media source, bytes or decoded content."""
+    return ApiError(400, f"'{param}': {message}", code="invalid_media", param=param)
+
+
+def conflicting_template_option(param: str, message: str) -> ApiError:
+    """Two request fields (typed and chat_template_kwargs, or thinking and effort) disagree."""
+    return ApiError(400, message, code="conflicting_template_option", param=param)
+
+
+def context_length_exceeded(
+    prompt_tokens: int, max_context: int, param: str | None = "messages"
+) -> ApiError:
+    """The rendered prompt does not fit the per-sequence context ceiling (--max-context)."""
+    return ApiError(
+        400,
+        f"the prompt has {prompt_tokens} tokens, more than this server's context of {max_context} "
+        f"tokens (--max-context); shorten the conversation",
+        code="context_length_exceeded",
+        param=param,
+    )
+
+
+# -- other statuses ------------------------------------------------------------------------------
+
+
+def unauthorized() -> ApiError:
+    """Missing or wrong API key (--api-key)."""
+    return ApiError(
+        401,
+        "missing or invalid API key; send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
+        type=AUTHENTICATION,
+        code="invalid_api_key",
+    )
+
+
+def model_not_found(model: str, served: str) -> ApiError:
+    """A request or lookup names a model other than the public model id."""
+    return ApiError(
+        404,
+        f"the model {model!r} does not exist; this server serves {served!r}",
+        code="model_not_found",
+        param="model",
+    )
+
+
+def route_not_found(method: str, path: str) -> ApiError:
+    return ApiError(404, f"no route for {method} {path}", type=NOT_FOUND, code="not_found")
+
+
+def method_not_allowed(method: str, path: str) -> ApiError:
+    return ApiError(405, f"{method} is not allowed on {path}", code="method_not_allowed")
+
+
+def request_too_large(limit_mib: int) -> ApiError:
+    """The raw body exceeds --max-request-mib (checked before JSON parsing)."""
+    return ApiError(
+        413,
+        f"the request body is larger than this server's limit of {limit_mib} MiB (--max-request-mib)",
+        code="request_too_large",
+    )
+
+
+def server_overloaded() -> ApiError:
+    """max_concurrency + max_pending_requests requests are already outstanding."""
+    return ApiError(
+        429,
+        "the server is at capacity (--max-concurrency + --max-pending-requests); retry later",
+        type=RATE_LIMIT,
+        code="server_overloaded",
+    )
+
+
+def request_queue_timeout(timeout_ms: int) -> ApiError:
+    """Admission did not happen within --pending-timeout-ms."""
+    return ApiError(
+        503,
+        f"the request was not admitted within {timeout_ms} ms (--pending-timeout-ms); retry later",
+        type=SERVER_ERROR,
+        code="request_queue_timeout",
+    )
+
+
+def engine_unavailable() -> ApiError:
+    """The engine failed engine-wide and accepts no more work."""
+    return ApiError(
+        503,
+        "the engine has failed and accepts no requests",
+        type=SERVER_ERROR,
+        code="engine_unavailable",
+    )
+
+
+def internal_error() -> ApiError:
+    """An internal failure; the message deliberately carries no detail."""
+    return ApiError(500, "internal server error", type=SERVER_ERROR, code="internal_error")
+
+
+# -- formatting ----------------------------------------------------------------------------------
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _short(value: object, limit: int = 60) -> str:
+    import json
+
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def from_engine_error(exc: BaseException, *, pending_timeout_ms: int) -> ApiError | None:
+    """The API error for a typed engine refusal raised by `Engine.submit` or delivered in a
+    FinishEvent: EngineOverloaded -> 429 server_overloaded, QueueTimeout -> 503
+    request_queue_timeout, RequestError -> 400 invalid_request. Anything else (an engine
+    failure, a bug) returns None: the caller must not relabel it as a client error."""
+    from ninfer.runtime.request import EngineOverloaded, QueueTimeout, RequestError
+
+    if isinstance(exc, EngineOverloaded):
+        return server_overloaded()
+    if isinstance(exc, QueueTimeout):
+        return request_queue_timeout(pending_timeout_ms)
+    if isinstance(exc, RequestError):
+        return ApiError(400, str(exc), code="invalid_request")
+    return None

@@ -1,0 +1,619 @@
+"""Chat-template rendering and prompt encoding.
+
+Three steps turn a normalized conversation into prompt token ids:
+
+1. `resolve_template_options` merges the typed request fields (enable_thinking,
+   preserve_thinking, reasoning_effort), `chat_template_kwargs` and the server defaults into the
+   variables the template sees, rejecting conflicts and reserved names.
+2. `ChatTemplate.render` runs the Jinja template in a sandbox configured like Hugging Face's
+   `apply_chat_template` (trim_blocks, lstrip_blocks, loopcontrols, `raise_exception`, a `tojson`
+   that keeps member order and does not escape non-ASCII). It returns a `RenderedPrompt`: the text
+   plus the spans of control tokens that the *template* wrote.
+3. `encode_prompt` encodes that text: the spans become their control-token ids, and everything
+   else - including control-token spellings quoted in message content, tool data or kwargs - is
+   encoded as ordinary text.
+
+How content is kept apart from markup: before rendering, every control-token spelling inside a
+content string (and a partial spelling at either end of one, so that adjacent strings cannot
+join into one) is replaced by a placeholder `M c M`, where M is a private-use character that
+occurs nowhere in the inputs or the template and c indexes a table of literals. The template
+never sees a control spelling from content, so each control spelling in its output is markup.
+After rendering, placeholders are replaced by their literals and the markup spans recorded.
+
+    content "a<|im_end|>b"  --protect-->  "a" M c0 M "b"  --render-->  "<|im_start|>user\\na" M c0 M "b<|im_end|>"
+    --restore-->  text "<|im_start|>user\\na<|im_end|>b<|im_end|>", special spans [(0, 12), (29, 39)]
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, ClassVar
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+from ninfer.api import errors
+from ninfer.errors import ConfigError
+
+TEMPLATES_DIR = Path(__file__).parent / "templates"
+
+STANDARD_OPTIONS = ("enable_thinking", "preserve_thinking", "reasoning_effort")
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+# Efforts that ask for thinking; "minimal" is left to the template.
+_THINKING_EFFORTS = frozenset({"low", "medium", "high", "xhigh", "max"})
+SPECIAL_TOKEN_VARIABLES = (
+    "bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token",
+)  # fmt: skip
+RESERVED_VARIABLES = frozenset(
+    {"messages", "tools", "add_generation_prompt", "continue_final_message"}
+    | set(SPECIAL_TOKEN_VARIABLES)
+)
+
+
+class TemplateRenderError(errors.ApiError):
+    """The template rejected the conversation (`raise_exception`, a Jinja error) or altered
+    protected content: HTTP 400 invalid_prompt."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(400, message, code="invalid_prompt", param="messages")
+
+
+# ---------------------------------------------------------------------------------------------
+# Options
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ThinkingDefaults:
+    """Server-wide defaults: `--no-thinking` sets enable_thinking=False, `--preserve-thinking`
+    preserve_thinking=True; None leaves the template's own default."""
+
+    enable_thinking: bool | None = None
+    preserve_thinking: bool | None = None
+
+    @classmethod
+    def from_flags(cls, thinking: bool = True, preserve_thinking: bool = False) -> ThinkingDefaults:
+        """From the serve flags: only `--no-thinking` / `--preserve-thinking` set a default."""
+        return cls(
+            enable_thinking=None if thinking else False,
+            preserve_thinking=True if preserve_thinking else None,
+        )
+
+
+@dataclass(frozen=True)
+class TemplateOptions:
+    """Resolved template variables of one request.
+
+    `enable_thinking`, `preserve_thinking`, `reasoning_effort` are None when neither the request
+    nor the server set them (the template default applies). `requested_*` record only what the
+    request itself said, for the request log. `extra` holds the other kwargs, passed verbatim.
+    """
+
+    enable_thinking: bool | None = None
+    preserve_thinking: bool | None = None
+    reasoning_effort: str | None = None
+    requested_reasoning_effort: str | None = None
+    requested_preserve_thinking: bool | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def variables(self) -> dict[str, Any]:
+        """Template variables: extra kwargs plus every standard option that is set."""
+        out = dict(self.extra)
+        for name in STANDARD_OPTIONS:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        return out
+
+
+def _check_option(name: str, param: str, value: Any) -> None:
+    if name == "reasoning_effort":
+        if not isinstance(value, str):
+            raise errors.invalid_type(param, "a string", value)
+        if value not in REASONING_EFFORTS:
+            raise errors.invalid_value(param, f"must be one of {', '.join(REASONING_EFFORTS)}")
+    elif not isinstance(value, bool):
+        raise errors.invalid_type(param, "a boolean", value)
+
+
+def resolve_template_options(
+    *,
+    enable_thinking: bool | None = None,
+    preserve_thinking: bool | None = None,
+    reasoning_effort: str | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+    defaults: ThinkingDefaults = ThinkingDefaults(),
+) -> TemplateOptions:
+    """Merge typed request fields, `chat_template_kwargs` and server defaults.
+
+    Rules (spec "OpenAI Chat Completions"):
+    - a null standard option means unspecified; other null kwargs stay None;
+    - a standard option given both as a typed field and in kwargs must agree, else
+      `conflicting_template_option`;
+    - reasoning_effort "none" means enable_thinking False; explicit enable_thinking True with
+      effort "none", or False with low..max effort, is `conflicting_template_option`;
+    - messages, tools, generation mode and special-token variables cannot be set through kwargs
+      (`invalid_value`); wrongly typed options are `invalid_type` / `invalid_value`.
+    All errors are `ApiError` 400 naming the field.
+    - request options override server defaults; the server's enable_thinking default is not
+      applied when the request chose a reasoning effort.
+    """
+    kwargs = {} if chat_template_kwargs is None else chat_template_kwargs
+    if not isinstance(kwargs, Mapping):
+        raise errors.invalid_type("chat_template_kwargs", "an object", kwargs)
+    typed = {
+        "enable_thinking": enable_thinking,
+        "preserve_thinking": preserve_thinking,
+        "reasoning_effort": reasoning_effort,
+    }
+    resolved: dict[str, Any] = {}
+    for name in STANDARD_OPTIONS:
+        a, b = typed[name], kwargs.get(name)
+        if a is not None:
+            _check_option(name, name, a)
+        if b is not None:
+            _check_option(name, f"chat_template_kwargs.{name}", b)
+        if a is not None and b is not None and a != b:
+            raise errors.conflicting_template_option(
+                name, f"{name} is {_js(a)} in the request but {_js(b)} in chat_template_kwargs"
+            )
+        resolved[name] = a if a is not None else b
+    extra: dict[str, Any] = {}
+    for key, value in kwargs.items():
+        if key in STANDARD_OPTIONS:
+            continue
+        if key in RESERVED_VARIABLES:
+            raise errors.invalid_value(
+                f"chat_template_kwargs.{key}",
+                "messages, tools, generation mode and special tokens cannot be set through "
+                "chat_template_kwargs",
+            )
+        extra[key] = value
+    think, effort = resolved["enable_thinking"], resolved["reasoning_effort"]
+    if effort == "none":
+        if think is True:
+            raise errors.conflicting_template_option(
+                "reasoning_effort", 'enable_thinking true conflicts with reasoning_effort "none"'
+            )
+        think = False
+    elif effort in _THINKING_EFFORTS and think is False:
+        raise errors.conflicting_template_option(
+            "reasoning_effort", f'enable_thinking false conflicts with reasoning_effort "{effort}"'
+        )
+    if think is None and effort is None:
+        think = defaults.enable_thinking
+    preserve = resolved["preserve_thinking"]
+    return TemplateOptions(
+        enable_thinking=think,
+        preserve_thinking=preserve if preserve is not None else defaults.preserve_thinking,
+        reasoning_effort=effort,
+        requested_reasoning_effort=effort,
+        requested_preserve_thinking=preserve,
+        extra=extra,
+    )
+
+
+def _js(value: Any) -> str:
+    return json.dumps(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Content protection
+# ---------------------------------------------------------------------------------------------
+
+_PLACEHOLDER_BASE = 0xF0000  # plane-15 private use: index characters of placeholders
+_MARK_CANDIDATES = [chr(c) for c in range(0xE000, 0xE100)]
+
+
+def _strings(obj: Any) -> Iterable[str]:
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, Mapping):
+        for k, v in obj.items():
+            yield from _strings(k)
+            yield from _strings(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _strings(v)
+
+
+class _Protector:
+    """Replaces control spellings in content by placeholders and undoes it after rendering."""
+
+    def __init__(self, controls: Sequence[str], avoid: Sequence[str]) -> None:
+        self.controls = sorted({c for c in controls if c}, key=len, reverse=True)
+        self.literals: list[str] = []
+        self._ids: dict[str, int] = {}
+        used = set()
+        for s in avoid:
+            used.update(ch for ch in s if "\ue000" <= ch <= "\ue0ff")
+        free = [m for m in _MARK_CANDIDATES if m not in used]
+        if not free:  # pragma: no cover - needs 256 distinct private-use characters in a request
+            raise TemplateRenderError("request text uses too many private-use characters")
+        self.mark = free[0]
+        alt = "|".join(re.escape(c) for c in self.controls)
+        self._control_re = re.compile(alt) if alt else None
+        m = re.escape(self.mark)
+        self._restore_re = re.compile(f"{m}(.){m}" + (f"|{alt}" if alt else ""), re.DOTALL)
+        # Proper prefixes / suffixes of control spellings: a content string ending / starting with
+        # one could complete a spelling together with adjacent text.
+        self._prefixes = {c[:i] for c in self.controls for i in range(1, len(c))}
+        self._suffixes = {c[i:] for c in self.controls for i in range(1, len(c))}
+        self._longest = max((len(c) for c in self.controls), default=0)
+
+    def _placeholder(self, literal: str) -> str:
+        k = self._ids.get(literal)
+        if k is None:
+            k = self._ids[literal] = len(self.literals)
+            self.literals.append(literal)
+        return f"{self.mark}{chr(_PLACEHOLDER_BASE + k)}{self.mark}"
+
+    def protect_str(self, s: str) -> str:
+        if self._control_re is None or not s:
+            return s
+        spans = [(m.start(), m.end()) for m in self._control_re.finditer(s)]
+        top = min(self._longest - 1, len(s))
+        lead = next((n for n in range(top, 0, -1) if s[:n] in self._suffixes), 0)
+        trail = next((n for n in range(top, 0, -1) if s[-n:] in self._prefixes), 0)
+        if lead:
+            spans.append((0, lead))
+        if trail:
+            spans.append((len(s) - trail, len(s)))
+        if not spans:
+            return s
+        spans.sort()
+        merged: list[list[int]] = []
+        for a, b in spans:
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        out, pos = [], 0
+        for a, b in merged:
+            out.append(s[pos:a])
+            out.append(self._placeholder(s[a:b]))
+            pos = b
+        out.append(s[pos:])
+        return "".join(out)
+
+    def protect(self, obj: Any) -> Any:
+        """A copy of `obj` (JSON-like data) with every string key and value protected."""
+        if isinstance(obj, str):
+            return self.protect_str(obj)
+        if isinstance(obj, Mapping):
+            return {self.protect(k): self.protect(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [self.protect(v) for v in obj]
+        return obj
+
+    def restore(self, rendered: str) -> tuple[str, tuple[tuple[int, int], ...]]:
+        """Final text and the spans of markup control tokens in it."""
+        out: list[str] = []
+        spans: list[tuple[int, int]] = []
+        pos = n = 0
+        for m in self._restore_re.finditer(rendered):
+            out.append(rendered[pos : m.start()])
+            n += m.start() - pos
+            if m.group(1) is not None:
+                k = ord(m.group(1)) - _PLACEHOLDER_BASE
+                if not 0 <= k < len(self.literals):
+                    raise TemplateRenderError("the chat template altered protected content")
+                lit = self.literals[k]
+            else:
+                lit = m.group(0)
+                spans.append((n, n + len(lit)))
+            out.append(lit)
+            n += len(lit)
+            pos = m.end()
+        out.append(rendered[pos:])
+        text = "".join(out)
+        if self.mark in text:
+            raise TemplateRenderError("the chat template altered protected content")
+        return text, tuple(spans)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    """Rendered prompt text and the (start, end) character spans of the control tokens the
+    template wrote; every other character is text."""
+
+    text: str
+    special_spans: tuple[tuple[int, int], ...] = ()
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """Accepts Hugging Face's `{% generation %}...{% endgeneration %}` blocks (no-op)."""
+
+    tags: ClassVar[set[str]] = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller: Any) -> str:
+        return caller()
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateRenderError(f"chat template rejected the conversation: {message}")
+
+
+def _tojson(
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(
+        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[jinja2.ext.loopcontrols, _GenerationTag],
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+def _normalize_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """Copy of a message whose tool-call `arguments` JSON text is parsed into an ordered object
+    (templates render parameters from it)."""
+    msg = dict(message)
+    calls = msg.get("tool_calls")
+    if calls:
+        norm = []
+        for call in calls:
+            call = dict(call)
+            fn = call.get("function")
+            if isinstance(fn, Mapping) and isinstance(fn.get("arguments"), str):
+                fn = dict(fn)
+                try:
+                    args = json.loads(fn["arguments"])
+                except json.JSONDecodeError:
+                    args = None
+                if isinstance(args, dict):
+                    fn["arguments"] = args
+                call["function"] = fn
+            norm.append(call)
+        msg["tool_calls"] = norm
+    return msg
+
+
+class ChatTemplate:
+    """A compiled chat template.
+
+    Args:
+        source: the Jinja text.
+        control_tokens: control-token spellings of the tokenizer (see `control_token_spellings`);
+            these are kept out of content.
+        special_tokens: values of `bos_token`, `eos_token`, ... variables.
+    """
+
+    def __init__(
+        self,
+        source: str,
+        *,
+        control_tokens: Sequence[str] = (),
+        special_tokens: Mapping[str, str] | None = None,
+    ) -> None:
+        self.source = source
+        self.control_tokens = tuple(control_tokens)
+        self.special_tokens = dict(special_tokens or {})
+        try:
+            self._template = _environment().from_string(source)
+        except jinja2.TemplateSyntaxError as e:
+            raise ConfigError(f"chat template does not parse: line {e.lineno}: {e.message}") from e
+
+    @classmethod
+    def from_file(cls, path: str | Path, **kwargs: Any) -> ChatTemplate:
+        """Load a template file (`--chat-template FILE`)."""
+        try:
+            source = Path(path).read_text(encoding="utf-8")
+        except OSError as e:
+            raise ConfigError(f"cannot read chat template {path}: {e.strerror}") from e
+        return cls(source, **kwargs)
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        options: TemplateOptions | None = None,
+    ) -> RenderedPrompt:
+        """Render normalized messages (input order kept) and OpenAI-style tool definitions.
+
+        With `continue_final_message` the last (assistant) message is left open so generation
+        continues its text (Anthropic assistant prefill); it excludes `add_generation_prompt`.
+        Raises TemplateRenderError when the template rejects the input.
+        """
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("continue_final_message excludes add_generation_prompt")
+        variables = (options or TemplateOptions()).variables()
+        msgs = [_normalize_message(m) for m in messages]
+        tool_list = list(tools) if tools else None
+        data = {"messages": msgs, "tools": tool_list, "kwargs": variables}
+        prot = _Protector(self.control_tokens, [self.source, *_strings(data)])
+        context = prot.protect(variables)
+        context.update(self.special_tokens)
+        context["messages"] = prot.protect(msgs)
+        context["tools"] = prot.protect(tool_list) if tool_list is not None else None
+        context["add_generation_prompt"] = add_generation_prompt
+        context["continue_final_message"] = continue_final_message
+        try:
+            rendered = self._template.render(**context)
+        except TemplateRenderError:
+            raise
+        except jinja2.TemplateError as e:
+            raise TemplateRenderError(f"chat template failed: {e}") from e
+        if continue_final_message:
+            rendered = _cut_after_final(rendered, context["messages"])
+        text, spans = prot.restore(rendered)
+        return RenderedPrompt(text, spans)
+
+
+def _cut_after_final(rendered: str, messages: Sequence[Mapping[str, Any]]) -> str:
+    """Truncate the rendering right after the final message's text."""
+    if not messages:
+        raise TemplateRenderError("continue_final_message needs a final message")
+    content = messages[-1].get("content")
+    if isinstance(content, list):
+        content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+    if not isinstance(content, str) or not content.strip():
+        raise TemplateRenderError("the final assistant message to continue has no text")
+    core = content.strip()
+    at = rendered.rfind(core)
+    if at < 0:
+        raise TemplateRenderError("the chat template did not render the final message's text")
+    full = content.lstrip()
+    end = at + len(full) if rendered.startswith(full, at) else at + len(core)
+    return rendered[:end]
+
+
+def load_builtin_template(name: str, **kwargs: Any) -> ChatTemplate:
+    """A template shipped in `ninfer/api/templates/` (e.g. "qwen_xml")."""
+    return ChatTemplate.from_file(TEMPLATES_DIR / f"{name}.jinja", **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding
+# ---------------------------------------------------------------------------------------------
+
+
+def control_token_spellings(tokenizer: Tokenizer) -> tuple[str, ...]:
+    """Spellings of the tokenizer's control tokens: added tokens that are special or matched
+    before normalization (Qwen's `<think>`, `<tool_call>` are non-special but unnormalized)."""
+    added = tokenizer.get_added_tokens_decoder()
+    return tuple(t.content for _, t in sorted(added.items()) if t.special or not t.normalized)
+
+
+def chat_template_for(source: str, tokenizer: Tokenizer, **kwargs: Any) -> ChatTemplate:
+    """A ChatTemplate whose protected spellings are the tokenizer's control tokens."""
+    return ChatTemplate(source, control_tokens=control_token_spellings(tokenizer), **kwargs)
+
+
+_SENTINEL_MARK = "\U0010fffd"
+
+
+class PromptEncoder:
+    """Encodes prompt text where only given spans are control tokens.
+
+    It holds a clone of the tokenizer in which each control token is renamed to a sentinel
+    string (same flags, same position in the added vocabulary), so the control spellings become
+    plain text. Encoding substitutes the markup spans by sentinels and runs the clone once over
+    the whole text, which reproduces exactly how the original tokenizer would split and
+    pre-tokenize around those tokens; sentinel ids are then mapped back to the real ids. Text
+    that itself contains the sentinel character is encoded piece by piece with a second clone
+    that has no control tokens at all.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, control_tokens: Sequence[str] | None = None) -> None:
+        self.tokenizer = tokenizer
+        controls = set(
+            control_token_spellings(tokenizer) if control_tokens is None else control_tokens
+        )
+        spec = json.loads(tokenizer.to_str())
+        spec["post_processor"] = None
+        spec["truncation"] = None
+        spec["padding"] = None
+        bare = dict(
+            spec,
+            added_tokens=[a for a in spec.get("added_tokens", []) if a["content"] not in controls],
+        )
+        self._bare = Tokenizer.from_str(json.dumps(bare))
+        self._sentinel: dict[str, str] = {}
+        for i, entry in enumerate(spec.get("added_tokens", [])):
+            if entry["content"] in controls:
+                s = f"{_SENTINEL_MARK}{chr(_PLACEHOLDER_BASE + i)}{_SENTINEL_MARK}"
+                self._sentinel[entry["content"]] = s
+                entry["content"] = s
+        missing = controls - set(self._sentinel)
+        if missing:
+            raise ValueError(f"not added tokens of this tokenizer: {sorted(missing)}")
+        self._plain = Tokenizer.from_str(json.dumps(spec))
+        self._remap: dict[int, int] = {}
+        for content, s in self._sentinel.items():
+            sid, oid = self._plain.token_to_id(s), tokenizer.token_to_id(content)
+            assert sid is not None and oid is not None
+            self._remap[sid] = oid
+
+    def encode_text(self, text: str) -> list[int]:
+        """Ordinary text encoding: no control token (and no sentinel) is recognised."""
+        return self._bare.encode(text, add_special_tokens=False).ids if text else []
+
+    def encode(self, text: str, special_spans: Sequence[tuple[int, int]] = ()) -> list[int]:
+        """Token ids of `text` with `special_spans` as control tokens and the rest as text."""
+        spans = sorted(special_spans)
+        for a, b in spans:
+            if text[a:b] not in self._sentinel:
+                raise ValueError(f"span {a}:{b} is not a control token: {text[a:b]!r}")
+        if _SENTINEL_MARK in text:
+            return self._encode_pieces(text, spans)
+        parts, pos = [], 0
+        for a, b in spans:
+            parts.append(text[pos:a])
+            parts.append(self._sentinel[text[a:b]])
+            pos = b
+        parts.append(text[pos:])
+        ids = self._plain.encode("".join(parts), add_special_tokens=False).ids
+        out = [self._remap.get(i, i) for i in ids]
+        assert sum(i in self._remap for i in ids) == len(spans), "control span lost in encoding"
+        return out
+
+    def _encode_pieces(self, text: str, spans: Sequence[tuple[int, int]]) -> list[int]:
+        # The text itself contains the sentinel character: encode the pieces separately so it
+        # can never be read as a control token.
+        out: list[int] = []
+        pos = 0
+        for a, b in spans:
+            out += self.encode_text(text[pos:a])
+            out.append(self.tokenizer.token_to_id(text[a:b]))
+            pos = b
+        out += self.encode_text(text[pos:])
+        return out
+
+
+_ENCODERS: dict[int, PromptEncoder] = {}
+
+
+def encode_prompt(
+    tokenizer: Tokenizer | PromptEncoder,
+    text: str,
+    special_token_spans: Sequence[tuple[int, int]] = (),
+) -> list[int]:
+    """Encode rendered prompt text: `special_token_spans` (from `RenderedPrompt.special_spans`)
+    become control-token ids, all other text - control spellings included - ordinary tokens.
+
+    Encoders are cached per tokenizer object."""
+    if isinstance(tokenizer, PromptEncoder):
+        return tokenizer.encode(text, special_token_spans)
+    enc = _ENCODERS.get(id(tokenizer))
+    if enc is None or enc.tokenizer is not tokenizer:
+        enc = _ENCODERS[id(tokenizer)] = PromptEncoder(tokenizer)
+    return enc.encode(text, special_token_spans)

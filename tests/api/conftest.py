@@ -1,0 +1,106 @@
+"""Tokenizer fixtures for the API text-layer tests.
+
+- `qwen_tokenizer`: a tiny byte-level BPE (GPT-2/Qwen style) trained here, with Qwen's control
+  tokens: <|endoftext|>, <|im_start|>, <|im_end|> special; <think>, </think>, <tool_call>,
+  </tool_call>, <tool_response>, </tool_response> added, not special, not normalized (as in
+  Qwen3's tokenizer.json).
+- `sp_tokenizer`: a tiny SentencePiece-style BPE (Llama/SmolLM-like Metaspace pieces with byte
+  fallback, decoder Replace + ByteFallback + Fuse + Strip), so CJK and emoji go through
+  `<0xXX>` byte tokens.
+- `qwen_template`: ninfer/api/templates/qwen_xml.jinja bound to `qwen_tokenizer`'s control
+  tokens.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers.trainers import BpeTrainer
+
+QWEN_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+QWEN_MARKUP = (
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+)
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. Hello, how are you today?",
+    "You are a helpful assistant. What is the weather in Paris? It is sunny and warm.",
+    "Let me think about this question. The user wants the weather, so I call a tool.",
+    "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n",
+    '{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}',
+    'Numbers 0 1 2 3 4 5 6 7 8 9 10 42 3.14 true false null [1, 2] {"a": 1}',
+    "Café naïve résumé Zürich. 你好，世界。今天天气很好。こんにちは。",
+    "Emoji 🙂 🚀 👍 🎉 ❤️ and more text with system user assistant im_start im_end.",
+]
+
+
+def _corpus() -> list[str]:
+    return [t for t in CORPUS for _ in range(4)]
+
+
+def build_qwen_tokenizer() -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = BpeTrainer(
+        vocab_size=420,
+        min_frequency=2,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_SPECIAL])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN_MARKUP])
+    return tok
+
+
+def build_sp_tokenizer() -> Tokenizer:
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    trainer = BpeTrainer(
+        vocab_size=600,
+        min_frequency=2,
+        show_progress=False,
+        special_tokens=["<unk>", "<s>", "</s>", *byte_tokens],
+        limit_alphabet=60,  # keep CJK and emoji out of the base alphabet: they use byte tokens
+    )
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    # As in Llama's tokenizer.json, the <0xXX> pieces are ordinary vocabulary, not added tokens.
+    spec = json.loads(tok.to_str())
+    spec["added_tokens"] = [a for a in spec["added_tokens"] if a["content"] not in byte_tokens]
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer() -> Tokenizer:
+    return build_qwen_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def sp_tokenizer() -> Tokenizer:
+    return build_sp_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def qwen_template(qwen_tokenizer: Tokenizer):
+    from ninfer.api.template import TEMPLATES_DIR, chat_template_for
+
+    source = (TEMPLATES_DIR / "qwen_xml.jinja").read_text(encoding="utf-8")
+    return chat_template_for(source, qwen_tokenizer, special_tokens={"eos_token": "<|im_end|>"})
