@@ -1,0 +1,167 @@
+"""Causal depthwise conv1d (kernel width W, 4 in Qwen3.5) + SiLU over variable-length sequences,
+with a carried conv state, for Gated DeltaNet prefill and decode.
+
+Contract:
+    x          [T, C] tokens of N sequences, concatenated (sequence n: rows cu[n] : cu[n+1])
+    weight     [C, W]
+    state      [N, C, W-1]: the W-1 inputs before each sequence's first token, oldest first
+               (zeros for a fresh sequence)
+    returns    (y [T, C] in x.dtype, new_state [N, C, W-1] in state.dtype)
+    y[t, c] = silu(sum_i weight[c, i] * xx[t - (W-1) + i, c]),  xx = state ++ x of the sequence
+
+Decode is the same call with one token per sequence (cu = arange(N+1)). Grid
+(cdiv(max_len, BT), N, cdiv(C, BC)); the state is read by all programs and written to a
+separate tensor by the first T-block of each sequence, so no program sees a half-updated state.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _conv_kernel(
+    x_ptr,
+    w_ptr,
+    st_ptr,
+    y_ptr,
+    nst_ptr,
+    cu_ptr,
+    C,
+    stride_xt,
+    stride_yt,
+    stride_wc,
+    stride_sn,
+    stride_sc,
+    W: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    ACT: tl.constexpr,
+):
+    tb = tl.program_id(0)
+    n = tl.program_id(1)
+    c = tl.program_id(2) * BC + tl.arange(0, BC)
+    cmask = c < C
+    start = tl.load(cu_ptr + n)
+    L = tl.load(cu_ptr + n + 1) - start
+    t = tb * BT + tl.arange(0, BT)
+    st_base = st_ptr + n.to(tl.int64) * stride_sn + c[None, :] * stride_sc
+    if tb * BT < L:
+        tmask = t < L
+        acc = tl.zeros([BT, BC], dtype=tl.float32)
+        for i in tl.static_range(W):
+            src = t - (W - 1) + i  # [BT] position within the sequence; < 0 reads the state
+            from_x = tmask & (src >= 0)
+            from_s = tmask & (src < 0)
+            xv = tl.load(
+                x_ptr + (start + src).to(tl.int64)[:, None] * stride_xt + c[None, :],
+                mask=from_x[:, None] & cmask[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            sv = tl.load(
+                st_base + (src + W - 1)[:, None], mask=from_s[:, None] & cmask[None, :], other=0.0
+            ).to(tl.float32)
+            wi = tl.load(w_ptr + c * stride_wc + i, mask=cmask, other=0.0).to(tl.float32)
+            acc += (xv + sv) * wi[None, :]
+        if ACT:
+            acc = acc * tl.sigmoid(acc)
+        tl.store(
+            y_ptr + (start + t).to(tl.int64)[:, None] * stride_yt + c[None, :],
+            acc.to(y_ptr.dtype.element_ty),
+            mask=tmask[:, None] & cmask[None, :],
+        )
+    if tb == 0:
+        j = tl.arange(0, BT)  # new state slot j < W-1 holds position L - (W-1) + j
+        jmask = j < W - 1
+        src = L - (W - 1) + j
+        xv = tl.load(
+            x_ptr + (start + src).to(tl.int64)[:, None] * stride_xt + c[None, :],
+            mask=(jmask & (src >= 0))[:, None] & cmask[None, :],
+            other=0.0,
+        )
+        sv = tl.load(
+            st_base + (src + W - 1)[:, None],
+            mask=(jmask & (src < 0))[:, None] & cmask[None, :],
+            other=0.0,
+        )
+        val = tl.where((src >= 0)[:, None], xv.to(tl.float32), sv.to(tl.float32))
+        tl.store(
+            nst_ptr + n.to(tl.int64) * stride_sn + c[None, :] * stride_sc + j[:, None],
+            val.to(nst_ptr.dtype.element_ty),
+            mask=jmask[:, None] & cmask[None, :],
+        )
+
+
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    state: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    *,
+    max_len: int | None = None,
+    activation: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Varlen causal depthwise conv + SiLU with carried state; see the module docstring.
+
+    max_len: the longest sequence (host int), computed from cu_seqlens (a sync) if omitted."""
+    C = x.shape[1]
+    W = weight.shape[1]
+    N = state.shape[0]
+    assert state.shape == (N, C, W - 1) and x.stride(-1) == 1 and weight.shape[0] == C
+    state = state.contiguous()
+    y = torch.empty_like(x)
+    new_state = torch.empty_like(state)
+    if N == 0:
+        return y, new_state
+    if max_len is None:
+        max_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    bt = max(triton.next_power_of_2(W - 1), min(64, triton.next_power_of_2(max(max_len, 1))))
+    bc = min(128, triton.next_power_of_2(C))
+    grid = (max(1, triton.cdiv(max_len, bt)), N, triton.cdiv(C, bc))
+    _conv_kernel[grid](
+        x,
+        weight,
+        state,
+        y,
+        new_state,
+        cu_seqlens,
+        C,
+        x.stride(0),
+        y.stride(0),
+        weight.stride(0),
+        state.stride(0),
+        state.stride(1),
+        W=W,
+        BT=bt,
+        BC=bc,
+        ACT=activation,
+    )
+    return y, new_state
+
+
+def causal_conv1d_reference(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    state: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    activation: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch reference of :func:`causal_conv1d` (torch conv1d per sequence, fp32)."""
+    W = weight.shape[1]
+    y = torch.empty_like(x)
+    new_state = torch.empty_like(state)
+    for n in range(state.shape[0]):
+        a, b = int(cu_seqlens[n]), int(cu_seqlens[n + 1])
+        xx = torch.cat([state[n].float(), x[a:b].float().T], dim=1)  # [C, W-1+L]
+        new_state[n] = xx[:, -(W - 1) :].to(state.dtype)
+        if b == a:
+            continue
+        out = torch.nn.functional.conv1d(
+            xx[None], weight.float()[:, None, :], groups=weight.shape[0]
+        )[0]  # [C, L]
+        if activation:
+            out = torch.nn.functional.silu(out)
+        y[a:b] = out.T.to(x.dtype)
+    return y, new_state

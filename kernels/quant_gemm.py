@@ -1,0 +1,247 @@
+"""Weight-only quantised GEMM / GEMV: y = x @ Wᵀ with W dequantised in registers.
+
+Weight formats (N output channels, K input features):
+
+- ``fp8``:   w [N, K] uint8 or float8_e4m3fn (e4m3 bytes), scale [N] fp32;
+             W[n, k] = e4m3(w[n, k]) * scale[n]
+- ``nvfp4``: w [N, K/2] uint8, element 2i in the low nibble (e2m1, sign bit 3),
+             scale [N, K/16] uint8 or float8_e4m3fn (e4m3 bytes), global_scale fp32 scalar;
+             W[n, k] = e2m1(w[n, k // 2] nibble k % 2) * e4m3(scale[n, k // 16]) * global_scale
+
+x [M, K] bf16/fp16/fp32 (last dim contiguous) -> y [M, N] in x.dtype, fp32 accumulation.
+
+e2m1 × e4m3 has at most 6 significant bits, so the dequantised nvfp4 tile is exact in bf16 and
+tensor cores take it directly; the per-channel / global scale is applied once in the epilogue.
+Small M (decode, 1..16 rows) is memory bound: tiles are 16 rows (the tl.dot minimum) and K is
+split across programs (fp32 atomics) so the whole GPU streams the weight once.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.launch import f32_dot, hw_fp8
+from kernels.quant_decode import (
+    E2M1_MAX,
+    FP8_E4M3_MAX,
+    decode_e2m1,
+    decode_fp8,
+    e2m1_to_f32,
+    encode_e2m1,
+    encode_fp8,
+    fp8_bytes,
+    fp8_raw_to_f32,
+)
+
+
+@triton.jit
+def _wq_gemm_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    global_scale,
+    stride_xm,
+    stride_wn,
+    stride_sn,
+    stride_ym,
+    FMT: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    F32_DOT: tl.constexpr,
+    HW_FP8: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    m = pid_m * BM + tl.arange(0, BM)
+    n = pid_n * BN + tl.arange(0, BN)
+    mmask = m < M
+    nmask = n < N
+    kk = tl.arange(0, BK)
+    x_rows = x_ptr + m.to(tl.int64)[:, None] * stride_xm
+    w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    if FMT == 0:
+        for k0 in range(pid_k * BK, K, BK * SPLIT_K):
+            k = k0 + kk
+            kmask = k < K
+            x = tl.load(x_rows + k[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
+            raw = tl.load(w_rows + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0)
+            w = fp8_raw_to_f32(raw, HW_FP8)  # [BN, BK]
+            if F32_DOT:
+                acc += tl.dot(x.to(tl.float32), tl.trans(w), input_precision="ieee")
+            else:
+                acc += tl.dot(x, tl.trans(w.to(x.dtype)))
+    else:
+        # even and odd k live in the low and high nibbles: y = x_even @ W_loᵀ + x_odd @ W_hiᵀ,
+        # so bytes load contiguously and nothing is interleaved in registers
+        HALF: tl.constexpr = BK // 2
+        NB: tl.constexpr = BK // 16
+        j = tl.arange(0, HALF)
+        jb = tl.arange(0, NB)
+        for k0 in range(pid_k * BK, K, BK * SPLIT_K):
+            kb = k0 // 2 + j  # byte index [HALF]
+            bmask = kb < K // 2
+            xmask = mmask[:, None] & bmask[None, :]
+            x_even = tl.load(x_rows + (2 * kb)[None, :], mask=xmask, other=0.0)
+            x_odd = tl.load(x_rows + (2 * kb + 1)[None, :], mask=xmask, other=0.0)
+            byte = tl.load(w_rows + kb[None, :], mask=nmask[:, None] & bmask[None, :], other=0).to(
+                tl.int32
+            )  # [BN, HALF]
+            sidx = k0 // 16 + jb
+            sraw = tl.load(
+                s_ptr + n.to(tl.int64)[:, None] * stride_sn + sidx[None, :],
+                mask=nmask[:, None] & (sidx < K // 16)[None, :],
+                other=0,
+            )
+            sc = fp8_raw_to_f32(sraw, HW_FP8)  # [BN, NB]
+            sc = tl.reshape(tl.broadcast_to(sc[:, :, None], [BN, NB, 8]), [BN, HALF])
+            w_lo = e2m1_to_f32(byte & 0xF) * sc
+            w_hi = e2m1_to_f32(byte >> 4) * sc
+            if F32_DOT:
+                acc += tl.dot(x_even.to(tl.float32), tl.trans(w_lo), input_precision="ieee")
+                acc += tl.dot(x_odd.to(tl.float32), tl.trans(w_hi), input_precision="ieee")
+            else:
+                acc += tl.dot(x_even, tl.trans(w_lo.to(x_even.dtype)))
+                acc += tl.dot(x_odd, tl.trans(w_hi.to(x_odd.dtype)))
+    if FMT == 0:
+        acc = acc * tl.load(s_ptr + n, mask=nmask, other=0.0)[None, :]
+    else:
+        acc = acc * global_scale
+    y_ptrs = y_ptr + m.to(tl.int64)[:, None] * stride_ym + n[None, :]
+    ymask = mmask[:, None] & nmask[None, :]
+    if SPLIT_K == 1:
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=ymask)
+    else:
+        tl.atomic_add(y_ptrs, acc, mask=ymask)
+
+
+def _config(
+    M: int, N: int, K: int, fmt: str, device: torch.device
+) -> tuple[int, int, int, int, int, int]:
+    """(BM, BN, BK, SPLIT_K, num_warps, num_stages) from the shapes."""
+    if M <= 16:
+        bm, bn, bk, warps, stages = 16, 64, 256, 4, 4
+    elif M <= 64:
+        bm, bn, bk, warps, stages = 64, 64, 64, 4, 4
+    else:
+        bm, bn, bk, warps, stages = 128, 128, 64, 8, 3
+    split = 1
+    if device.type == "cuda" and M <= 64:
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+        split = max(1, min(triton.cdiv(2 * sms, tiles), triton.cdiv(K, 4 * bk), 16))
+    return bm, bn, bk, split, warps, stages
+
+
+def quant_linear(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    scale: torch.Tensor,
+    fmt: str,
+    global_scale: float | torch.Tensor = 1.0,
+    *,
+    split_k: int | None = None,
+) -> torch.Tensor:
+    """y [M, N] = x [M, K] @ dequant(W)ᵀ for ``fmt`` in {"fp8", "nvfp4"}; see module docstring."""
+    assert x.dim() == 2 and x.stride(-1) == 1
+    M, K = x.shape
+    N = w.shape[0]
+    w = fp8_bytes(w) if fmt == "fp8" else w
+    if fmt == "fp8":
+        assert w.shape == (N, K) and scale.shape == (N,), "fp8 weight: w [N, K], scale [N]"
+        scale = scale.to(torch.float32)
+    elif fmt == "nvfp4":
+        assert K % 16 == 0 and w.shape == (N, K // 2) and scale.shape == (N, K // 16), (
+            "nvfp4 weight: w [N, K/2], scale [N, K/16]"
+        )
+        scale = fp8_bytes(scale)
+    else:
+        raise ValueError(f"unknown weight format {fmt!r}; expected 'fp8' or 'nvfp4'")
+    assert w.stride(-1) == 1 and scale.stride(-1) == 1
+    if isinstance(global_scale, torch.Tensor):
+        global_scale = float(global_scale)  # a load-time constant; read once
+    bm, bn, bk, split, warps, stages = _config(M, N, K, fmt, x.device)
+    if split_k is not None:
+        split = split_k
+    if split > 1:
+        y = torch.zeros((M, N), dtype=torch.float32, device=x.device)
+    else:
+        y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M == 0:
+        return y.to(x.dtype)
+    grid = (triton.cdiv(M, bm), triton.cdiv(N, bn), split)
+    _wq_gemm_kernel[grid](
+        x,
+        w,
+        scale,
+        y,
+        M,
+        N,
+        K,
+        global_scale,
+        x.stride(0),
+        w.stride(0),
+        scale.stride(0) if scale.dim() == 2 else 0,
+        y.stride(0),
+        FMT=0 if fmt == "fp8" else 1,
+        BM=bm,
+        BN=bn,
+        BK=bk,
+        SPLIT_K=split,
+        F32_DOT=f32_dot(x.dtype),
+        HW_FP8=hw_fp8(),
+        num_warps=warps,
+        num_stages=stages,
+    )
+    return y if split == 1 else y.to(x.dtype)
+
+
+def dequantize_weight(
+    w: torch.Tensor, scale: torch.Tensor, fmt: str, global_scale: float | torch.Tensor = 1.0
+) -> torch.Tensor:
+    """Reference: the float32 [N, K] matrix a quantised weight stands for."""
+    if fmt == "fp8":
+        return decode_fp8(w) * scale.to(torch.float32)[:, None]
+    if fmt == "nvfp4":
+        vals = decode_e2m1(w)  # [N, K]
+        s = decode_fp8(scale).repeat_interleave(16, dim=1)
+        return vals * s * float(global_scale)
+    raise ValueError(f"unknown weight format {fmt!r}; expected 'fp8' or 'nvfp4'")
+
+
+def quant_linear_reference(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    scale: torch.Tensor,
+    fmt: str,
+    global_scale: float | torch.Tensor = 1.0,
+) -> torch.Tensor:
+    """Torch reference of :func:`quant_linear`."""
+    return (x.float() @ dequantize_weight(w, scale, fmt, global_scale).T).to(x.dtype)
+
+
+def quantize_weight_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] float -> (e4m3 bytes [N, K] uint8, per-channel scale [N] fp32)."""
+    scale = w.float().abs().amax(1).clamp(min=1e-12) / FP8_E4M3_MAX
+    return encode_fp8(w.float() / scale[:, None]), scale
+
+
+def quantize_weight_nvfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """w [N, K] float -> (packed [N, K/2] uint8, e4m3 scale bytes [N, K/16], global scale)."""
+    N, K = w.shape
+    wf = w.float()
+    global_scale = max(float(wf.abs().max()), 1e-12) / (FP8_E4M3_MAX * E2M1_MAX)
+    blocks = wf.view(N, K // 16, 16)
+    s_bytes = encode_fp8(blocks.abs().amax(-1) / E2M1_MAX / global_scale)
+    s = decode_fp8(s_bytes) * global_scale  # effective block scale actually stored
+    inv = torch.where(s > 0, 1.0 / s, torch.zeros_like(s))
+    return encode_e2m1((blocks * inv[..., None]).view(N, K)), s_bytes, global_scale
