@@ -1,0 +1,176 @@
+"""Readers for JSON request fields that raise field-specific `ApiError`s.
+
+Every protocol (Chat Completions, Responses, Anthropic Messages) validates its decoded JSON
+with these. Conventions shared by all readers:
+
+- a missing key and an explicit JSON null both mean "unspecified" and return None (pass
+  `required=True` to turn that into 400 missing_required_parameter);
+- booleans are never accepted as numbers (JSON `true` is not `1`);
+- `param` is the field's path in the request, used verbatim in the error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from ninfer.api import errors
+
+
+def parse_json_object(raw: bytes | str) -> dict[str, Any]:
+    """Decode a request body that must be one JSON object.
+
+    Member order is kept (Python dicts preserve insertion order; a duplicated member keeps its
+    last value). NaN and Infinity are refused: they are not JSON. Raises 400 invalid_json.
+    """
+
+    def no_constants(name: str) -> Any:
+        raise ValueError(f"{name} is not a JSON number")
+
+    try:
+        value = json.loads(raw, parse_constant=no_constants)
+    except UnicodeDecodeError:
+        raise errors.invalid_json("the body is not UTF-8 text") from None
+    except (ValueError, RecursionError) as e:
+        raise errors.invalid_json(str(e).split("\n")[0]) from None
+    if not isinstance(value, dict):
+        raise errors.invalid_json("the body must be a JSON object")
+    return value
+
+
+def _present(obj: Mapping[str, Any], key: str, param: str, required: bool) -> Any:
+    value = obj.get(key)
+    if value is None and required:
+        raise errors.missing(param)
+    return value
+
+
+def get_bool(
+    obj: Mapping[str, Any], key: str, param: str | None = None, *, required: bool = False
+) -> bool | None:
+    param = param or key
+    value = _present(obj, key, param, required)
+    if value is not None and not isinstance(value, bool):
+        raise errors.invalid_type(param, "a boolean", value)
+    return value
+
+
+def get_int(
+    obj: Mapping[str, Any],
+    key: str,
+    param: str | None = None,
+    *,
+    lo: int | None = None,
+    hi: int | None = None,
+    required: bool = False,
+) -> int | None:
+    """An integer in [lo, hi] (inclusive; None = unbounded)."""
+    param = param or key
+    value = _present(obj, key, param, required)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise errors.invalid_type(param, "an integer", value)
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise errors.invalid_value(param, f"must be in {_range(lo, hi)}, got {value}")
+    return value
+
+
+def get_number(
+    obj: Mapping[str, Any],
+    key: str,
+    param: str | None = None,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    required: bool = False,
+) -> float | None:
+    """A finite number in [lo, hi] (inclusive), returned as float."""
+    param = param or key
+    value = _present(obj, key, param, required)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise errors.invalid_type(param, "a number", value)
+    if not math.isfinite(value):
+        raise errors.invalid_value(param, "must be a finite number")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise errors.invalid_value(
+            param, f"must be in [{_num(lo, '-inf')}, {_num(hi, 'inf')}], got {value}"
+        )
+    return float(value)
+
+
+def get_str(
+    obj: Mapping[str, Any],
+    key: str,
+    param: str | None = None,
+    *,
+    required: bool = False,
+    nonempty: bool = False,
+) -> str | None:
+    param = param or key
+    value = _present(obj, key, param, required)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise errors.invalid_type(param, "a string", value)
+    if nonempty and not value:
+        raise errors.invalid_value(param, "must not be empty")
+    return value
+
+
+def get_enum(
+    obj: Mapping[str, Any],
+    key: str,
+    choices: tuple[str, ...],
+    param: str | None = None,
+    *,
+    required: bool = False,
+) -> str | None:
+    param = param or key
+    value = get_str(obj, key, param, required=required)
+    if value is not None and value not in choices:
+        raise errors.invalid_value(
+            param, f"must be one of {', '.join(repr(c) for c in choices)}, got {value!r}"
+        )
+    return value
+
+
+def get_object(
+    obj: Mapping[str, Any], key: str, param: str | None = None, *, required: bool = False
+) -> dict[str, Any] | None:
+    param = param or key
+    value = _present(obj, key, param, required)
+    if value is not None and not isinstance(value, dict):
+        raise errors.invalid_type(param, "an object", value)
+    return value
+
+
+def get_array(
+    obj: Mapping[str, Any], key: str, param: str | None = None, *, required: bool = False
+) -> list[Any] | None:
+    param = param or key
+    value = _present(obj, key, param, required)
+    if value is not None and not isinstance(value, list):
+        raise errors.invalid_type(param, "an array", value)
+    return value
+
+
+def require_object(value: Any, param: str) -> dict[str, Any]:
+    """`value` itself must be an object (an array element, say)."""
+    if not isinstance(value, dict):
+        raise errors.invalid_type(param, "an object", value)
+    return value
+
+
+def _range(lo: int | None, hi: int | None) -> str:
+    if lo is not None and hi is not None:
+        return f"{lo}..{hi}"
+    return f">= {lo}" if lo is not None else f"<= {hi}"
+
+
+def _num(x: float | None, unbounded: str) -> str:
+    return unbounded if x is None else f"{x:g}"

@@ -1,0 +1,411 @@
+"""The OpenAI Chat Completions request: parsing, validation and the normalized form.
+
+`parse_chat_request(body, model_id=..., vision=...)` turns a decoded JSON body into a frozen
+`ChatRequest` or raises a field-specific `ApiError` (spec/serving.md, "OpenAI Chat
+Completions"). It needs no engine, tokenizer or template: it decides only what the request
+*says*. Later stages resolve it against the server:
+
+- sampler fields are None when the request omits them (process flags and architecture presets
+  fill them in); `max_tokens` None means --default-max-tokens; 0 means prompt only;
+- `enable_thinking` / `preserve_thinking` / `reasoning_effort` are the typed top-level values
+  and `chat_template_kwargs` is passed through as received: `template.resolve_template_options`
+  merges them and reports conflicts (conflicting_template_option);
+- messages keep their input order and text parts their bytes; tool schemas and historical
+  tool-call arguments keep their JSON member order.
+
+Rejections: a field whose requested behaviour ninfer cannot provide (constrained output,
+logprobs, audio, strict tools, forced tool choice, ...) fails with 400 `unsupported_parameter`
+or `unsupported_value` naming the field; semantically neutral values of those fields pass;
+unknown top-level fields are ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ninfer.api import errors
+from ninfer.api.fields import (
+    get_array,
+    get_bool,
+    get_enum,
+    get_int,
+    get_number,
+    get_object,
+    get_str,
+    require_object,
+)
+from ninfer.api.openai_chat_messages import (
+    ChatMessage,
+    ContentPart,
+    MediaPart,
+    Role,
+    TextPart,
+    ToolCall,
+    parse_message,
+)
+from ninfer.api.stops import validate_stops
+
+__all__ = [
+    "ChatMessage", "ChatRequest", "ChatSampling", "ContentPart", "FunctionTool", "MediaPart",
+    "Role", "TextPart", "ToolCall", "parse_chat_request",
+]  # fmt: skip
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+TOP_K_MAX = 20
+MAX_CACHE_WRITES = 4  # prompt-cache write candidates per request
+INT64 = (-(1 << 63), (1 << 63) - 1)
+# Known constrained-decoding aliases from other servers: rejected explicitly, never ignored.
+CONSTRAINED_ALIASES = (
+    "grammar", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+)  # fmt: skip
+CONSTRAINED = "constrained (grammar/JSON-schema) decoding"
+
+
+@dataclass(frozen=True)
+class FunctionTool:
+    """A non-strict function tool; `parameters` keeps the client's member order."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+    def template_dict(self) -> dict[str, Any]:
+        fn: dict[str, Any] = {"name": self.name}
+        if self.description is not None:
+            fn["description"] = self.description
+        if self.parameters is not None:
+            fn["parameters"] = self.parameters
+        return {"type": "function", "function": fn}
+
+
+@dataclass(frozen=True)
+class ChatSampling:
+    """Sampler fields as requested; None = not given (server/preset defaults apply)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A validated Chat Completions request (see the module docstring for what is resolved
+    later). `allowed_tools` is None unless tool_choice was allowed_tools (mode auto)."""
+
+    model: str
+    messages: tuple[ChatMessage, ...]
+    tools: tuple[FunctionTool, ...] = ()
+    tool_choice: Literal["auto", "none"] = "auto"
+    allowed_tools: tuple[str, ...] | None = None
+    sampling: ChatSampling = field(default_factory=ChatSampling)
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+    timings_per_token: bool = False
+    return_progress: bool = False
+    reasoning_effort: str | None = None
+    enable_thinking: bool | None = None
+    preserve_thinking: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    prompt_cache_mode: Literal["implicit", "explicit"] = "implicit"
+    prompt_cache_key: str | None = None
+
+    @property
+    def callable_tools(self) -> tuple[FunctionTool, ...]:
+        """Tools the model's output may call: none under tool_choice "none", else the declared
+        tools filtered by allowed_tools, in declaration order."""
+        if self.tool_choice == "none":
+            return ()
+        if self.allowed_tools is None:
+            return self.tools
+        allowed = set(self.allowed_tools)
+        return tuple(t for t in self.tools if t.name in allowed)
+
+    @property
+    def has_media(self) -> bool:
+        return any(m.media for m in self.messages)
+
+    @property
+    def explicit_cache_messages(self) -> tuple[int, ...]:
+        """Indexes of the messages carrying an explicit prompt_cache_breakpoint, ascending; when
+        more than four do, the latest four (one request writes at most four candidates)."""
+        marked = [
+            i for i, m in enumerate(self.messages) if any(p.cache_breakpoint for p in m.parts)
+        ]
+        return tuple(marked[-MAX_CACHE_WRITES:])
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        return [m.template_dict() for m in self.messages]
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        return [t.template_dict() for t in self.tools] or None
+
+
+# -----------------------------------------------------------------------------------------------
+# Entry point
+# -----------------------------------------------------------------------------------------------
+
+
+def parse_chat_request(body: dict[str, Any], *, model_id: str, vision: bool) -> ChatRequest:
+    """Validate a decoded Chat Completions body against the server's public `model_id` and its
+    --vision setting. Raises ApiError (404 model_not_found, 400 otherwise)."""
+    model = get_str(body, "model", required=True, nonempty=True)
+    if model != model_id:
+        raise errors.model_not_found(model, model_id)
+    _reject_unsupported(body)
+    raw_messages = get_array(body, "messages", required=True)
+    if not raw_messages:
+        raise errors.invalid_value("messages", "must contain at least one message")
+    messages = tuple(parse_message(m, f"messages[{i}]", vision) for i, m in enumerate(raw_messages))
+    tools = _parse_tools(body)
+    tool_choice, allowed = _parse_tool_choice(body, tools)
+    req = ChatRequest(
+        model=model,
+        messages=messages,
+        tools=tools,
+        tool_choice=tool_choice,
+        allowed_tools=allowed,
+        sampling=_parse_sampling(body),
+        max_tokens=_parse_max_tokens(body),
+        stop=_parse_stop(body),
+        stream=bool(get_bool(body, "stream")),
+        include_usage=_parse_include_usage(body),
+        timings_per_token=bool(get_bool(body, "timings_per_token")),
+        return_progress=bool(get_bool(body, "return_progress")),
+        reasoning_effort=get_enum(body, "reasoning_effort", REASONING_EFFORTS),
+        enable_thinking=get_bool(body, "enable_thinking"),
+        preserve_thinking=get_bool(body, "preserve_thinking"),
+        chat_template_kwargs=get_object(body, "chat_template_kwargs"),
+        prompt_cache_mode=_parse_prompt_cache(body),
+        prompt_cache_key=get_str(body, "prompt_cache_key"),
+    )
+    if get_bool(body, "parallel_tool_calls") is False and req.callable_tools:
+        raise errors.unsupported_value(
+            "parallel_tool_calls",
+            False,
+            "a limit of one tool call per response (disable tools or omit it)",
+        )
+    return req
+
+
+# -----------------------------------------------------------------------------------------------
+# Capability rejections and neutral values
+# -----------------------------------------------------------------------------------------------
+
+
+def _reject_unsupported(body: dict[str, Any]) -> None:
+    """Fields whose requested behaviour cannot be provided; their neutral values pass."""
+    for alias in CONSTRAINED_ALIASES:
+        if body.get(alias) is not None:
+            raise errors.unsupported_parameter(alias, CONSTRAINED)
+    fmt = get_object(body, "response_format")
+    if fmt is not None:
+        kind = get_str(fmt, "type", "response_format.type", required=True)
+        if kind in ("json_object", "json_schema"):
+            raise errors.unsupported_value("response_format.type", kind, f"JSON-{CONSTRAINED}")
+        if kind != "text":
+            raise errors.invalid_value("response_format.type", f"must be 'text', got {kind!r}")
+    bias = get_object(body, "logit_bias")
+    for token, value in (bias or {}).items():
+        v = get_number(bias, token, f"logit_bias.{token}", lo=-100, hi=100)
+        if v:
+            raise errors.unsupported_value(
+                f"logit_bias.{token}", value, "logit bias (only all-zero biases are accepted)"
+            )
+    if get_bool(body, "logprobs"):
+        raise errors.unsupported_value("logprobs", True, "log probabilities")
+    if get_int(body, "top_logprobs", lo=0, hi=20):
+        raise errors.unsupported_value("top_logprobs", body["top_logprobs"], "log probabilities")
+    for i, m in enumerate(get_array(body, "modalities") or []):
+        if m == "audio":
+            raise errors.unsupported_value(f"modalities[{i}]", m, "audio output")
+        if m != "text":
+            raise errors.invalid_value(f"modalities[{i}]", f"must be 'text', got {m!r}")
+    get_object(body, "audio")  # output-audio settings are neutral while modalities is text-only
+    if body.get("web_search_options") is not None:
+        raise errors.unsupported_parameter("web_search_options", "web search")
+    if body.get("moderation") not in (None, False):
+        raise errors.unsupported_parameter("moderation", "content moderation")
+    if get_enum(body, "verbosity", ("low", "medium", "high")) in ("low", "high"):
+        raise errors.unsupported_value("verbosity", body["verbosity"], "output verbosity control")
+    if get_bool(body, "store"):
+        raise errors.unsupported_value("store", True, "stored Chat Completions")
+    if get_array(body, "functions"):
+        raise errors.unsupported_parameter(
+            "functions", "legacy function declarations; declare them in 'tools'"
+        )
+    fc = body.get("function_call")
+    if fc is not None and fc not in ("none", "auto"):
+        if isinstance(fc, dict):
+            raise errors.unsupported_value("function_call", fc, "a forced function call")
+        raise errors.invalid_value("function_call", f"must be 'none' or 'auto', got {fc!r}")
+    rep = get_number(body, "repetition_penalty", lo=0)
+    if rep is not None and rep != 1.0:
+        raise errors.unsupported_value(
+            "repetition_penalty",
+            body["repetition_penalty"],
+            "a repetition penalty (only 1 is accepted)",
+        )
+    mm = get_object(body, "mm_processor_kwargs")
+    for key, value in (mm or {}).items():
+        if value is not None:
+            raise errors.unsupported_parameter(
+                f"mm_processor_kwargs.{key}", "per-request media processor settings"
+            )
+    n = get_int(body, "n", lo=1)
+    if n is not None and n != 1:
+        raise errors.unsupported_value("n", n, "more than one choice per request")
+    # Advisory fields: accepted when well-typed, no effect on execution.
+    get_object(body, "metadata")
+    get_object(body, "prediction")
+    for key in ("user", "safety_identifier", "service_tier", "prompt_cache_retention"):
+        get_str(body, key)
+
+
+# -----------------------------------------------------------------------------------------------
+# Tools
+# -----------------------------------------------------------------------------------------------
+
+
+def _parse_tools(body: dict[str, Any]) -> tuple[FunctionTool, ...]:
+    tools: list[FunctionTool] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(get_array(body, "tools") or []):
+        param = f"tools[{i}]"
+        tool = require_object(raw, param)
+        kind = get_str(tool, "type", f"{param}.type", required=True)
+        if kind != "function":
+            raise errors.unsupported_value(
+                f"{param}.type", kind, "tools other than client-executed functions"
+            )
+        fn = get_object(tool, "function", f"{param}.function", required=True)
+        fparam = f"{param}.function"
+        if get_bool(fn, "strict", f"{fparam}.strict"):
+            raise errors.unsupported_value(
+                f"{fparam}.strict", True, "strict schema adherence (no constrained decoding)"
+            )
+        name = get_str(fn, "name", f"{fparam}.name", required=True, nonempty=True)
+        if name in seen:
+            raise errors.invalid_value(f"{fparam}.name", f"tool {name!r} is declared twice")
+        seen.add(name)  # type: ignore[arg-type]
+        tools.append(
+            FunctionTool(
+                name,  # type: ignore[arg-type]
+                get_str(fn, "description", f"{fparam}.description"),
+                get_object(fn, "parameters", f"{fparam}.parameters"),
+            )
+        )
+    return tuple(tools)
+
+
+def _parse_tool_choice(
+    body: dict[str, Any], tools: tuple[FunctionTool, ...]
+) -> tuple[Literal["auto", "none"], tuple[str, ...] | None]:
+    choice = body.get("tool_choice")
+    if choice is None or choice == "auto":
+        return "auto", None
+    if choice == "none":
+        return "none", None
+    if choice == "required":
+        raise errors.unsupported_value(
+            "tool_choice", choice, "a forced tool call (no constrained decoding)"
+        )
+    if isinstance(choice, str):
+        raise errors.invalid_value(
+            "tool_choice", f"must be 'auto', 'none' or an allowed_tools object, got {choice!r}"
+        )
+    obj = require_object(choice, "tool_choice")
+    kind = get_str(obj, "type", "tool_choice.type", required=True)
+    if kind in ("function", "custom"):
+        raise errors.unsupported_value(
+            "tool_choice", obj, "a forced named tool call (no constrained decoding)"
+        )
+    if kind != "allowed_tools":
+        raise errors.invalid_value("tool_choice.type", f"must be 'allowed_tools', got {kind!r}")
+    spec = get_object(obj, "allowed_tools", "tool_choice.allowed_tools", required=True)
+    mode = get_str(spec, "mode", "tool_choice.allowed_tools.mode", required=True)
+    if mode == "required":
+        raise errors.unsupported_value(
+            "tool_choice.allowed_tools.mode", mode, "a forced tool call (no constrained decoding)"
+        )
+    if mode != "auto":
+        raise errors.invalid_value(
+            "tool_choice.allowed_tools.mode", f"must be 'auto', got {mode!r}"
+        )
+    declared = {t.name for t in tools}
+    names: list[str] = []
+    for i, raw in enumerate(
+        get_array(spec, "tools", "tool_choice.allowed_tools.tools", required=True)
+    ):  # type: ignore[arg-type]
+        param = f"tool_choice.allowed_tools.tools[{i}]"
+        ref = require_object(raw, param)
+        if get_str(ref, "type", f"{param}.type") not in (None, "function"):
+            raise errors.unsupported_value(
+                f"{param}.type", ref.get("type"), "tools other than client-executed functions"
+            )
+        fn = ref.get("function")
+        target = (
+            fn if isinstance(fn, dict) else ref
+        )  # {"type":"function","function":{"name"}} or {"type","name"}
+        name = get_str(
+            target,
+            "name",
+            f"{param}.function.name" if target is fn else f"{param}.name",
+            required=True,
+        )
+        if name not in declared:
+            raise errors.invalid_value(
+                f"{param}", f"allowed tool {name!r} is not declared in 'tools'"
+            )
+        names.append(name)  # type: ignore[arg-type]
+    return "auto", tuple(names)
+
+
+# -----------------------------------------------------------------------------------------------
+# Sampling and output controls
+# -----------------------------------------------------------------------------------------------
+
+
+def _parse_sampling(body: dict[str, Any]) -> ChatSampling:
+    return ChatSampling(
+        temperature=get_number(body, "temperature", lo=0.0, hi=2.0),
+        top_p=get_number(body, "top_p", lo=0.0, hi=1.0),
+        top_k=get_int(body, "top_k", lo=0, hi=TOP_K_MAX),
+        min_p=get_number(body, "min_p", lo=0.0, hi=1.0),
+        presence_penalty=get_number(body, "presence_penalty", lo=-2.0, hi=2.0),
+        frequency_penalty=get_number(body, "frequency_penalty", lo=-2.0, hi=2.0),
+        seed=get_int(body, "seed", lo=INT64[0], hi=INT64[1]),
+    )
+
+
+def _parse_max_tokens(body: dict[str, Any]) -> int | None:
+    """max_completion_tokens wins over the legacy max_tokens spelling; both nonnegative."""
+    new = get_int(body, "max_completion_tokens", lo=0)
+    old = get_int(body, "max_tokens", lo=0)
+    return new if new is not None else old
+
+
+def _parse_stop(body: dict[str, Any]) -> tuple[str, ...]:
+    """Up to four non-empty stop strings (a lone string is one; duplicates dropped)."""
+    return validate_stops(body.get("stop"), "stop")
+
+
+def _parse_include_usage(body: dict[str, Any]) -> bool:
+    opts = get_object(body, "stream_options")
+    if opts is None:
+        return False
+    return bool(get_bool(opts, "include_usage", "stream_options.include_usage"))
+
+
+def _parse_prompt_cache(body: dict[str, Any]) -> Literal["implicit", "explicit"]:
+    opts = get_object(body, "prompt_cache_options")
+    if opts is None:
+        return "implicit"
+    mode = get_enum(opts, "mode", ("implicit", "explicit"), "prompt_cache_options.mode")
+    return "explicit" if mode == "explicit" else "implicit"

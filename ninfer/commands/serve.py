@@ -1,0 +1,369 @@
+"""`ninfer serve [ARTIFACT] [options]`: serve one artifact over OpenAI and Anthropic HTTP.
+
+Startup, in order: parse and validate every option into a frozen `ServeConfig` (one-line
+errors naming the flag), open the artifact (the embedded demo model when none is given) and
+refuse options needing components it lacks, check the files named by options, build the
+engine (plan compiled, warm-up run), then listen. `/health` answers only once the engine is
+ready, because the socket is opened after warm-up.
+
+Options and defaults: spec/serving.md, "Server options".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from ninfer.api.config import (
+    DRAFT_TOKEN_RANGE,
+    KV_DTYPES,
+    LOG_LEVELS,
+    SPEC_BACKENDS,
+    ServeConfig,
+    check_capabilities,
+)
+from ninfer.errors import ConfigError
+
+TCP_USER_TIMEOUT_MS = 15000  # a dead or unacknowledging peer is dropped after ~15 s
+TCP_KEEPALIVE_IDLE_S = 5
+TCP_KEEPALIVE_INTERVAL_S = 5
+TCP_KEEPALIVE_COUNT = 3
+
+_CONFIG_FIELDS = frozenset(ServeConfig.__dataclass_fields__)
+
+
+def _kv_capacity(text: str) -> int | str:
+    if text == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a token count or auto, got {text!r}") from None
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Appends "(default: X)" to options whose default is a value (not unset or a switch)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            action.option_strings
+            and "default" not in text
+            and default is not None
+            and not isinstance(default, bool)
+            and default != argparse.SUPPRESS
+        ):
+            text += " (default: %(default)s)"
+        return text
+
+
+# fmt: off
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Every option of spec/serving.md "Server options", plus --chat-template and --dtype."""
+    p.formatter_class = _HelpFormatter
+    p.add_argument("artifact", nargs="?", metavar="ARTIFACT",
+                   help=".ninfer file to serve; omitted: the embedded SmolLM2-135M-Instruct demo model")
+
+    g = p.add_argument_group("network and access")
+    g.add_argument("--host", default="127.0.0.1", metavar="H", help="listen address")
+    g.add_argument("--port", type=int, default=8080, metavar="N", help="listen port")
+    g.add_argument("--api-key", metavar="KEY",
+                   help="require this bearer token or x-api-key value (unset: no authentication)")
+    g.add_argument("--model-id", metavar="ID",
+                   help="public OpenAI model alias (default: the artifact's metadata.name, else its architecture)")
+    g.add_argument("--cors", action="store_true", help="add permissive browser CORS headers")
+    g.add_argument("--max-request-mib", type=int, default=384, metavar="N",
+                   help="request body limit before JSON parsing (413 above it)")
+
+    g = p.add_argument_group("engine")
+    g.add_argument("--device", metavar="N",
+                   help="CUDA device index N, cuda[:N] or cpu (default: CUDA device 0 when available, else cpu)")
+    g.add_argument("--dtype", choices=("float32", "bfloat16"),
+                   help="activation dtype (default: bfloat16 on cuda, float32 on cpu)")
+    g.add_argument("--max-context", type=int, default=8192, metavar="N",
+                   help="logical context ceiling of each sequence, in tokens")
+    g.add_argument("--kv-capacity", type=_kv_capacity, metavar="N|auto",
+                   help="shared KV pool in tokens, or auto to fill the remaining device memory (default: --max-context)")
+    g.add_argument("--max-concurrency", type=int, default=1, metavar="N", help="resident execution lanes, 1..8")
+    g.add_argument("--max-pending-requests", type=int, default=16, metavar="N",
+                   help="additional requests allowed to wait for admission (more: 429)")
+    g.add_argument("--pending-timeout-ms", type=int, default=30000, metavar="N",
+                   help="maximum preparation-plus-admission wait (longer: 503)")
+    g.add_argument("--prefill-chunk", type=int, default=1024, metavar="N", help="text-prefill chunk, in tokens")
+    g.add_argument("--kv-dtype", choices=KV_DTYPES,
+                   help="KV-cache storage (default: bf16 on cuda, the compute dtype on cpu)")
+    g.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false", help="disable CUDA Graph decode")
+    g.add_argument("--no-prefix-reuse", dest="prefix_reuse", action="store_false",
+                   help="disable compatible-prefix caching")
+    g.add_argument("--device-state-slots", type=int, metavar="N",
+                   help="extra device state images beyond --max-concurrency (default: --max-concurrency)")
+    g.add_argument("--host-context-mib", type=int, metavar="N",
+                   help="shared pinned host budget for state images, KV and pause snapshots "
+                        "(default: 8192 MiB + 8 state images)")
+    g.add_argument("--context-cost-presets", metavar="FILE",
+                   help="runtime context-cost preset registry (JSON; default: generic + compiled defaults)")
+
+    ranges = ", ".join(f"{k} {lo}..{hi}" for k, (lo, hi) in DRAFT_TOKEN_RANGE.items())
+    g = p.add_argument_group("speculative decoding and vision")
+    g.add_argument("--spec", choices=SPEC_BACKENDS,
+                   help="speculative backend; needs that component in the artifact (default: off)")
+    g.add_argument("--draft-tokens", type=int, metavar="N", help=f"draft tokens per round ({ranges}); requires --spec")
+    g.add_argument("--lm-head-draft", action="store_true", help="load the optimized proposal head; requires --spec")
+    g.add_argument("--vision", action="store_true", help="enable image/video input; needs the artifact's vision component")
+    g.add_argument("--media-cache-mib", type=int, default=1024, metavar="N",
+                   help="LRU-retained prepared media payloads; 0 disables retention")
+    g.add_argument("--media-live-mib", type=int, default=2048, metavar="N", help="all live prepared media payloads")
+    g.add_argument("--media-preprocess-threads", type=int, default=0, metavar="N",
+                   help="media preprocessing workers; 0 selects at most 16 from host concurrency")
+
+    g = p.add_argument_group("generation defaults")
+    g.add_argument("--chat-template", metavar="FILE", help="Jinja chat template to use instead of the artifact's")
+    g.add_argument("--default-max-tokens", type=int, default=8192, metavar="N",
+                   help="output limit when a request gives none")
+    g.add_argument("--default-thinking-budget", type=int, metavar="N",
+                   help="positive thinking-token cap for thinking-enabled requests (default: unset)")
+    g.add_argument("--no-thinking", dest="thinking", action="store_false",
+                   help="disable thinking by default (requests may enable it)")
+    g.add_argument("--preserve-thinking", action="store_true",
+                   help="preserve closed-turn assistant reasoning by default")
+    g.add_argument("--temperature", type=float, metavar="F", help="process-level temperature override (default: unset)")
+    g.add_argument("--top-p", type=float, metavar="F", help="process-level top-p override (default: unset)")
+    g.add_argument("--top-k", type=int, metavar="N",
+                   help="process-level top-k override, 0..20; 0 selects the top-20 cap (default: unset)")
+    g.add_argument("--min-p", type=float, metavar="F", help="process-level min-p override (default: unset)")
+    g.add_argument("--presence-penalty", type=float, metavar="F",
+                   help="process-level presence-penalty override (default: unset)")
+    g.add_argument("--frequency-penalty", type=float, metavar="F",
+                   help="process-level frequency-penalty override (default: unset)")
+    g.add_argument("--seed", type=int, metavar="N",
+                   help="fixed seed when a request omits one (default: a fresh random seed per request)")
+    g.add_argument("--greedy", action="store_true", help="force exact argmax for all requests")
+
+    g = p.add_argument_group("logging and storage")
+    g.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="stderr verbosity")
+    g.add_argument("--log-stats-interval-ms", type=int, default=5000, metavar="N",
+                   help="aggregate throughput report interval; 0 disables it")
+    g.add_argument("--request-log-jsonl", metavar="FILE",
+                   help="append full-precision server/request records to FILE (default: disabled)")
+    g.add_argument("--response-store-max-records", type=int, default=1024, metavar="N",
+                   help="maximum locally retained Responses objects")
+    g.add_argument("--response-store-max-mib", type=int, default=256, metavar="N",
+                   help="total local Responses storage budget")
+# fmt: on
+
+
+def resolve_device(device: str | None, cuda_available: bool) -> str:
+    """--device as "cpu" or "cuda:N". None: cuda:0 when CUDA is available, else cpu."""
+    if device is None:
+        return "cuda:0" if cuda_available else "cpu"
+    d = device.strip().lower()
+    if d.isdigit():
+        d = f"cuda:{int(d)}"
+    elif d == "cuda":
+        d = "cuda:0"
+    if d.startswith("cuda") and not cuda_available:
+        raise ConfigError(
+            f"--device {device}: CUDA is not available on this machine; use --device cpu"
+        )
+    return d
+
+
+def config_from_args(
+    args: argparse.Namespace, *, cuda_available: bool | None = None
+) -> ServeConfig:
+    """The validated ServeConfig of parsed arguments. `cuda_available` None asks torch."""
+    if cuda_available is None:
+        cuda_available = _cuda_available()
+    values = {k: v for k, v in vars(args).items() if k in _CONFIG_FIELDS}
+    values["device"] = resolve_device(args.device, cuda_available)
+    if args.dtype is None:
+        values["dtype"] = "float32" if values["device"] == "cpu" else "bfloat16"
+    return ServeConfig(**values)
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def check_files(config: ServeConfig, artifact_path: Path) -> None:
+    """Options naming files: readable chat template, parseable context-cost presets, and a
+    request log whose directory exists and that is not the artifact. Raises ConfigError."""
+    if config.chat_template is not None:
+        path = Path(config.chat_template)
+        if not path.is_file():
+            raise ConfigError(f"--chat-template {path}: no such file")
+    if config.context_cost_presets is not None:
+        path = Path(config.context_cost_presets)
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except OSError as e:
+            raise ConfigError(
+                f"--context-cost-presets {path}: cannot read ({e.strerror})"
+            ) from None
+        except ValueError as e:
+            raise ConfigError(f"--context-cost-presets {path}: not valid JSON ({e})") from None
+    if config.request_log_jsonl is not None:
+        path = Path(config.request_log_jsonl)
+        if not path.parent.resolve().is_dir():
+            raise ConfigError(
+                f"--request-log-jsonl {path}: the directory {path.parent} does not exist"
+            )
+        if path.resolve() == artifact_path.resolve():
+            raise ConfigError(
+                f"--request-log-jsonl {path}: refuses to write over the model artifact"
+            )
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A bound, listening TCP socket whose accepted connections inherit TCP keepalive and a
+    15 s TCP_USER_TIMEOUT (Linux), so a dead peer is detected while its request runs."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (
+        ("TCP_KEEPIDLE", TCP_KEEPALIVE_IDLE_S),
+        ("TCP_KEEPINTVL", TCP_KEEPALIVE_INTERVAL_S),
+        ("TCP_KEEPCNT", TCP_KEEPALIVE_COUNT),
+        ("TCP_USER_TIMEOUT", TCP_USER_TIMEOUT_MS),
+    ):
+        if hasattr(socket, name):  # Linux; elsewhere the defaults stay
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ConfigError(
+            f"cannot listen on {host}:{port} ({e.strerror}); choose another --host/--port"
+        ) from None
+    sock.listen(2048)
+    return sock
+
+
+def _python_log_level(level: str) -> int:
+    return {
+        "trace": 5, "debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+        "error": logging.ERROR, "critical": logging.CRITICAL, "off": logging.CRITICAL + 10,
+    }[level]  # fmt: skip
+
+
+def configure_logging(level: str) -> None:
+    """Operational records on stderr, `YYYY-MM-DD HH:MM:SS.mmm LEVEL message`, for ninfer's
+    loggers and uvicorn's (whose own logging configuration is not installed)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s.%(msecs)03d %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S")
+    )
+    for name in ("ninfer", "uvicorn"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(_python_log_level(level))
+        logger.propagate = False
+
+
+def open_artifact(config: ServeConfig) -> Any:
+    """The artifact to serve (the demo model when none was given), with the capability
+    options checked against its components."""
+    from ninfer.artifact import Artifact
+
+    if config.artifact is None:
+        from ninfer.artifact.demo import demo_artifact_path
+
+        path = demo_artifact_path()
+    else:
+        path = Path(config.artifact)
+    artifact = Artifact(path)
+    check_capabilities(config, artifact.components)
+    return artifact
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    configure_logging(config.log_level)
+    log = logging.getLogger("ninfer.serve")
+    artifact = open_artifact(config)
+    check_files(config, artifact.path)
+    state = build_state(config, artifact)
+    from ninfer.api.app import create_app
+
+    app = create_app(state)
+    sock = listen_socket(config.host, config.port)
+    log.info(
+        "serving %s as %r on http://%s:%d",
+        artifact.path,
+        state.model_id,
+        config.host,
+        sock.getsockname()[1],
+    )
+    try:
+        serve_forever(app, sock, config)
+    finally:
+        engine = state.engine
+        if engine is not None and hasattr(engine, "close"):
+            engine.close()
+        log.info("shutdown complete")
+    return 0
+
+
+def build_state(config: ServeConfig, artifact: Any) -> Any:
+    """Start the engine on `artifact` (plan compiled, warm-up run) and return the ServerState.
+
+    INTEGRATION POINT (lead): build the executor/engine, tokenizer and chat template here —
+    `--chat-template` overrides `artifact.chat_template` — and put them on the state.
+    """
+    from ninfer.api.state import ServerState
+
+    state = ServerState(config=config, model_id=config.public_model_id(artifact.name))
+    engine_factory = _engine_factory()
+    if engine_factory is None:
+        logging.getLogger("ninfer.serve").warning(
+            "no engine is integrated yet: serving the HTTP shell only"
+        )
+    else:
+        engine_factory(state, artifact)
+    return state
+
+
+def _engine_factory() -> Any:
+    """`ninfer.api.server_engine.start_engine(state, artifact)` when the lead has provided it."""
+    import importlib
+
+    try:
+        server_engine = importlib.import_module("ninfer.api.server_engine")
+    except ModuleNotFoundError as e:
+        if e.name == "ninfer.api.server_engine":
+            return None
+        raise
+    return server_engine.start_engine
+
+
+def serve_forever(app: Any, sock: socket.socket, config: ServeConfig) -> None:
+    """Run uvicorn on the already-bound socket until interrupted."""
+    import uvicorn
+
+    uv_level = (
+        "critical"
+        if config.log_level == "off"
+        else ("debug" if config.log_level == "trace" else config.log_level)
+    )
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level=uv_level,
+            access_log=False,
+            log_config=None,  # configure_logging formats uvicorn's records too
+            timeout_graceful_shutdown=5,
+            lifespan="on",
+        )
+    )
+    server.run(sockets=[sock])

@@ -1,0 +1,417 @@
+"""`ninfer serve` options: every flag of the spec's table, its default, its validation, and the
+refusal of capabilities the artifact lacks."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import socket
+import sys
+
+import numpy as np
+import pytest
+
+from ninfer import cli
+from ninfer.api.config import ServeConfig, check_capabilities
+from ninfer.artifact import ArtifactWriter, StoredTensor
+from ninfer.commands import serve
+from ninfer.errors import ConfigError
+
+
+def parse(*argv: str, cuda: bool = False) -> ServeConfig:
+    p = argparse.ArgumentParser()
+    serve.add_arguments(p)
+    return serve.config_from_args(p.parse_args(list(argv)), cuda_available=cuda)
+
+
+def help_text() -> str:
+    p = argparse.ArgumentParser(prog="ninfer serve")
+    serve.add_arguments(p)
+    return p.format_help()
+
+
+# The spec's "Server options" table: flag -> (ServeConfig field, executable default).
+SPEC_DEFAULTS = {
+    "--host": ("host", "127.0.0.1"),
+    "--port": ("port", 8080),
+    "--api-key": ("api_key", None),
+    "--model-id": ("model_id", None),
+    "--max-context": ("max_context", 8192),
+    "--kv-capacity": ("kv_capacity", None),  # follows --max-context
+    "--max-concurrency": ("max_concurrency", 1),
+    "--max-pending-requests": ("max_pending_requests", 16),
+    "--pending-timeout-ms": ("pending_timeout_ms", 30000),
+    "--prefill-chunk": ("prefill_chunk", 1024),
+    "--log-stats-interval-ms": ("log_stats_interval_ms", 5000),
+    "--log-level": ("log_level", "info"),
+    "--device": ("device", "cpu"),  # CUDA device 0 when available; this test says it is not
+    "--context-cost-presets": ("context_cost_presets", None),
+    "--max-request-mib": ("max_request_mib", 384),
+    "--media-cache-mib": ("media_cache_mib", 1024),
+    "--media-live-mib": ("media_live_mib", 2048),
+    "--media-preprocess-threads": ("media_preprocess_threads", 0),
+    "--request-log-jsonl": ("request_log_jsonl", None),
+    "--response-store-max-records": ("response_store_max_records", 1024),
+    "--response-store-max-mib": ("response_store_max_mib", 256),
+    "--kv-dtype": ("kv_dtype", None),  # bf16 on cuda, the compute dtype on cpu
+    "--spec": ("spec", None),
+    "--draft-tokens": ("draft_tokens", None),
+    "--lm-head-draft": ("lm_head_draft", False),
+    "--default-max-tokens": ("default_max_tokens", 8192),
+    "--default-thinking-budget": ("default_thinking_budget", None),
+    "--vision": ("vision", False),
+    "--no-cuda-graph": ("cuda_graph", True),
+    "--no-prefix-reuse": ("prefix_reuse", True),
+    "--device-state-slots": ("device_state_slots", None),
+    "--host-context-mib": ("host_context_mib", None),
+    "--no-thinking": ("thinking", True),
+    "--preserve-thinking": ("preserve_thinking", False),
+    "--cors": ("cors", False),
+    "--temperature": ("temperature", None),
+    "--top-p": ("top_p", None),
+    "--top-k": ("top_k", None),
+    "--min-p": ("min_p", None),
+    "--presence-penalty": ("presence_penalty", None),
+    "--frequency-penalty": ("frequency_penalty", None),
+    "--seed": ("seed", None),
+    "--greedy": ("greedy", False),
+    "--chat-template": ("chat_template", None),
+    "--dtype": ("dtype", "float32"),  # float32 on cpu
+}
+
+
+def test_every_spec_option_has_its_default():
+    cfg = parse()
+    for flag, (name, default) in SPEC_DEFAULTS.items():
+        assert getattr(cfg, name) == default, flag
+    assert cfg.artifact is None  # the demo model
+
+
+def test_help_documents_every_option():
+    text = help_text()
+    for flag in SPEC_DEFAULTS:
+        assert flag in text, flag
+    assert "ARTIFACT" in text and "demo model" in text
+
+
+def test_help_through_the_cli_exits_zero(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["serve", "--help"])
+    assert e.value.code == 0
+    assert "--max-concurrency" in capsys.readouterr().out
+
+
+def test_every_flag_reaches_the_config():
+    cfg = parse(
+        "m.ninfer", "--host", "0.0.0.0", "--port", "9000", "--api-key", "k", "--model-id", "alias",
+        "--max-context", "4096", "--kv-capacity", "auto", "--max-concurrency", "8",
+        "--max-pending-requests", "0", "--pending-timeout-ms", "5", "--prefill-chunk", "64",
+        "--log-stats-interval-ms", "0", "--log-level", "off", "--device", "1",
+        "--context-cost-presets", "p.json", "--max-request-mib", "1", "--media-cache-mib", "0",
+        "--media-live-mib", "8", "--media-preprocess-threads", "3", "--request-log-jsonl", "r.jsonl",
+        "--response-store-max-records", "2", "--response-store-max-mib", "3", "--kv-dtype", "k8v4",
+        "--spec", "dflash2", "--draft-tokens", "15", "--lm-head-draft", "--default-max-tokens", "7",
+        "--default-thinking-budget", "512", "--vision", "--no-cuda-graph", "--no-prefix-reuse",
+        "--device-state-slots", "0", "--host-context-mib", "0", "--no-thinking", "--preserve-thinking",
+        "--cors", "--temperature", "0.5", "--top-p", "0.9", "--top-k", "0", "--min-p", "0.1",
+        "--presence-penalty", "-2", "--frequency-penalty", "2", "--seed", "-7", "--greedy",
+        "--chat-template", "t.jinja", "--dtype", "float32",
+        cuda=True,
+    )  # fmt: skip
+    assert cfg == ServeConfig(
+        artifact="m.ninfer", host="0.0.0.0", port=9000, api_key="k", model_id="alias",
+        max_context=4096, kv_capacity="auto", max_concurrency=8, max_pending_requests=0,
+        pending_timeout_ms=5, prefill_chunk=64, log_stats_interval_ms=0, log_level="off",
+        device="cuda:1", context_cost_presets="p.json", max_request_mib=1, media_cache_mib=0,
+        media_live_mib=8, media_preprocess_threads=3, request_log_jsonl="r.jsonl",
+        response_store_max_records=2, response_store_max_mib=3, kv_dtype="k8v4", spec="dflash2",
+        draft_tokens=15, lm_head_draft=True, default_max_tokens=7, default_thinking_budget=512,
+        vision=True, cuda_graph=False, prefix_reuse=False, device_state_slots=0, host_context_mib=0,
+        thinking=False, preserve_thinking=True, cors=True, temperature=0.5, top_p=0.9, top_k=0,
+        min_p=0.1, presence_penalty=-2.0, frequency_penalty=2.0, seed=-7, greedy=True,
+        chat_template="t.jinja", dtype="float32",
+    )  # fmt: skip
+    assert cfg.max_request_bytes == 1 << 20
+    assert cfg.public_model_id("artifact-name") == "alias"
+    assert parse().public_model_id("artifact-name") == "artifact-name"
+
+
+def test_kv_capacity_numeric_and_engine_options():
+    cfg = parse("--kv-capacity", "4096", "--max-concurrency", "2")
+    assert cfg.kv_capacity == 4096 and not cfg.kv_auto
+    opts = cfg.engine_options({"max_concurrency", "kv_capacity", "prefix_reuse", "not_a_flag"})
+    assert opts == {"max_concurrency": 2, "kv_capacity": 4096, "prefix_reuse": True}
+    assert "kv_capacity" not in parse("--kv-capacity", "auto").engine_options({"kv_capacity"})
+
+
+def test_engine_options_build_the_engine_config():
+    from ninfer.runtime.config import EngineConfig
+
+    cfg = parse(
+        "--max-concurrency",
+        "3",
+        "--max-context",
+        "512",
+        "--prefill-chunk",
+        "32",
+        "--no-prefix-reuse",
+    )
+    ec = EngineConfig(**cfg.engine_options({f.name for f in dataclasses.fields(EngineConfig)}))
+    assert (ec.max_concurrency, ec.max_context, ec.prefill_chunk, ec.prefix_reuse) == (
+        3,
+        512,
+        32,
+        False,
+    )
+
+
+def test_compile_options_follow_the_flags():
+    opts = parse("--max-concurrency", "4", "--kv-capacity", "auto", "--kv-dtype", "fp8",
+                 "--no-cuda-graph", "--device-state-slots", "2", "--prefill-chunk", "128").compile_options()  # fmt: skip
+    assert (opts.device, opts.dtype, opts.kv_dtype, opts.max_concurrency) == (
+        "cpu",
+        "float32",
+        "fp8",
+        4,
+    )
+    assert (opts.kv_capacity, opts.cuda_graphs, opts.device_state_slots, opts.prefill_chunk) == (
+        "auto",
+        False,
+        2,
+        128,
+    )
+    gpu = parse("--device", "1", cuda=True).compile_options()
+    assert (gpu.device, gpu.dtype, gpu.kv_dtype) == ("cuda", "bfloat16", None)
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--max-concurrency", "0"], "--max-concurrency"),
+        (["--max-concurrency", "9"], "--max-concurrency"),
+        (["--port", "70000"], "--port"),
+        (["--max-context", "0"], "--max-context"),
+        (["--kv-capacity", "0"], "--kv-capacity"),
+        (["--max-pending-requests", "-1"], "--max-pending-requests"),
+        (["--pending-timeout-ms", "0"], "--pending-timeout-ms"),
+        (["--prefill-chunk", "0"], "--prefill-chunk"),
+        (["--log-stats-interval-ms", "-1"], "--log-stats-interval-ms"),
+        (["--max-request-mib", "0"], "--max-request-mib"),
+        (["--media-cache-mib", "-1"], "--media-cache-mib"),
+        (["--media-live-mib", "0"], "--media-live-mib"),
+        (["--media-preprocess-threads", "-1"], "--media-preprocess-threads"),
+        (["--response-store-max-records", "-1"], "--response-store-max-records"),
+        (["--default-max-tokens", "0"], "--default-max-tokens"),
+        (["--default-thinking-budget", "0"], "--default-thinking-budget"),
+        (["--device-state-slots", "-1"], "--device-state-slots"),
+        (["--host-context-mib", "-1"], "--host-context-mib"),
+        (["--draft-tokens", "3"], "--draft-tokens"),  # requires --spec
+        (["--spec", "mtp", "--draft-tokens", "6"], "--draft-tokens"),
+        (["--spec", "mtp", "--draft-tokens", "0"], "--draft-tokens"),
+        (["--spec", "dflash", "--draft-tokens", "16"], "--draft-tokens"),
+        (["--spec", "dflash2", "--draft-tokens", "16"], "--draft-tokens"),
+        (["--lm-head-draft"], "--lm-head-draft"),  # requires --spec
+        (["--temperature", "-0.1"], "--temperature"),
+        (["--temperature", "nan"], "--temperature"),
+        (["--top-p", "0"], "--top-p"),
+        (["--top-p", "1.5"], "--top-p"),
+        (["--top-k", "21"], "--top-k"),
+        (["--top-k", "-1"], "--top-k"),
+        (["--min-p", "1.5"], "--min-p"),
+        (["--presence-penalty", "3"], "--presence-penalty"),
+        (["--frequency-penalty", "-3"], "--frequency-penalty"),
+        (["--api-key", ""], "--api-key"),
+        (["--model-id", " "], "--model-id"),
+        (["--device", "tpu"], "--device"),
+    ],
+)
+def test_invalid_values_name_the_flag(argv, flag):
+    with pytest.raises(ConfigError) as e:
+        parse(*argv)
+    message = str(e.value)
+    assert flag in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("argv", "field", "value"),
+    [
+        (["--spec", "mtp", "--draft-tokens", "5"], "draft_tokens", 5),
+        (["--spec", "mtp", "--draft-tokens", "1"], "draft_tokens", 1),
+        (["--spec", "dflash", "--draft-tokens", "15"], "draft_tokens", 15),
+        (["--spec", "dflash", "--lm-head-draft"], "lm_head_draft", True),
+        (["--spec", "mtp"], "draft_tokens", None),
+        (["--top-k", "20"], "top_k", 20),
+        (["--seed", str(-(1 << 63))], "seed", -(1 << 63)),
+        (["--max-concurrency", "8"], "max_concurrency", 8),
+        (["--kv-dtype", "nvfp4"], "kv_dtype", "nvfp4"),
+        (["--log-level", "trace"], "log_level", "trace"),
+    ],
+)
+def test_boundary_values_are_accepted(argv, field, value):
+    assert getattr(parse(*argv), field) == value
+
+
+@pytest.mark.parametrize("argv", [["--kv-dtype", "fp16"], ["--spec", "eagle"], ["--log-level", "verbose"],
+                                  ["--dtype", "float16"], ["--kv-capacity", "lots"], ["--port", "x"]])  # fmt: skip
+def test_argparse_refuses_unknown_choices(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["serve", *argv])
+    assert e.value.code == 2
+    assert argv[0] in capsys.readouterr().err
+
+
+def test_device_and_dtype_resolution():
+    assert (parse(cuda=True).device, parse(cuda=True).dtype) == ("cuda:0", "bfloat16")
+    assert (parse(cuda=False).device, parse(cuda=False).dtype) == ("cpu", "float32")
+    cfg = parse("--device", "3", cuda=True)
+    assert (cfg.device_type, cfg.device_index) == ("cuda", 3)
+    assert (parse().device_type, parse().device_index) == ("cpu", None)
+    assert parse("--device", "cpu", cuda=True).device == "cpu"
+    assert parse("--device", "cuda", cuda=True).device == "cuda:0"
+    assert parse("--device", "cuda:2", "--dtype", "float32", cuda=True).dtype == "float32"
+    with pytest.raises(ConfigError, match="--device 0: CUDA is not available"):
+        parse("--device", "0", cuda=False)
+
+
+# -- capabilities against a real artifact -------------------------------------------------------
+
+
+def make_artifact(path, components, name="tiny-serve"):
+    header = {
+        "architecture": "qwen3_5",
+        "metadata": {"name": name} if name else {},
+        "config": {},
+        "tokenizer": "{}",
+        "components": components,
+    }
+    with ArtifactWriter(path, header) as w:
+        w.add("x", StoredTensor("f32", (2,), {"data": np.zeros(2, np.float32)}))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("components", "argv", "refused"),
+    [
+        (["text"], ["--spec", "mtp"], "--spec mtp"),
+        (["text", "vision"], ["--spec", "mtp", "--draft-tokens", "3"], "--spec mtp"),
+        (["text", "mtp"], ["--spec", "dflash"], "--spec dflash"),
+        (["text", "mtp"], ["--spec", "dflash2"], "--spec dflash2"),
+        (["text", "mtp"], ["--vision"], "--vision"),
+        (["text", "mtp"], ["--spec", "mtp", "--vision"], "--vision"),
+        (["text", "mtp", "vision"], ["--spec", "mtp", "--vision"], None),
+        (["text", "dflash"], ["--spec", "dflash", "--draft-tokens", "7", "--lm-head-draft"], None),
+        (["text"], [], None),
+    ],
+)
+def test_capabilities_the_artifact_lacks_are_refused(tmp_path, components, argv, refused):
+    path = make_artifact(tmp_path / "m.ninfer", components)
+    cfg = parse(str(path), *argv)
+    if refused is None:
+        artifact = serve.open_artifact(cfg)
+        assert artifact.components == components
+        return
+    with pytest.raises(ConfigError) as e:
+        serve.open_artifact(cfg)
+    assert refused in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.fixture
+def restore_ninfer_logger():
+    """`ninfer serve` configures the "ninfer" and "uvicorn" loggers; undo that afterwards."""
+    loggers = [logging.getLogger(name) for name in ("ninfer", "uvicorn")]
+    saved = [(lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
+    yield
+    for lg, (handlers, level, propagate) in zip(loggers, saved):
+        lg.handlers[:], lg.level, lg.propagate = handlers, level, propagate
+
+
+def test_cli_prints_one_line_for_a_missing_component(tmp_path, capsys, restore_ninfer_logger):
+    path = make_artifact(tmp_path / "m.ninfer", ["text"])
+    code = cli.main(["serve", str(path), "--device", "cpu", "--vision", "--log-level", "off"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err.startswith("ninfer serve: error: --vision needs the artifact's vision component")
+    assert "\n" not in err and "Traceback" not in err
+
+
+def test_check_capabilities_is_pure():
+    check_capabilities(ServeConfig(spec="mtp", draft_tokens=5), ["text", "mtp"])
+    with pytest.raises(ConfigError, match="mtp component"):
+        check_capabilities(ServeConfig(spec="mtp"), ("text",))
+
+
+def test_model_id_falls_back_to_metadata_name_then_architecture(tmp_path):
+    named = serve.open_artifact(
+        parse(str(make_artifact(tmp_path / "a.ninfer", ["text"], "my-model")))
+    )
+    unnamed = serve.open_artifact(parse(str(make_artifact(tmp_path / "b.ninfer", ["text"], None))))
+    assert parse().public_model_id(named.name) == "my-model"
+    assert parse().public_model_id(unnamed.name) == "qwen3_5"
+    assert parse("--model-id", "alias").public_model_id(named.name) == "alias"
+
+
+# -- files named by options ---------------------------------------------------------------------
+
+
+def test_files_named_by_options_are_checked(tmp_path):
+    art = make_artifact(tmp_path / "m.ninfer", ["text"])
+    serve.check_files(parse(), art)  # nothing named: nothing to check
+    with pytest.raises(ConfigError, match="--chat-template .*no such file"):
+        serve.check_files(parse("--chat-template", str(tmp_path / "none.jinja")), art)
+    bad = tmp_path / "presets.json"
+    bad.write_text("{not json")
+    with pytest.raises(ConfigError, match="--context-cost-presets .*not valid JSON"):
+        serve.check_files(parse("--context-cost-presets", str(bad)), art)
+    with pytest.raises(ConfigError, match="--context-cost-presets .*cannot read"):
+        serve.check_files(parse("--context-cost-presets", str(tmp_path / "none.json")), art)
+    with pytest.raises(ConfigError, match="--request-log-jsonl .*does not exist"):
+        serve.check_files(parse("--request-log-jsonl", str(tmp_path / "no" / "log.jsonl")), art)
+    with pytest.raises(ConfigError, match="over the model artifact"):
+        serve.check_files(parse("--request-log-jsonl", str(art)), art)
+    good = tmp_path / "ok.json"
+    good.write_text(json.dumps({"prefill": []}))
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages }}")
+    serve.check_files(
+        parse("--context-cost-presets", str(good), "--chat-template", str(template),
+              "--request-log-jsonl", str(tmp_path / "log.jsonl")),
+        art,
+    )  # fmt: skip
+
+
+# -- the listening socket ------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="TCP_USER_TIMEOUT is Linux-only")
+def test_accepted_connections_inherit_keepalive_and_user_timeout():
+    listener = serve.listen_socket("127.0.0.1", 0)
+    try:
+        client = socket.create_connection(listener.getsockname())
+        conn, _ = listener.accept()
+        try:
+            assert conn.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            assert (
+                conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)
+                == serve.TCP_USER_TIMEOUT_MS
+            )
+            assert (
+                conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE)
+                == serve.TCP_KEEPALIVE_IDLE_S
+            )
+        finally:
+            conn.close()
+            client.close()
+    finally:
+        listener.close()
+
+
+def test_listen_socket_reports_a_busy_port():
+    first = serve.listen_socket("127.0.0.1", 0)
+    try:
+        port = first.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}"):
+            serve.listen_socket("127.0.0.1", port)
+    finally:
+        first.close()
