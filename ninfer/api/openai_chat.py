@@ -1,0 +1,233 @@
+"""POST /v1/chat/completions: OpenAI Chat Completions over the model service.
+
+Aggregate responses carry `message.reasoning_content`, `tool_calls`, usage with cached and
+reasoning token details, and llama.cpp-compatible `timings`. Streams send an assistant-role
+chunk, separate reasoning / content / tool-call deltas, a finish-reason chunk, an optional
+usage chunk (`stream_options.include_usage`), then `[DONE]`; `timings` rides on the last JSON
+chunk. Preparation and admission errors are HTTP errors; the stream starts only after
+admission, so 429/503/400 are real statuses, not in-stream events.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from litestar import Request, Response, post
+from litestar.handlers import BaseRouteHandler
+from litestar.response import Stream
+
+from ninfer.api import errors
+from ninfer.api.errors import ApiError
+from ninfer.api.fields import parse_json_object
+from ninfer.api.generation import (
+    Admitted,
+    ContentText,
+    Finished,
+    GenerationEvent,
+    GenerationRequest,
+    PromptProgress,
+    ReasoningText,
+    SamplingOptions,
+    ToolCallArgs,
+    ToolCallDone,
+    ToolCallStart,
+)
+from ninfer.api.openai_chat_models import ChatRequest, parse_chat_request
+from ninfer.api.sse import with_keepalive
+from ninfer.api.state import ServerState
+from ninfer.api.template import ThinkingDefaults, resolve_template_options
+
+
+def to_generation_request(chat: ChatRequest, state: ServerState) -> GenerationRequest:
+    config = state.config
+    options = resolve_template_options(
+        enable_thinking=chat.enable_thinking,
+        preserve_thinking=chat.preserve_thinking,
+        reasoning_effort=chat.reasoning_effort,
+        chat_template_kwargs=chat.chat_template_kwargs,
+        defaults=ThinkingDefaults.from_flags(config.thinking, config.preserve_thinking),
+    )
+    s = chat.sampling
+    temperature = s.temperature
+    top_p = s.top_p
+    if top_p is not None and top_p <= 0:  # top_p 0 keeps only the most likely token
+        temperature, top_p = 0.0, 1.0
+    callable_tools = [t.template_dict() for t in chat.callable_tools]
+    return GenerationRequest(
+        messages=chat.template_messages(),
+        tools=chat.template_tools(),
+        parse_tools=bool(callable_tools),
+        template_options=options,
+        sampling=SamplingOptions(
+            temperature=temperature,
+            top_p=top_p,
+            top_k=s.top_k,
+            min_p=s.min_p,
+            presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty,
+            seed=s.seed,
+        ),
+        max_tokens=chat.max_tokens,
+        stop=chat.stop,
+        cache_points=chat.explicit_cache_messages,
+        protocol="chat",
+    )
+
+
+def _usage(f: Finished) -> dict[str, Any]:
+    u = f.usage
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
+    }
+
+
+def _finish_reason(f: Finished) -> str:
+    if f.reason in ("stop", "length", "tool_calls"):
+        return f.reason
+    return "stop"
+
+
+def _tool_call_dict(call: Any) -> dict[str, Any]:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
+class ChatCompletion:
+    """Serialises one completion's events (aggregate or stream)."""
+
+    def __init__(self, state: ServerState, chat: ChatRequest) -> None:
+        self.id = "chatcmpl-" + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.model = state.model_id
+        self.chat = chat
+
+    def aggregate(self, f: Finished) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": f.content if (f.content or not f.tool_calls) else None}
+        if f.reasoning:
+            message["reasoning_content"] = f.reasoning
+        if f.tool_calls:
+            message["tool_calls"] = [_tool_call_dict(c) for c in f.tool_calls]
+        message["refusal"] = None
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": _finish_reason(f)}],
+            "usage": _usage(f),
+            "timings": f.timings.as_dict(),
+        }
+
+    def chunk(self, delta: dict[str, Any] | None, finish_reason: str | None = None, **extra: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        }
+        out.update(extra)
+        return out
+
+    async def stream(self, first: GenerationEvent, events: AsyncIterator[GenerationEvent]) -> AsyncIterator[dict[str, Any]]:
+        chat = self.chat
+        yield self.chunk({"role": "assistant", "content": ""})
+        admitted: Admitted | None = first if isinstance(first, Admitted) else None
+        t_admit = time.monotonic()
+        live_timings: dict[str, Any] = {}
+        progress_done = False
+
+        async def chain() -> AsyncIterator[GenerationEvent]:
+            yield first
+            async for e in events:
+                yield e
+
+        async for e in chain():
+            if isinstance(e, Admitted):
+                admitted = e
+                if chat.return_progress:
+                    yield self.chunk(None, prompt_progress=_progress(e, e.cached_tokens, t_admit))
+                continue
+            if isinstance(e, PromptProgress):
+                if chat.return_progress:
+                    yield self.chunk(None, prompt_progress={"total": e.total, "cache": e.cache, "processed": e.processed, "time_ms": e.time_ms})
+                continue
+            if chat.return_progress and not progress_done and admitted is not None:
+                progress_done = True
+                yield self.chunk(None, prompt_progress=_progress(admitted, admitted.prompt_tokens, t_admit))
+            extra = {"timings": live_timings} if chat.timings_per_token and live_timings else {}
+            if isinstance(e, ReasoningText):
+                yield self.chunk({"reasoning_content": e.text}, **extra)
+            elif isinstance(e, ContentText):
+                yield self.chunk({"content": e.text}, **extra)
+            elif isinstance(e, ToolCallStart):
+                yield self.chunk({"tool_calls": [{"index": e.index, "id": e.id, "type": "function", "function": {"name": e.name, "arguments": ""}}]})
+            elif isinstance(e, ToolCallArgs):
+                yield self.chunk({"tool_calls": [{"index": e.index, "function": {"arguments": e.text}}]})
+            elif isinstance(e, ToolCallDone):
+                continue
+            elif isinstance(e, Finished):
+                if e.reason == "error":
+                    yield {"error": errors.internal_error().body()["error"]}
+                    return
+                timings = e.timings.as_dict()
+                if chat.include_usage:
+                    yield self.chunk({}, _finish_reason(e))
+                    yield self.chunk(None, usage=_usage(e), timings=timings)
+                else:
+                    yield self.chunk({}, _finish_reason(e), timings=timings)
+                return
+
+
+def _progress(a: Admitted, processed: int, t0: float) -> dict[str, Any]:
+    return {"total": a.prompt_tokens, "cache": a.cached_tokens, "processed": processed, "time_ms": (time.monotonic() - t0) * 1000.0}
+
+
+async def _sse(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    async for c in chunks:
+        yield b"data: " + json.dumps(c, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    yield b"data: [DONE]\n\n"
+
+
+def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
+    @post("/v1/chat/completions", status_code=200)
+    async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
+        body = parse_json_object(await request.body())
+        chat = parse_chat_request(body, model_id=state.model_id, vision=state.config.vision)
+        service = state.extra.get("service")
+        if service is None:
+            raise errors.engine_unavailable()
+        gen = to_generation_request(chat, state)
+        request_id = getattr(request.state, "request_id", "")
+        events = service.generate(gen, request_id=request_id)
+        first = await _first(events)  # raises ApiError before any byte is sent
+        completion = ChatCompletion(state, chat)
+        if not chat.stream:
+            final = first
+            async for e in events:
+                final = e
+            assert isinstance(final, Finished)
+            if final.reason == "error":
+                raise errors.internal_error()
+            return Response(completion.aggregate(final))
+        return Stream(
+            with_keepalive(_sse(completion.stream(first, events))),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
+
+    return [chat_completions]
+
+
+async def _first(events: AsyncIterator[GenerationEvent]) -> GenerationEvent:
+    try:
+        return await events.__anext__()
+    except StopAsyncIteration:  # pragma: no cover - the service always ends with Finished
+        raise ApiError(500, "generation produced no events", type=errors.SERVER_ERROR, code="internal_error") from None

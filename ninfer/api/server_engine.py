@@ -1,0 +1,91 @@
+"""Start the serving engine for `ninfer serve`: compile, load, warm up, wire the model service.
+
+Called by `ninfer.commands.serve.build_state` before the listening socket opens, so a server
+that accepts connections has a compiled plan, loaded weights and a warmed-up step loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from ninfer.api.service import ModelService, SamplerDefaults
+from ninfer.api.state import ServerState
+from ninfer.api.template import ChatTemplate, chat_template_for, load_builtin_template, control_token_spellings
+from ninfer.artifact import Artifact
+from ninfer.runtime.config import EngineConfig
+from ninfer.runtime.engine import Engine
+from ninfer.runtime.executor import Executor
+from ninfer.runtime.request import Request, SamplingParams
+from ninfer.runtime.sampler import Sampler
+
+log = logging.getLogger("ninfer.serve")
+
+
+def load_template(config: Any, artifact: Artifact, tokenizer: Tokenizer) -> ChatTemplate:
+    specials = {
+        k: v for k, v in (("bos_token", artifact.special_tokens.get("bos_token")), ("eos_token", artifact.special_tokens.get("eos_token"))) if isinstance(v, str)
+    }
+    if config.chat_template:
+        source = open(config.chat_template, encoding="utf-8").read()
+        return chat_template_for(source, tokenizer, special_tokens=specials)
+    if artifact.chat_template:
+        return chat_template_for(artifact.chat_template, tokenizer, special_tokens=specials)
+    log.warning("the artifact has no chat template: using ninfer's built-in Qwen-style ChatML template")
+    return load_builtin_template("qwen_xml", control_tokens=control_token_spellings(tokenizer), special_tokens=specials)
+
+
+def eos_ids_of(artifact: Artifact, tokenizer: Tokenizer) -> tuple[int, ...]:
+    ids = [i for i in artifact.special_tokens.get("eos_token_ids", []) if isinstance(i, int)]
+    for text in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
+        tid = tokenizer.token_to_id(text)
+        if tid is not None and tid not in ids and text == artifact.special_tokens.get("eos_token"):
+            ids.append(tid)
+    if not ids:
+        tid = tokenizer.token_to_id("<|im_end|>")
+        if tid is not None:
+            ids.append(tid)
+    return tuple(ids)
+
+
+def start_engine(state: ServerState, artifact: Artifact) -> None:
+    from ninfer.passes.pipeline import compile_artifact
+
+    config = state.config
+    t0 = time.monotonic()
+    plan = compile_artifact(artifact, config.compile_options())
+    executor = Executor(plan, artifact, device=config.device)
+    log.info("plan compiled and weights loaded in %.1f s", time.monotonic() - t0)
+    names = {f.name for f in dataclasses.fields(EngineConfig)}
+    options = config.engine_options(names)
+    options["page_size"] = executor.page_size
+    options["kv_capacity"] = executor.num_pages * executor.page_size
+    engine_config = EngineConfig(**options)
+    tokenizer = Tokenizer.from_str(artifact.tokenizer_json)
+    eos_ids = eos_ids_of(artifact, tokenizer)
+    engine = Engine(engine_config, executor, Sampler(), eos_ids)
+    template = load_template(config, artifact, tokenizer)
+    service = ModelService(
+        engine=engine,
+        tokenizer=tokenizer,
+        template=template,
+        eos_ids=eos_ids,
+        max_context=config.max_context,
+        default_max_tokens=config.default_max_tokens,
+        sampler_defaults=SamplerDefaults.resolve(artifact.generation, dict(config.sampler_overrides(), greedy=config.greedy)),
+        default_thinking_budget=config.default_thinking_budget,
+    )
+    # Warm-up: one real prefill + decode step so the first request pays no first-call costs.
+    t1 = time.monotonic()
+    warm = tokenizer.encode("Hello", add_special_tokens=False).ids or [0]
+    engine.submit(Request(tuple(warm), SamplingParams(max_tokens=2, temperature=0.0), session_key=None)).result(timeout=600)
+    log.info("warm-up done in %.2f s", time.monotonic() - t1)
+    state.engine = engine
+    state.tokenizer = tokenizer
+    state.template = template
+    state.extra["service"] = service
+    state.extra["artifact"] = artifact

@@ -1,0 +1,354 @@
+"""The model service: from a protocol-free `GenerationRequest` to a stream of text events.
+
+    GenerationRequest ─render─▶ prompt text ─encode─▶ ids ─submit─▶ Engine
+    Engine tokens ─detokenize─▶ text ─stop strings─▶ ─reasoning split─▶ ─tool calls─▶ events
+
+All protocol handlers (Chat Completions, Responses, Anthropic) share this path, so prompt
+rendering, sampling defaults, stop handling, usage and timings mean the same everywhere. It
+runs on the HTTP event loop; the engine's worker thread does the model work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from ninfer.api import errors
+from ninfer.api.detokenize import IncrementalDetokenizer
+from ninfer.api.errors import ApiError
+from ninfer.api.generation import (
+    Admitted,
+    ContentText,
+    Finished,
+    GenerationEvent,
+    GenerationRequest,
+    PromptProgress,
+    ReasoningText,
+    Timings,
+    ToolCallArgs,
+    ToolCallDone,
+    ToolCallStart,
+    Usage,
+)
+from ninfer.api.reasoning import ReasoningParser, prompt_starts_in_thinking
+from ninfer.api.stops import StopMatcher
+from ninfer.api.template import ChatTemplate, PromptEncoder
+from ninfer.api import toolcalls
+from ninfer.runtime.request import (
+    EngineError,
+    EngineOverloaded,
+    FinishEvent,
+    QueueTimeout,
+    Request,
+    RequestError,
+    SamplingParams,
+    TokensEvent,
+)
+
+
+@dataclass(frozen=True)
+class SamplerDefaults:
+    """Process-level sampling: artifact generation defaults overlaid by --temperature etc."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    greedy: bool = False
+
+    @classmethod
+    def resolve(cls, generation: dict[str, Any], overrides: dict[str, Any]) -> SamplerDefaults:
+        base: dict[str, Any] = {}
+        for key in ("temperature", "top_p", "top_k", "min_p"):
+            if isinstance(generation.get(key), (int, float)) and not isinstance(generation.get(key), bool):
+                base[key] = generation[key]
+        if generation.get("do_sample") is False:
+            base["temperature"] = 0.0
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**base)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    prompt_ids: list[int]
+    prompt_text: str
+    starts_in_thinking: bool
+    checkpoint_positions: tuple[int, ...]
+
+
+class ModelService:
+    """Renders, tokenises, submits and post-processes generations for every protocol.
+
+    `engine`: ninfer.runtime.engine.Engine. `tokenizer`: the artifact's `tokenizers.Tokenizer`.
+    `template`: the ChatTemplate in use. `eos_ids`: ids that end a turn (withheld from text).
+    """
+
+    def __init__(
+        self,
+        *,
+        engine: Any,
+        tokenizer: Tokenizer,
+        template: ChatTemplate,
+        eos_ids: tuple[int, ...],
+        max_context: int,
+        default_max_tokens: int,
+        sampler_defaults: SamplerDefaults = SamplerDefaults(),
+        default_thinking_budget: int | None = None,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.template = template
+        self.encoder = PromptEncoder(tokenizer, template.control_tokens)
+        self.eos_ids = frozenset(eos_ids)
+        self.max_context = max_context
+        self.default_max_tokens = default_max_tokens
+        self.sampler_defaults = sampler_defaults
+        self.default_thinking_budget = default_thinking_budget
+
+    # -- preparation ---------------------------------------------------------------------------
+
+    def prepare(self, req: GenerationRequest) -> Prepared:
+        """Render and encode the prompt; raises ApiError (invalid_prompt,
+        context_length_exceeded) when it cannot be served."""
+        rendered = self.template.render(
+            req.messages,
+            tools=req.tools,
+            add_generation_prompt=not req.continue_final_message,
+            continue_final_message=req.continue_final_message,
+            options=req.template_options,
+        )
+        ids = self.encoder.encode(rendered.text, rendered.special_spans)
+        if not ids:
+            raise ApiError(400, "the rendered prompt is empty", code="invalid_prompt", param="messages")
+        if len(ids) >= self.max_context:
+            raise ApiError(
+                400,
+                f"the prompt has {len(ids)} tokens but the context ceiling is {self.max_context}"
+                " (--max-context), leaving no room for output",
+                code="context_length_exceeded",
+                param="messages",
+            )
+        checkpoints = self._checkpoints(req, rendered.text, ids)
+        starts = prompt_starts_in_thinking(rendered.text, rendered.special_spans)
+        return Prepared(ids, rendered.text, starts, checkpoints)
+
+    def _checkpoints(self, req: GenerationRequest, text: str, ids: list[int]) -> tuple[int, ...]:
+        """Prefix checkpoints at semantic boundaries: the end of the conversation before the
+        generation prompt (what a follow-up turn shares). Cache hints add more."""
+        points = set()
+        if len(req.messages) > 1 and not req.continue_final_message:
+            try:
+                history = self.template.render(
+                    req.messages, tools=req.tools, add_generation_prompt=False, options=req.template_options
+                )
+                hist_ids = self.encoder.encode(history.text, history.special_spans)
+                if hist_ids == ids[: len(hist_ids)]:
+                    points.add(len(hist_ids))
+            except ApiError:
+                pass
+        return tuple(sorted(points))
+
+    def count_tokens(self, req: GenerationRequest) -> int:
+        return len(self.prepare(req).prompt_ids)
+
+    def sampling_params(self, req: GenerationRequest, max_tokens: int) -> SamplingParams:
+        d, s = self.sampler_defaults, req.sampling
+
+        def pick(name: str) -> Any:
+            v = getattr(s, name)
+            return getattr(d, name) if v is None else v
+
+        temperature = 0.0 if d.greedy else pick("temperature")
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=float(temperature),
+            top_p=float(pick("top_p")),
+            top_k=int(pick("top_k") or 0),
+            min_p=float(pick("min_p")),
+            presence_penalty=float(pick("presence_penalty")),
+            frequency_penalty=float(pick("frequency_penalty")),
+            seed=pick("seed"),
+        )
+
+    # -- generation ------------------------------------------------------------------------------
+
+    async def generate(self, req: GenerationRequest, *, request_id: str = "") -> AsyncIterator[GenerationEvent]:
+        """Run one generation. Preparation and admission failures raise ApiError before the first
+        event; once `Admitted` is yielded, failures end the stream with Finished(reason=error)."""
+        prepared = await asyncio.to_thread(self.prepare, req)
+        prompt_len = len(prepared.prompt_ids)
+        room = self.max_context - prompt_len
+        wanted = self.default_max_tokens if req.max_tokens is None else req.max_tokens
+        prompt_only = wanted == 0
+        max_tokens = max(1, min(wanted, room))
+        length_cause = "max_tokens" if wanted <= room else "context"
+        try:
+            request = Request(
+                tuple(prepared.prompt_ids),
+                self.sampling_params(req, max_tokens),
+                checkpoint_positions=prepared.checkpoint_positions,
+                session_key=req.session_key,
+                arrival_s=time.monotonic(),
+            )
+            handle = self.engine.submit(request)
+        except EngineOverloaded as e:
+            raise ApiError(429, str(e), type=errors.RATE_LIMIT, code="server_overloaded") from None
+        except RequestError as e:
+            raise ApiError(400, str(e), code="invalid_request") from None
+        except EngineError as e:
+            raise ApiError(503, f"the engine is unavailable: {e}", type=errors.SERVER_ERROR, code="engine_unavailable") from None
+
+        post = _PostProcessor(self, req, prepared)
+        admitted = False
+        try:
+            async for event in handle:
+                if isinstance(event, TokensEvent):
+                    if not admitted:
+                        admitted = True
+                        yield Admitted(prompt_len, 0, "root")
+                    if prompt_only:
+                        self.engine.finish(handle, "length", keep_tokens=0)
+                        continue
+                    for out in post.tokens(event.token_ids):
+                        yield out
+                    if post.stop_match is not None and not post.finish_sent:
+                        post.finish_sent = True
+                        self.engine.finish(handle, "stop", keep_tokens=post.kept_tokens)
+                elif isinstance(event, FinishEvent):
+                    if not admitted:
+                        if isinstance(event.error, QueueTimeout):
+                            raise ApiError(503, str(event.error), type=errors.SERVER_ERROR, code="request_queue_timeout")
+                        if event.reason == "error":
+                            raise ApiError(
+                                500, f"generation failed: {event.error}", type=errors.SERVER_ERROR, code="engine_error"
+                            )
+                        yield Admitted(prompt_len, event.usage.cached_tokens, event.usage.reuse_path)
+                    for out in post.finish():
+                        yield out
+                    yield post.finished(event, length_cause, prompt_only)
+                    return
+        finally:
+            if not handle.finished:
+                self.engine.cancel(handle)
+
+
+class _PostProcessor:
+    """Token ids → stop-filtered, reasoning-split, tool-parsed text events (one request)."""
+
+    def __init__(self, service: ModelService, req: GenerationRequest, prepared: Prepared) -> None:
+        self.service = service
+        self.detok = IncrementalDetokenizer(service.tokenizer)
+        self.stops = StopMatcher(req.stop) if req.stop else None
+        self.reasoning = ReasoningParser(prepared.starts_in_thinking)
+        self.tools = toolcalls.ToolCallParser(req.tools or []) if req.tools and req.parse_tools else None
+        self.stop_match: str | None = None
+        self.finish_sent = False
+        self.kept_tokens = 0
+        self.reasoning_tokens = 0
+        self.content = []
+        self.reasoning_text = []
+        self.calls: list[toolcalls.ToolCall] = []
+
+    def tokens(self, ids: tuple[int, ...]) -> list[GenerationEvent]:
+        out: list[GenerationEvent] = []
+        for tid in ids:
+            if self.stop_match is not None:
+                break
+            self.kept_tokens += 1
+            if self.reasoning.in_reasoning:
+                self.reasoning_tokens += 1
+            if tid in self.service.eos_ids:
+                continue
+            out.extend(self._text(self.detok.add(tid)))
+        return out
+
+    def _text(self, text: str) -> list[GenerationEvent]:
+        if not text:
+            return []
+        if self.stops is not None:
+            fed = self.stops.feed(text)
+            text = fed.text
+            if fed.match is not None:
+                self.stop_match = fed.match.stop
+        if not text:
+            return []
+        delta = self.reasoning.feed(text)
+        return self._split(delta.reasoning, delta.content)
+
+    def _split(self, reasoning: str, content: str) -> list[GenerationEvent]:
+        out: list[GenerationEvent] = []
+        if reasoning:
+            self.reasoning_text.append(reasoning)
+            out.append(ReasoningText(reasoning))
+        if content:
+            out.extend(self._content(self.tools.feed(content) if self.tools else [toolcalls.ContentDelta(content)]))
+        return out
+
+    def _content(self, events: list[toolcalls.ToolEvent]) -> list[GenerationEvent]:
+        out: list[GenerationEvent] = []
+        for e in events:
+            if isinstance(e, toolcalls.ContentDelta):
+                if e.text:
+                    self.content.append(e.text)
+                    out.append(ContentText(e.text))
+            elif isinstance(e, toolcalls.ToolCallStart):
+                out.append(ToolCallStart(e.index, e.id, e.name))
+            elif isinstance(e, toolcalls.ToolCallArgumentsDelta):
+                out.append(ToolCallArgs(e.index, e.text))
+            elif isinstance(e, toolcalls.ToolCallEnd):
+                self.calls.append(e.call)
+                out.append(ToolCallDone(e.index, e.call))
+        return out
+
+    def finish(self) -> list[GenerationEvent]:
+        out: list[GenerationEvent] = []
+        if self.stop_match is None:
+            out.extend(self._text(self.detok.finish()))
+            if self.stops is not None and self.stop_match is None:
+                out.extend(self._text_unstopped(self.stops.finish()))
+        tail = self.reasoning.finish()
+        out.extend(self._split(tail.reasoning, tail.content))
+        if self.tools is not None:
+            out.extend(self._content(self.tools.finish()))
+        return out
+
+    def _text_unstopped(self, text: str) -> list[GenerationEvent]:
+        if not text:
+            return []
+        delta = self.reasoning.feed(text)
+        return self._split(delta.reasoning, delta.content)
+
+    def finished(self, event: FinishEvent, length_cause: str, prompt_only: bool) -> Finished:
+        u, t = event.usage, event.timings
+        completion = 0 if prompt_only else u.completion_tokens
+        if self.stop_match is not None:
+            reason = "stop"
+        elif event.reason == "length" or prompt_only:
+            reason = "length"
+        elif event.reason == "stop":
+            reason = "tool_calls" if self.calls else "stop"
+        else:
+            reason = event.reason
+        prompt_ms = (t.prefill_s or 0.0) * 1000.0
+        predicted_ms = (t.decode_s or 0.0) * 1000.0
+        return Finished(
+            reason=reason,
+            content="".join(self.content),
+            reasoning="".join(self.reasoning_text),
+            tool_calls=tuple(self.calls),
+            usage=Usage(u.prompt_tokens, completion, u.cached_tokens, min(self.reasoning_tokens, completion)),
+            timings=Timings(u.cached_tokens, u.prompt_tokens - u.cached_tokens, prompt_ms, completion, predicted_ms),
+            stop_sequence=self.stop_match,
+            length_cause=length_cause if reason == "length" else None,
+            tool_parse=self.tools.stats.as_dict() if self.tools else {},
+            generated_token_ids=tuple(event.token_ids),
+            error=event.error,
+        )

@@ -1,0 +1,104 @@
+"""End-to-end fixtures: the real `ninfer serve` process on the committed tiny trained model.
+
+`live_server` starts one server per test module (CPU, float32) on a free port and yields its
+base URL (`http://127.0.0.1:PORT`); `server_factory` starts servers with extra flags. Servers
+are real subprocesses driven over HTTP by the official clients, exactly as users run them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY_AGENT = ROOT / "artifacts" / "fixtures" / "tiny-agent.ninfer"
+STARTUP_TIMEOUT_S = 120
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LiveServer:
+    base_url: str
+    process: subprocess.Popen
+    log_path: Path
+
+    @property
+    def model(self) -> str:
+        return httpx.get(f"{self.base_url}/v1/models", headers=self.headers).json()["data"][0]["id"]
+
+    headers: dict | None = None
+
+    def stderr(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_server(tmp_dir: Path, *args: str, artifact: Path = TINY_AGENT, api_key: str | None = None) -> LiveServer:
+    port = free_port()
+    log_path = tmp_dir / f"server-{port}.log"
+    cmd = [sys.executable, "-m", "ninfer.cli", "serve", str(artifact), "--port", str(port), *args]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    server = LiveServer(f"http://127.0.0.1:{port}", proc, log_path)
+    if api_key:
+        server.headers = {"Authorization": f"Bearer {api_key}"}
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ninfer serve exited with {proc.returncode}:\n{server.stderr()[-4000:]}")
+        try:
+            if httpx.get(f"{server.base_url}/health", timeout=1).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    server.stop()
+    raise RuntimeError(f"ninfer serve did not become ready in {STARTUP_TIMEOUT_S}s:\n{server.stderr()[-4000:]}")
+
+
+@pytest.fixture(scope="module")
+def live_server(tmp_path_factory) -> Iterator[LiveServer]:
+    if not TINY_AGENT.exists():
+        pytest.fail(f"{TINY_AGENT} is missing: build it with `python -m artifacts.train_tiny`")
+    server = start_server(tmp_path_factory.mktemp("serve"), "--max-concurrency", "4", "--max-context", "2048")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def server_factory(tmp_path_factory) -> Iterator:
+    started: list[LiveServer] = []
+
+    def make(*args: str, **kw) -> LiveServer:
+        s = start_server(tmp_path_factory.mktemp("serve"), *args, **kw)
+        started.append(s)
+        return s
+
+    yield make
+    for s in started:
+        s.stop()
