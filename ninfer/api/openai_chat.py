@@ -137,53 +137,55 @@ class ChatCompletion:
         return out
 
     async def stream(self, first: GenerationEvent, events: AsyncIterator[GenerationEvent]) -> AsyncIterator[dict[str, Any]]:
-        chat = self.chat
+        """Chunks of one streamed completion; closing it cancels the generation."""
         yield self.chunk({"role": "assistant", "content": ""})
-        admitted: Admitted | None = first if isinstance(first, Admitted) else None
-        t_admit = time.monotonic()
-        live_timings: dict[str, Any] = {}
-        progress_done = False
-
-        async def chain() -> AsyncIterator[GenerationEvent]:
-            yield first
+        self._admitted: Admitted | None = None
+        self._t_admit = time.monotonic()
+        self._progress_done = False
+        try:
+            for out in self._on_event(first):
+                yield out
             async for e in events:
-                yield e
+                for out in self._on_event(e):
+                    yield out
+        finally:
+            await events.aclose()  # a client that hung up cancels its generation
 
-        async for e in chain():
-            if isinstance(e, Admitted):
-                admitted = e
-                if chat.return_progress:
-                    yield self.chunk(None, prompt_progress=_progress(e, e.cached_tokens, t_admit))
-                continue
-            if isinstance(e, PromptProgress):
-                if chat.return_progress:
-                    yield self.chunk(None, prompt_progress={"total": e.total, "cache": e.cache, "processed": e.processed, "time_ms": e.time_ms})
-                continue
-            if chat.return_progress and not progress_done and admitted is not None:
-                progress_done = True
-                yield self.chunk(None, prompt_progress=_progress(admitted, admitted.prompt_tokens, t_admit))
-            extra = {"timings": live_timings} if chat.timings_per_token and live_timings else {}
-            if isinstance(e, ReasoningText):
-                yield self.chunk({"reasoning_content": e.text}, **extra)
-            elif isinstance(e, ContentText):
-                yield self.chunk({"content": e.text}, **extra)
-            elif isinstance(e, ToolCallStart):
-                yield self.chunk({"tool_calls": [{"index": e.index, "id": e.id, "type": "function", "function": {"name": e.name, "arguments": ""}}]})
-            elif isinstance(e, ToolCallArgs):
-                yield self.chunk({"tool_calls": [{"index": e.index, "function": {"arguments": e.text}}]})
-            elif isinstance(e, ToolCallDone):
-                continue
-            elif isinstance(e, Finished):
-                if e.reason == "error":
-                    yield {"error": errors.internal_error().body()["error"]}
-                    return
-                timings = e.timings.as_dict()
-                if chat.include_usage:
-                    yield self.chunk({}, _finish_reason(e))
-                    yield self.chunk(None, usage=_usage(e), timings=timings)
-                else:
-                    yield self.chunk({}, _finish_reason(e), timings=timings)
-                return
+    def _on_event(self, e: GenerationEvent) -> list[dict[str, Any]]:
+        chat = self.chat
+        out: list[dict[str, Any]] = []
+        if isinstance(e, Admitted):
+            self._admitted = e
+            if chat.return_progress:
+                out.append(self.chunk(None, prompt_progress=_progress(e, e.cached_tokens, self._t_admit)))
+            return out
+        if isinstance(e, PromptProgress):
+            if chat.return_progress:
+                out.append(self.chunk(None, prompt_progress={"total": e.total, "cache": e.cache, "processed": e.processed, "time_ms": e.time_ms}))
+            return out
+        if chat.return_progress and not self._progress_done and self._admitted is not None:
+            self._progress_done = True
+            a = self._admitted
+            out.append(self.chunk(None, prompt_progress=_progress(a, a.prompt_tokens, self._t_admit)))
+        if isinstance(e, ReasoningText):
+            out.append(self.chunk({"reasoning_content": e.text}))
+        elif isinstance(e, ContentText):
+            out.append(self.chunk({"content": e.text}))
+        elif isinstance(e, ToolCallStart):
+            out.append(self.chunk({"tool_calls": [{"index": e.index, "id": e.id, "type": "function", "function": {"name": e.name, "arguments": ""}}]}))
+        elif isinstance(e, ToolCallArgs):
+            out.append(self.chunk({"tool_calls": [{"index": e.index, "function": {"arguments": e.text}}]}))
+        elif isinstance(e, Finished):
+            if e.reason == "error":
+                out.append({"error": errors.internal_error().body()["error"]})
+                return out
+            timings = e.timings.as_dict()
+            if chat.include_usage:
+                out.append(self.chunk({}, _finish_reason(e)))
+                out.append(self.chunk(None, usage=_usage(e), timings=timings))
+            else:
+                out.append(self.chunk({}, _finish_reason(e), timings=timings))
+        return out
 
 
 def _progress(a: Admitted, processed: int, t0: float) -> dict[str, Any]:
