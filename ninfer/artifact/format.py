@@ -163,6 +163,7 @@ class ArtifactWriter:
         self._f.flush()
         os.fsync(self._f.fileno())
         self._f.close()
+        os.chmod(self._tmp, 0o644)  # mkstemp creates 0600; artifacts are ordinary readable files
         os.replace(self._tmp, self.path)
         return self.path
 

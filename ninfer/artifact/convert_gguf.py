@@ -1,0 +1,371 @@
+"""GGUF file -> .ninfer.
+
+Reads a llama.cpp GGUF with the `gguf` package and writes the v3 artifact:
+
+- tensor names mapped to the Hugging Face names of docs/artifact.md
+  (`blk.N.attn_q.weight` -> `model.layers.N.self_attn.q_proj.weight`, ...);
+- GGUF dims are stored innermost first: a weight GGUF calls [K, N] is the [N, K] matrix of
+  Hugging Face, and the reader's numpy view already has the [N, ...] row order;
+- llama GGUF stores attn_q / attn_k rows permuted for interleaved rotary
+  (per head: rows [0, 2, 4, ..., 1, 3, 5, ...] of the rotate-half layout); they are permuted back.
+  Quantised rows are whole GGML blocks, so raw block rows permute exactly;
+- without `weights`, F32/F16/BF16 keep their values and Q8_0/Q4_0/Q4_1/Q4_K/Q6_K keep their
+  blocks (format `gguf:<TYPE>`, data uint8 [N, row bytes], dequantised by quant.dequantize);
+  with `weights`, tensors are dequantised and stored as convert_hf stores them.
+
+Any other quant type or architecture, or a missing or unreadable file, is a one-line ConvertError;
+the output is written to a temporary name and renamed at the end, so it never exists half-written.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ninfer.artifact.format import ArtifactWriter, StoredTensor
+from ninfer.artifact.gguf_tokenizer import gguf_tokenizer
+from ninfer.artifact.progress import Progress
+from ninfer.artifact.quant import (
+    WEIGHT_FORMATS,
+    bf16_decode,
+    bf16_encode,
+    dequantize,
+    plain,
+    quantize,
+)
+from ninfer.errors import ConvertError
+
+# GGUF general.architecture -> (artifact architecture, HF model_type, HF class)
+ARCHITECTURES: dict[str, tuple[str, str, str]] = {
+    "llama": ("llama", "llama", "LlamaForCausalLM"),
+    "qwen3": ("qwen3", "qwen3", "Qwen3ForCausalLM"),
+}
+BLOCK_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+PLAIN_TYPES = ("F32", "F16", "BF16")
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.weight$")
+# Same policy as convert_hf: fp8/nvfp4 only for projections; other matrices bf16; vectors f32.
+_QUANTISABLE = re.compile(r"\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)\.weight$")
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The Hugging Face name of a GGUF tensor, or None when it has none."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = _LAYER_RE.match(gguf_name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.weight"
+    return None
+
+
+def expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """HF layer-tensor suffix -> the shape the config implies (rows, cols), layers omitted."""
+    h, i = config["hidden_size"], config["intermediate_size"]
+    q, kv, d = (
+        config["num_attention_heads"] * config["head_dim"],
+        config["num_key_value_heads"] * config["head_dim"],
+        config["head_dim"],
+    )
+    return {
+        "input_layernorm": (h,),
+        "post_attention_layernorm": (h,),
+        "self_attn.q_proj": (q, h),
+        "self_attn.k_proj": (kv, h),
+        "self_attn.v_proj": (kv, h),
+        "self_attn.o_proj": (h, q),
+        "self_attn.q_norm": (d,),
+        "self_attn.k_norm": (d,),
+        "mlp.gate_proj": (i, h),
+        "mlp.up_proj": (i, h),
+        "mlp.down_proj": (h, i),
+    }
+
+
+def _check_shape(target: str, shape: tuple[int, ...], config: dict[str, Any]) -> None:
+    layers = config["num_hidden_layers"]
+    m = re.match(r"^model\.layers\.(\d+)\.(.+)\.weight$", target)
+    if m:
+        if int(m.group(1)) >= layers:
+            raise ConvertError(
+                f"tensor {target} lies past the {layers} layers the GGUF metadata declares"
+            )
+        expect = expected_shapes(config)[m.group(2)]
+    elif target == "model.norm.weight":
+        expect = (config["hidden_size"],)
+    else:  # embedding and head
+        expect = (config["vocab_size"], config["hidden_size"])
+    if tuple(shape) != expect:
+        raise ConvertError(
+            f"tensor {target} has shape {list(shape)} but the GGUF metadata implies {list(expect)}"
+        )
+
+
+def _required(gguf_arch: str, layers: int) -> set[str]:
+    """GGUF names every file of this architecture must have (`output.weight` is optional: tied)."""
+    per_layer = ["attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output"]
+    per_layer += ["ffn_gate", "ffn_up", "ffn_down"]
+    if gguf_arch == "qwen3":
+        per_layer += ["attn_q_norm", "attn_k_norm"]
+    names = {"token_embd.weight", "output_norm.weight"}
+    return names | {f"blk.{i}.{t}.weight" for i in range(layers) for t in per_layer}
+
+
+def _natural(name: str) -> list[Any]:
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+
+
+def read_metadata(reader: Any) -> dict[str, Any]:
+    """Every GGUF key -> its Python value (arrays as lists, strings decoded)."""
+    meta: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        try:
+            meta[key] = field.contents()
+        except (UnicodeDecodeError, ValueError, IndexError):
+            meta[key] = None
+    return meta
+
+
+def unpermute_rotary(rows: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (interleaved rotary -> rotate-half).
+
+    rows: [n_head * head_dim, ...] in GGUF order. Within each head GGUF row 2i + j holds HF row
+    j * head_dim/2 + i; the result puts every row back where Hugging Face has it.
+    """
+    n = rows.shape[0]
+    if n % (2 * n_head):
+        raise ConvertError(f"cannot un-permute {n} rotary rows over {n_head} heads")
+    half = n // n_head // 2
+    return np.ascontiguousarray(
+        rows.reshape(n_head, half, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+    )
+
+
+@dataclass(frozen=True)
+class _Source:
+    """One GGUF tensor as the reader gives it."""
+
+    name: str
+    type_name: str
+    shape: tuple[int, ...]  # logical, outermost first (the Hugging Face shape)
+    data: np.ndarray  # F32/F16: values; BF16: uint16; blocks: uint8 [rows..., row bytes]
+
+
+def _config(meta: dict[str, Any], gguf_arch: str, tie: bool, vocab_size: int) -> dict[str, Any]:
+    arch, model_type, cls = ARCHITECTURES[gguf_arch]
+
+    def get(key: str, default: Any = None) -> Any:
+        return meta.get(f"{gguf_arch}.{key}", default)
+
+    for key in ("embedding_length", "block_count", "feed_forward_length", "attention.head_count"):
+        if get(key) is None:
+            raise ConvertError(f"the GGUF metadata lacks {gguf_arch}.{key}")
+    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
+    head_dim = get("attention.key_length") or get("rope.dimension_count") or hidden // heads
+    scaling = get("rope.scaling.type")
+    config: dict[str, Any] = {
+        "architectures": [cls],
+        "model_type": model_type,
+        "vocab_size": int(get("vocab_size") or vocab_size),
+        "hidden_size": hidden,
+        "intermediate_size": int(get("feed_forward_length")),
+        "num_hidden_layers": int(get("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(get("attention.head_count_kv") or heads),
+        "head_dim": int(head_dim),
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(get("rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(get("context_length", 4096)),
+        "tie_word_embeddings": tie,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+        "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
+    }
+    if scaling not in (None, "none"):
+        if scaling != "linear":
+            raise ConvertError(
+                f"unsupported GGUF rope scaling {scaling!r} (supported: none, linear)"
+            )
+        config["rope_scaling"] = {
+            "rope_type": "linear",
+            "factor": float(get("rope.scaling.factor", 1.0)),
+        }
+    if arch == "llama":
+        config["mlp_bias"] = False
+    return config
+
+
+def _sources(reader: Any) -> list[_Source]:
+    out = []
+    for t in reader.tensors:
+        type_name = t.tensor_type.name
+        if type_name not in PLAIN_TYPES + BLOCK_TYPES:
+            raise ConvertError(
+                f"tensor {t.name} has unsupported GGUF type {type_name} "
+                f"(supported: {', '.join(PLAIN_TYPES + BLOCK_TYPES)})"
+            )
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        data = t.data
+        if type_name == "BF16":
+            data = data.view(np.uint16).reshape(shape)
+        out.append(_Source(t.name, type_name, shape, data))
+    return out
+
+
+def _stored_as_is(src: _Source, data: np.ndarray) -> StoredTensor:
+    """The source values, exactly: plain dtypes as they are, GGML blocks as raw rows."""
+    if src.type_name == "F32":
+        return StoredTensor(
+            "f32", src.shape, {"data": data.astype(np.float32, copy=False).reshape(src.shape)}
+        )
+    if src.type_name == "F16":
+        return StoredTensor(
+            "f16", src.shape, {"data": data.astype(np.float16, copy=False).reshape(src.shape)}
+        )
+    if src.type_name == "BF16":
+        return StoredTensor("bf16", src.shape, {"data": data.reshape(src.shape)})
+    rows = int(np.prod(src.shape[:-1], dtype=np.int64)) if len(src.shape) > 1 else 1
+    blocks = data.reshape(rows, -1) if len(src.shape) > 1 else data.reshape(1, -1)
+    return StoredTensor(f"gguf:{src.type_name}", src.shape, {"data": blocks})
+
+
+def _requantised(name: str, exact: StoredTensor, weights: str) -> StoredTensor:
+    dense = (
+        dequantize(exact)
+        if exact.format != "bf16"
+        else bf16_decode(exact.parts["data"]).reshape(exact.shape)
+    )
+    quantisable = dense.ndim == 2 and _QUANTISABLE.search(name) is not None
+    if quantisable and (weights == "fp8" or (weights == "nvfp4" and dense.shape[1] % 16 == 0)):
+        return quantize(dense, weights)
+    if weights == "bf16" or dense.ndim == 2:
+        return StoredTensor("bf16", tuple(dense.shape), {"data": bf16_encode(dense)})
+    return plain(dense, "f32")
+
+
+def _open(src: Path) -> Any:
+    if not src.is_file():
+        raise ConvertError(f"{src}: no such file")
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(src, "r")
+    except Exception as e:  # noqa: BLE001 -- the reader raises ValueError, struct.error, ... on a bad file
+        raise ConvertError(
+            f"{src}: not a readable GGUF file ({type(e).__name__}: {e})".splitlines()[0]
+        ) from None
+
+
+def convert_gguf(
+    src: str | Path,
+    out: str | Path,
+    *,
+    weights: str | None = None,
+    name: str | None = None,
+    chat_template: str | None = None,
+    progress: bool = False,
+) -> Path:
+    """Convert the GGUF file `src` to the artifact `out` and return `out`.
+
+    `weights` (bf16 | fp8 | nvfp4) quantises on the way; without it values are exact. `name`
+    overrides metadata.name (default: the GGUF general.name, else the file stem);
+    `chat_template` (template text) overrides the file's `tokenizer.chat_template`. A progress
+    bar goes to stderr when `progress` is set and stderr is a terminal.
+    """
+    src, out = Path(src), Path(out)
+    if weights is not None and weights not in WEIGHT_FORMATS:
+        raise ConvertError(
+            f"--weights {weights}: unknown format (choose from {', '.join(WEIGHT_FORMATS)})"
+        )
+    reader = _open(src)
+    meta = read_metadata(reader)
+    gguf_arch = meta.get("general.architecture")
+    if gguf_arch not in ARCHITECTURES:
+        raise ConvertError(
+            f"{src}: unsupported GGUF architecture {gguf_arch!r} (supported: {', '.join(ARCHITECTURES)})"
+        )
+    sources = _sources(reader)
+    for s in sources:
+        if hf_name(s.name) is None:
+            raise ConvertError(f"{src}: unsupported tensor {s.name} for architecture {gguf_arch}")
+    tok = gguf_tokenizer(meta)
+    names = {s.name for s in sources}
+    config = _config(meta, gguf_arch, tie="output.weight" not in names, vocab_size=tok.vocab_size)
+    # llama.cpp permutes q/k rows for llama only; its qwen converters keep the HF order.
+    permute: dict[str, int] = {}
+    if gguf_arch == "llama":
+        permute = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
+    for s in sources:
+        _check_shape(hf_name(s.name) or s.name, s.shape, config)
+    missing = sorted(_required(gguf_arch, config["num_hidden_layers"]) - names, key=_natural)
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise ConvertError(f"{src}: missing tensor {missing[0]}{more}")
+    arch = ARCHITECTURES[gguf_arch][0]
+    header = {
+        "metadata": {
+            "name": name or meta.get("general.name") or src.stem,
+            "source": "gguf",
+            "source_file": src.name,
+            "converter": _converter_version(),
+        },
+        "architecture": arch,
+        "config": config,
+        "tokenizer": tok.tokenizer_json,
+        "chat_template": chat_template if chat_template is not None else tok.chat_template,
+        "special_tokens": tok.special_tokens,
+        "generation": {},
+        "components": ["text"],
+    }
+    bar = Progress("converting", len(sources), enabled=progress)
+    try:
+        with ArtifactWriter(out, header) as writer:
+            for s in sources:
+                target = hf_name(s.name)
+                assert target is not None
+                data = s.data
+                kind = _LAYER_RE.match(s.name)
+                if kind and kind.group(2) in permute:
+                    data = unpermute_rotary(np.asarray(data), permute[kind.group(2)])
+                stored = _stored_as_is(s, data)
+                if weights is not None:
+                    stored = _requantised(target, stored, weights)
+                writer.add(target, stored)
+                bar.advance()
+    finally:
+        bar.done()
+    return out
+
+
+def _converter_version() -> str:
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        return f"ninfer {version('ninfer')}"
+    except PackageNotFoundError:
+        return "ninfer"
