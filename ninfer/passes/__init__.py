@@ -1,0 +1,1 @@
+"""Compiler passes, one per file, each `Graph -> Graph`; `pipeline.py` lists the phases."""

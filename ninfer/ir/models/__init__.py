@@ -1,0 +1,33 @@
+"""Builders that turn an artifact's architecture + config into a graph."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ninfer.errors import ArtifactError
+from ninfer.ir.builder import MissingTensor, TensorTable
+from ninfer.ir.graph import Graph
+from ninfer.ir.models import llama, qwen3, qwen3_5
+from ninfer.ir.models.spec import ModelSpec, model_spec
+
+BUILDERS = {
+    "llama": llama.build,
+    "qwen3": qwen3.build,
+    "qwen3_moe": qwen3.build,
+    "qwen3_5": qwen3_5.build,
+    "qwen3_5_moe": qwen3_5.build,
+}
+
+
+def build_graph(architecture: str, config: dict[str, Any], tensors: TensorTable, dtype: str = "f32") -> Graph:
+    """The unfused graph of one step. ArtifactError when the config or tensors do not fit."""
+    if architecture not in BUILDERS:
+        raise ArtifactError(f"no graph builder for architecture {architecture!r} (have: {', '.join(BUILDERS)})")
+    spec = model_spec(architecture, config)
+    try:
+        return BUILDERS[architecture](spec, tensors, dtype)
+    except MissingTensor as e:
+        raise ArtifactError(f"{architecture}: missing tensor {e.args[0]!r}") from None
+
+
+__all__ = ["BUILDERS", "ModelSpec", "build_graph", "model_spec"]

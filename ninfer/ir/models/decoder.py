@@ -1,0 +1,58 @@
+"""The decoder skeleton every architecture shares.
+
+    x = embed(tokens)
+    for each layer i:   x = x + mixer_i(norm_in(x));   x = x + ffn_i(norm_post(x))
+    logits = lm_head(norm_final(x[logit_rows]))         # only rows that want logits
+
+Step inputs: tokens i32[T], positions i32[T], logit_rows i32[R]. Architecture files supply the
+mixer (attention or Gated DeltaNet) and ffn (MLP or MoE) per layer, and whether RMSNorm is
+zero-centred (y = x/rms(x) * (1 + w), Qwen3.5) or plain (y = x/rms(x) * w).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ninfer.ir.builder import GraphBuilder, TensorTable
+from ninfer.ir.graph import Graph
+from ninfer.ir.models.spec import ModelSpec
+from ninfer.ir.types import TensorType
+
+Block = Callable[[GraphBuilder, ModelSpec, int, str], str]
+
+
+def build_decoder(
+    s: ModelSpec,
+    tensors: TensorTable,
+    dtype: str,
+    mixer: Block,
+    ffn: Block,
+    zero_centered: bool,
+    declared: dict[str, str] | None = None,
+) -> Graph:
+    b = GraphBuilder(s.architecture, tensors, dtype)
+    tokens = b.input("tokens", TensorType("i32", ("T",)))
+    b.input("positions", TensorType("i32", ("T",)))
+    rows = b.input("logit_rows", TensorType("i32", ("R",)))
+    nattr = {"eps": s.eps, "zero_centered": zero_centered}
+    x = b.op1("embed", [tokens, b.weight("model.embed_tokens.weight")], {"dtype": dtype}, "x")
+    for i in range(s.layers):
+        p = f"model.layers.{i}"
+        h = b.op1("rmsnorm", [x, b.weight(f"{p}.input_layernorm.weight")], nattr, f"L{i}.h")
+        x = b.op1("add", [x, mixer(b, s, i, h)], None, f"L{i}.x_mid")
+        h = b.op1("rmsnorm", [x, b.weight(f"{p}.post_attention_layernorm.weight")], nattr, f"L{i}.h_post")
+        x = b.op1("add", [x, ffn(b, s, i, h)], None, f"L{i}.x_out")
+    last = b.op1("select_rows", [x, rows], None, "x_last")
+    h = b.op1("rmsnorm", [last, b.weight("model.norm.weight")], nattr, "h_final")
+    head = "model.embed_tokens.weight" if s.tie_embeddings or not b.has("lm_head.weight") else "lm_head.weight"
+    logits = b.op1("logits", [h, b.weight(head)], None, "logits")
+    return b.finish(
+        [logits],
+        architecture=s.architecture,
+        hybrid=s.is_hybrid,
+        vocab=s.vocab,
+        hidden=s.hidden,
+        layer_types=list(s.layer_types),
+        max_position=s.max_position,
+        declared=declared or {},
+    )

@@ -1,0 +1,38 @@
+"""Qwen3.5 hybrid, dense and MoE.
+
+Layers are Gated DeltaNet (linear attention) or gated full attention as `layer_types` says.
+Full attention: q_proj emits per head query|gate, zero-centred q/k norm, rotary on the first
+partial_rotary_factor of each head, output * sigmoid(gate). Every RMSNorm is zero-centred except
+the DeltaNet output norm (gated, plain weight). MoE layers add a shared expert gated by
+sigmoid(shared_expert_gate h); the router always renormalises. MTP heads and the vision tower
+are declared in `meta["declared"]` when present but not executed.
+"""
+
+from __future__ import annotations
+
+from ninfer.ir.builder import GraphBuilder, TensorTable
+from ninfer.ir.graph import Graph
+from ninfer.ir.models import blocks
+from ninfer.ir.models.decoder import build_decoder
+from ninfer.ir.models.spec import ModelSpec
+
+
+def _mixer(b: GraphBuilder, s: ModelSpec, i: int, h: str) -> str:
+    if s.layer_types[i] == "linear_attention":
+        return blocks.gated_deltanet(b, s, i, h)
+    return blocks.attention(b, s, i, h, qk_norm=True, gated=True, zero_centered=True)
+
+
+def _ffn(b: GraphBuilder, s: ModelSpec, i: int, h: str) -> str:
+    if s.experts:
+        return blocks.moe(b, s, i, h, shared=s.shared_inter > 0)
+    return blocks.mlp(b, s, f"model.layers.{i}.mlp", f"L{i}", h)
+
+
+def build(s: ModelSpec, tensors: TensorTable, dtype: str) -> Graph:
+    declared = {}
+    if any(t.startswith("mtp.") for t in tensors):
+        declared["mtp"] = "declared, not executed"
+    if any(t.startswith("visual.") for t in tensors):
+        declared["vision"] = "declared, not executed"
+    return build_decoder(s, tensors, dtype, _mixer, _ffn, zero_centered=True, declared=declared)

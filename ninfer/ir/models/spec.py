@@ -1,0 +1,147 @@
+"""ModelSpec: the few numbers a builder needs, read once from a Hugging Face text config.
+
+The artifact stores the HF config flattened (docs/artifact.md); this file is the one place
+that knows its key names and defaults (rope_parameters vs the older rope_theta/rope_scaling,
+num_experts vs num_local_experts, layer_types vs full_attention_interval).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ninfer.errors import ArtifactError
+
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    architecture: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    inter: int
+    vocab: int
+    eps: float
+    tie_embeddings: bool
+    attention_bias: bool
+    mlp_bias: bool
+    rope: dict[str, Any]  # {"type", "theta", ...scaling fields}; JSON-able for op attrs
+    rotary_dim: int
+    layer_types: tuple[str, ...]  # "full_attention" | "linear_attention" per layer
+    max_position: int
+    # MoE
+    experts: int = 0
+    top_k: int = 0
+    moe_inter: int = 0
+    norm_topk: bool = True
+    sparse_layers: tuple[bool, ...] = ()
+    shared_inter: int = 0
+    # Gated DeltaNet
+    lin_k_heads: int = 0
+    lin_v_heads: int = 0
+    lin_k_dim: int = 0
+    lin_v_dim: int = 0
+    conv_kernel: int = 0
+
+    @property
+    def is_hybrid(self) -> bool:
+        return "linear_attention" in self.layer_types
+
+
+def _get(cfg: dict[str, Any], key: str, *alts: str, default: Any = None) -> Any:
+    for k in (key, *alts):
+        if k in cfg and cfg[k] is not None:
+            return cfg[k]
+    if default is None:
+        raise ArtifactError(f"model config lacks {key!r}")
+    return default
+
+
+def _rope(cfg: dict[str, Any]) -> dict[str, Any]:
+    params = dict(cfg.get("rope_parameters") or {})
+    scaling = cfg.get("rope_scaling") or {}
+    params = {**scaling, **params}
+    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    rtype = params.get("rope_type", params.get("type", "default")) or "default"
+    if rtype not in ROPE_TYPES:
+        raise ArtifactError(f"rope type {rtype!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
+    rope: dict[str, Any] = {"type": rtype, "theta": float(theta)}
+    if rtype == "linear":
+        rope["factor"] = float(params["factor"])
+    if rtype == "llama3":
+        for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+            rope[k] = params[k]
+    return rope
+
+
+def model_spec(architecture: str, cfg: dict[str, Any]) -> ModelSpec:
+    """Read a ModelSpec; raises ArtifactError naming a missing or unsupported config field."""
+    hidden = int(_get(cfg, "hidden_size"))
+    layers = int(_get(cfg, "num_hidden_layers"))
+    heads = int(_get(cfg, "num_attention_heads"))
+    kv_heads = int(_get(cfg, "num_key_value_heads", default=heads))
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    rope = _rope(cfg)
+    params = cfg.get("rope_parameters") or {}
+    partial = float(params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
+    hybrid = architecture in ("qwen3_5", "qwen3_5_moe")
+    if hybrid:
+        types = cfg.get("layer_types")
+        if not types:
+            interval = int(cfg.get("full_attention_interval", 4))
+            types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
+    else:
+        types = ["full_attention"] * layers
+    if len(types) < layers:
+        raise ArtifactError(f"layer_types has {len(types)} entries for {layers} layers")
+    types = tuple(types[:layers])
+    moe: dict[str, Any] = {}
+    if architecture in ("qwen3_moe", "qwen3_5_moe"):
+        experts = int(_get(cfg, "num_experts", "num_local_experts"))
+        step = int(cfg.get("decoder_sparse_step", 1) or 1)
+        mlp_only = set(cfg.get("mlp_only_layers") or [])
+        sparse = tuple(
+            architecture == "qwen3_5_moe" or (i not in mlp_only and experts > 0 and (i + 1) % step == 0)
+            for i in range(layers)
+        )
+        moe = dict(
+            experts=experts,
+            top_k=int(_get(cfg, "num_experts_per_tok")),
+            moe_inter=int(_get(cfg, "moe_intermediate_size")),
+            norm_topk=bool(cfg.get("norm_topk_prob", True)) if architecture == "qwen3_moe" else True,
+            sparse_layers=sparse,
+            shared_inter=int(cfg.get("shared_expert_intermediate_size") or 0) if architecture == "qwen3_5_moe" else 0,
+        )
+    lin: dict[str, Any] = {}
+    if hybrid:
+        lin = dict(
+            lin_k_heads=int(_get(cfg, "linear_num_key_heads")),
+            lin_v_heads=int(_get(cfg, "linear_num_value_heads")),
+            lin_k_dim=int(_get(cfg, "linear_key_head_dim")),
+            lin_v_dim=int(_get(cfg, "linear_value_head_dim")),
+            conv_kernel=int(_get(cfg, "linear_conv_kernel_dim", default=4)),
+        )
+    return ModelSpec(
+        architecture=architecture,
+        hidden=hidden,
+        layers=layers,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        inter=int(cfg.get("intermediate_size") or 0),
+        vocab=int(_get(cfg, "vocab_size")),
+        eps=float(_get(cfg, "rms_norm_eps", default=1e-6)),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        attention_bias=bool(cfg.get("attention_bias", False)),
+        mlp_bias=bool(cfg.get("mlp_bias", False)),
+        rope=rope,
+        rotary_dim=int(head_dim * partial) // 2 * 2,
+        layer_types=types,
+        max_position=int(cfg.get("max_position_embeddings") or 4096),
+        **moe,
+        **lin,
+    )

@@ -1,0 +1,76 @@
+"""Assign a kernel to every op from its kind, the storage format of its weight and the device.
+
+cpu: torch reference ops (`torch.<kind>`); quantised weights are dequantised to the compute
+dtype when loaded, so one `torch.linear` serves every format. cuda: Triton kernels where one is
+(or will be) written, cuBLAS for dense bf16 GEMMs, small torch ops for cheap elementwise work.
+Attention and the delta rule name a prefill kernel and a decode kernel (`decode_kernel`).
+The plan says which kernel it *would* use even before that kernel exists.
+"""
+
+from __future__ import annotations
+
+from ninfer.ir.graph import Graph, Op
+from ninfer.passes.base import Pass
+from ninfer.passes.options import CompileOptions
+
+VIEW_OPS = ("split", "split_gated_q")
+
+CUDA_KERNELS = {
+    "embed": "torch.embedding",
+    "rmsnorm": "triton.rmsnorm",
+    "add_rmsnorm": "triton.rmsnorm_residual",
+    "add": "torch.add",
+    "rotary": "triton.rotary",
+    "attention": "triton.paged_attention_prefill",
+    "sigmoid_mul": "torch.sigmoid_mul",
+    "silu_mul": "triton.silu_mul",
+    "swiglu": "triton.silu_mul",
+    "moe_router": "torch.moe_router",
+    "moe_experts": "triton.moe_gemm",
+    "moe_experts_gu": "triton.moe_gemm",
+    "causal_conv1d": "triton.causal_conv1d",
+    "gdn_gates": "torch.gdn_gates",
+    "gated_delta_rule": "triton.gdn_chunk_prefill",
+    "gated_rmsnorm": "triton.rmsnorm_gated",
+    "select_rows": "torch.index_select",
+}
+CUDA_DECODE_KERNELS = {
+    "attention": "triton.paged_attention_decode",
+    "gated_delta_rule": "triton.gdn_recurrent_decode",
+}
+# GEMM by weight storage format on cuda. GGUF blocks and f32 are converted to bf16 at load.
+CUDA_GEMMS = {"fp8": "triton.gemm_fp8", "nvfp4": "triton.gemm_nvfp4"}
+
+
+def _weight_format(g: Graph, op: Op) -> str | None:
+    for name in op.inputs:
+        if name in g.weights and g.weights[name].type.rank >= 2:
+            return g.weights[name].format
+    return None
+
+
+def _cuda(g: Graph, op: Op) -> str:
+    if op.kind in ("linear", "logits"):
+        return CUDA_GEMMS.get(_weight_format(g, op) or "", "cublas.gemm")
+    return CUDA_KERNELS[op.kind]
+
+
+def _run(graph: Graph, options: CompileOptions) -> Graph:
+    g = graph.copy()
+    for op in g.ops:
+        fmt = _weight_format(g, op)
+        if op.kind in VIEW_OPS:
+            op.kernel = "view.split"
+        elif options.device == "cpu":
+            op.kernel = f"torch.{op.kind}"
+        else:
+            op.kernel = _cuda(g, op)
+            if op.kind in CUDA_DECODE_KERNELS:
+                op.attrs["decode_kernel"] = CUDA_DECODE_KERNELS[op.kind]
+        if fmt is not None and op.kind in ("linear", "logits", "moe_experts", "moe_experts_gu"):
+            op.attrs["weight_format"] = fmt
+    g.meta["kernels_assigned"] = True
+    return g
+
+
+ASSIGN_KERNELS = Pass("assign_kernels", _run, "one kernel per op from weight format and device")

@@ -1,0 +1,94 @@
+"""CompileOptions: everything the pipeline may decide on, read once, frozen and validated.
+
+Field names follow the `ninfer serve` / `ninfer compile` flags (`--kv-dtype` -> `kv_dtype`).
+Invalid values raise ConfigError with a one-line message naming the flag.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ninfer.errors import ConfigError
+from ninfer.ir.types import COMPUTE_DTYPES
+
+DEVICES = ("cpu", "cuda")
+KV_DTYPES = ("f32", "bf16", "int8", "fp8", "nvfp4", "k8v4")
+MAX_CONCURRENCY = 8
+GIB = 1 << 30
+# Memory the planner may use when the caller does not say (`device_memory`): an H200 for cuda
+# (the performance target), a modest host for cpu. Fixed numbers keep `ninfer compile` output
+# identical on every machine.
+DEFAULT_DEVICE_MEMORY = {"cuda": 139 * GIB, "cpu": 16 * GIB}
+HEADROOM = GIB  # `--kv-capacity auto` leaves this much free
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    device: str = "cpu"
+    dtype: str | None = None  # float32 | bfloat16 | float16; None: float32 on cpu, bfloat16 on cuda
+    kv_dtype: str | None = None  # KV_DTYPES; None: the compute dtype on cpu, bf16 on cuda
+    max_concurrency: int = 1  # decode lanes, 1..8
+    max_context: int = 8192  # tokens per sequence
+    kv_capacity: int | str | None = None  # tokens in the shared KV pool | "auto" | None (= max_context)
+    page_size: int = 16  # tokens per KV page
+    prefill_chunk: int = 1024  # prefill tokens per step (sizes the workspace)
+    device_state_slots: int | None = None  # extra recurrent-state slots; None = max_concurrency
+    cuda_graphs: bool = True
+    device_memory: int | None = None  # bytes the plan may use; None: DEFAULT_DEVICE_MEMORY
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ConfigError(f"--device {self.device}: unknown device (choose from {', '.join(DEVICES)})")
+        if self.dtype is not None and self.dtype not in COMPUTE_DTYPES:
+            raise ConfigError(f"dtype {self.dtype!r}: unknown (choose from {', '.join(COMPUTE_DTYPES)})")
+        if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPES:
+            raise ConfigError(f"--kv-dtype {self.kv_dtype}: unknown KV dtype (choose from {', '.join(KV_DTYPES)})")
+        _int_range("max_concurrency", self.max_concurrency, 1, MAX_CONCURRENCY)
+        _int_range("max_context", self.max_context, 2, 1 << 24)
+        _int_range("page_size", self.page_size, 1, 4096)
+        _int_range("prefill_chunk", self.prefill_chunk, 1, 1 << 24)
+        if self.device_state_slots is not None:
+            _int_range("device_state_slots", self.device_state_slots, 0, 1024)
+        if self.kv_capacity is not None and self.kv_capacity != "auto":
+            _int_range("kv_capacity", self.kv_capacity, self.page_size, 1 << 48)
+        if self.device_memory is not None:
+            _int_range("device_memory", self.device_memory, 1, 1 << 50)
+
+    @property
+    def compute_dtype(self) -> str:
+        """IR dtype of activations: f32 | bf16 | f16."""
+        if self.dtype is not None:
+            return COMPUTE_DTYPES[self.dtype]
+        return "f32" if self.device == "cpu" else "bf16"
+
+    @property
+    def memory_budget(self) -> int:
+        return self.device_memory if self.device_memory is not None else DEFAULT_DEVICE_MEMORY[self.device]
+
+    @property
+    def state_slots(self) -> int:
+        extra = self.max_concurrency if self.device_state_slots is None else self.device_state_slots
+        return self.max_concurrency + extra
+
+    @property
+    def step_tokens(self) -> int:
+        """Most tokens one step computes: a full prefill chunk plus a decode row per other lane."""
+        return self.prefill_chunk + self.max_concurrency - 1
+
+
+def parse_kv_capacity(text: str | int | None) -> int | str | None:
+    """`--kv-capacity` value: an integer, "auto", or None."""
+    if text is None or isinstance(text, int) or text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"--kv-capacity {text}: expected a number of tokens or 'auto'") from None
+
+
+def _int_range(name: str, value: object, lo: int, hi: int) -> None:
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{flag} must be an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise ConfigError(f"{flag} must be in {lo}..{hi}, got {value}")

@@ -1,0 +1,77 @@
+"""The compile pipeline, as numbered phases. Which passes run is decided once, here, from the
+options (no pass switches itself on or off).
+
+    0 verify               check the IR the builder made
+    1 fuse_qkv             q/k/v (and DeltaNet input) projections -> one GEMM
+    2 fuse_gate_up         gate/up projections (and expert gate/up) -> one GEMM + swiglu
+    3 fuse_residual_norm   residual add + RMSNorm -> add_rmsnorm
+    4 choose_kv            KV dtype, page layout, state slots
+    5 assign_kernels       a kernel per op from weight format and device
+    6 plan_memory          ledger: weights, workspace, KV pages, state slots
+    7 cuda_graphs          decode buckets 1..max_concurrency (cuda only)
+    8 lower                -> ninfer.ir.plan.Plan
+
+`run_passes(..., verify_each=True)` re-verifies the graph after every phase (tests do);
+`dump` receives (phase name, graph) after each phase for IR dumps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ninfer.ir.graph import Graph
+from ninfer.ir.models import build_graph
+from ninfer.ir.plan import Plan
+from ninfer.ir.verify import verify
+from ninfer.passes.assign_kernels import ASSIGN_KERNELS
+from ninfer.passes.base import Pass
+from ninfer.passes.choose_kv import CHOOSE_KV
+from ninfer.passes.cuda_graphs import CUDA_GRAPHS
+from ninfer.passes.fuse_gate_up import FUSE_GATE_UP
+from ninfer.passes.fuse_qkv import FUSE_QKV
+from ninfer.passes.fuse_residual_norm import FUSE_RESIDUAL_NORM
+from ninfer.passes.lower import lower
+from ninfer.passes.options import CompileOptions
+from ninfer.passes.plan_memory import PLAN_MEMORY
+from ninfer.passes.verify import VERIFY
+
+
+def build_pipeline(options: CompileOptions) -> list[Pass]:
+    phases = [VERIFY, FUSE_QKV, FUSE_GATE_UP, FUSE_RESIDUAL_NORM, CHOOSE_KV, ASSIGN_KERNELS, PLAN_MEMORY]
+    if options.device == "cuda":
+        phases.append(CUDA_GRAPHS)
+    return phases
+
+
+def run_passes(
+    graph: Graph,
+    options: CompileOptions,
+    verify_each: bool = False,
+    dump: Callable[[str, Graph], None] | None = None,
+) -> Graph:
+    for p in build_pipeline(options):
+        graph = p(graph, options)
+        if verify_each:
+            verify(graph)
+        if dump is not None:
+            dump(p.name, graph)
+    return graph
+
+
+def compile_graph(graph: Graph, options: CompileOptions, verify_each: bool = False) -> Plan:
+    return lower(run_passes(graph, options, verify_each), options)
+
+
+def graph_for_artifact(artifact: Any, options: CompileOptions) -> Graph:
+    """The unfused graph of an `ninfer.artifact.Artifact` for the options' compute dtype."""
+    tensors = {n: (i.format, tuple(i.shape)) for n, i in artifact.tensors.items()}
+    g = build_graph(artifact.architecture, artifact.config, tensors, options.compute_dtype)
+    g.meta["model_name"] = artifact.name
+    return g
+
+
+def compile_artifact(artifact: Any, options: CompileOptions, verify_each: bool = False) -> Plan:
+    """Artifact -> Plan. Raises ConfigError for impossible options, ArtifactError for a model
+    the builders cannot read."""
+    return compile_graph(graph_for_artifact(artifact, options), options, verify_each)

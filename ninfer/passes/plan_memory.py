@@ -1,0 +1,120 @@
+"""Plan memory into a ledger: weights, workspace, KV pages, recurrent-state slots.
+
+    weights     resident bytes of every weight as the device keeps it (cpu: dequantised to the
+                compute dtype; cuda: fp8/nvfp4 kept packed with their scales, the rest in bf16)
+    workspace   peak bytes of live activations over one step of `step_tokens` tokens
+                (values freed after their last use, in op order)
+    kv_cache    num_pages * bytes_per_page; num_pages covers --kv-capacity tokens
+                (N; auto = what the budget leaves after the rest and 1 GiB headroom, on cpu
+                capped at max_concurrency * max_context; omitted = max_context)
+    state       state_slots * bytes_per_slot (hybrid models)
+
+A plan that does not fit `options.memory_budget` is refused with a one-line ConfigError.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ninfer.errors import ConfigError
+from ninfer.ir.graph import Graph, Weight
+from ninfer.ir.types import DTYPE_BYTES
+from ninfer.passes.base import Pass
+from ninfer.passes.options import GIB, HEADROOM, CompileOptions
+
+
+def _numel(shape: tuple) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def weight_bytes(w: Weight, options: CompileOptions, dtype: str) -> int:
+    """Bytes the device holds for weight `w` once loaded."""
+    n = _numel(w.type.shape)
+    if options.device == "cuda" and w.type.rank >= 2:
+        rows = n // w.type.shape[-1]
+        segments = len(w.sources)
+        if w.format == "fp8":
+            return n + 4 * rows
+        if w.format == "nvfp4":
+            return n // 2 + n // 16 + 4 * segments
+    return n * DTYPE_BYTES[dtype]
+
+
+def workspace_bytes(g: Graph, bindings: dict[str, int]) -> int:
+    """Peak bytes of live op outputs, freeing each value after its last reader."""
+    last_use: dict[str, int] = {}
+    for i, op in enumerate(g.ops):
+        for name in op.inputs:
+            last_use[name] = i
+    for name in g.outputs:
+        last_use[name] = len(g.ops)
+    live: dict[str, int] = {}
+    peak = 0
+    for i, op in enumerate(g.ops):
+        for name in op.outputs:
+            live[name] = g.values[name].nbytes(bindings)
+        peak = max(peak, sum(live.values()))
+        for name in op.inputs:
+            if last_use.get(name) == i:
+                live.pop(name, None)
+        for name in op.outputs:
+            if name not in last_use:
+                live.pop(name, None)
+    return peak
+
+
+def gib(n: int) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def _run(graph: Graph, options: CompileOptions) -> Graph:
+    g = graph.copy()
+    dtype = g.meta["dtype"]
+    kv, state = g.meta["kv"], g.meta["state"]
+    weights = sum(weight_bytes(w, options, dtype) for w in g.weights.values())
+    workspace = workspace_bytes(g, {"T": options.step_tokens, "R": options.max_concurrency})
+    state_total = state["slots"] * state["bytes_per_slot"]
+    budget = options.memory_budget
+    fixed = weights + workspace + state_total
+    per_token, page = kv["bytes_per_token"], options.page_size
+    lane_tokens = options.max_concurrency * options.max_context
+    if options.kv_capacity == "auto":
+        free = budget - HEADROOM - fixed
+        if per_token == 0:
+            tokens = lane_tokens
+        else:
+            if free < per_token * page:
+                raise ConfigError(
+                    f"--kv-capacity auto: no memory left for KV ({gib(fixed)} of weights, workspace and state, "
+                    f"budget {gib(budget)})"
+                )
+            tokens = free // per_token // page * page
+            if options.device == "cpu":
+                tokens = min(tokens, -(-lane_tokens // page) * page)
+    else:
+        tokens = options.max_context if options.kv_capacity is None else int(options.kv_capacity)
+    num_pages = -(-tokens // page)
+    kv_total = num_pages * kv["bytes_per_page"]
+    total = fixed + kv_total
+    if total > budget:
+        flag = "--max-context" if options.kv_capacity is None else "--kv-capacity"
+        raise ConfigError(
+            f"{flag} {tokens}: KV needs {gib(kv_total)} but only {gib(max(budget - fixed, 0))} of the "
+            f"{gib(budget)} budget remain after weights, workspace and state; lower it or use --kv-capacity auto"
+        )
+    kv["capacity_tokens"] = num_pages * page
+    kv["num_pages"] = num_pages
+    entries: list[dict[str, Any]] = [
+        {"item": "weights", "bytes": weights, "detail": f"{len(g.weights)} tensors"},
+        {"item": "workspace", "bytes": workspace, "detail": f"peak live activations at T={options.step_tokens}"},
+        {"item": "kv_cache", "bytes": kv_total, "detail": f"{num_pages} pages x {kv['bytes_per_page']} B ({kv['dtype']})"},
+        {"item": "state_slots", "bytes": state_total, "detail": f"{state['slots']} slots x {state['bytes_per_slot']} B"},
+    ]
+    g.meta["ledger"] = {"entries": entries, "total": total, "budget": budget}
+    return g
+
+
+PLAN_MEMORY = Pass("plan_memory", _run, "weights, workspace, KV pages and state slots into a ledger")

@@ -1,0 +1,143 @@
+"""The reference executor: interprets a plan with torch ops over a paged KV cache and
+recurrent-state slots. The only code that runs a model.
+
+Protocol (what the engine relies on; see ninfer/runtime/step.py):
+
+    ex = Executor(plan, artifact)
+    ex.num_pages, ex.page_size, ex.num_state_slots, ex.is_hybrid
+    logits = ex.run(batch)          # [rows with want_logits, vocab] float32, in chunk order
+    ex.copy_state(src_slot, dst_slot)
+
+`run` first applies `batch.state_copies` in order, then resets the state slot of every chunk
+that starts at position 0 (a fresh sequence), then runs every call of the plan once over all
+the step's tokens. It writes each chunk's K/V into the pages its block table names and
+advances each chunk's state slot; it mutates nothing else. Pages and slots are owned by the
+caller (scheduler or `LLM`): the executor never allocates or frees them.
+
+Every op runs its torch reference from ninfer.runtime.ops_torch, keyed by op kind, whatever
+kernel the plan names (a cuda plan runs here too, on the torch device given, with reference
+numerics; the Triton executor replaces this where the named kernels exist).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from ninfer.artifact.format import Artifact
+from ninfer.ir.plan import Plan
+from ninfer.runtime.kv_cache import PagedKVCache, StateSlots
+from ninfer.runtime.ops_torch import OPS, ChunkView, StepContext
+from ninfer.runtime.step import StepBatch
+from ninfer.runtime.weights import TORCH_DTYPES, load_weights
+
+
+class Executor:
+    def __init__(self, plan: Plan, artifact: Artifact, device: str | torch.device = "cpu"):
+        unknown = sorted({c.op for c in plan.calls} - set(OPS))
+        if unknown:
+            raise ValueError(f"plan uses ops the executor does not know: {unknown}")
+        self.plan = plan
+        self.device = torch.device(device)
+        self.dtype = TORCH_DTYPES[plan.dtype]
+        self.weights = load_weights(plan, artifact, self.device)
+        self.kv = PagedKVCache(plan.kv, self.dtype, self.device)
+        self.is_hybrid = bool(plan.state.get("layers"))
+        self.num_state_slots = int(plan.state.get("slots", 0)) if self.is_hybrid else 0
+        self.state = StateSlots(plan.caches, self.num_state_slots, self.dtype, self.device) if self.is_hybrid else None
+        self._rope: dict[str, torch.Tensor] = {}
+        self._last_use = self._liveness()
+        self.last_step_seconds = 0.0
+
+    @property
+    def num_pages(self) -> int:
+        return self.kv.num_pages
+
+    @property
+    def page_size(self) -> int:
+        return self.kv.page_size
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.plan.model["vocab"])
+
+    def _liveness(self) -> dict[int, list[str]]:
+        """call index -> activations to drop after it (their last reader)."""
+        last: dict[str, int] = {}
+        for i, c in enumerate(self.plan.calls):
+            for n in c.inputs:
+                if self.plan.buffers[n].kind == "activation":
+                    last[n] = i
+        out: dict[int, list[str]] = {}
+        for n, i in last.items():
+            if n not in self.plan.outputs:
+                out.setdefault(i, []).append(n)
+        return out
+
+    def copy_state(self, src_slot: int, dst_slot: int) -> None:
+        """Copy the recurrent state (conv tail + delta-rule state of every linear layer)."""
+        if self.state is None:
+            raise ValueError("copy_state: this model has no recurrent state")
+        self._check_slot(src_slot)
+        self._check_slot(dst_slot)
+        self.state.copy(src_slot, dst_slot)
+
+    def _check_slot(self, slot: int | None) -> None:
+        if slot is None or not 0 <= slot < self.num_state_slots:
+            raise ValueError(f"state slot {slot} is outside 0..{self.num_state_slots - 1}")
+
+    @torch.inference_mode()
+    def run(self, batch: StepBatch, all_logits: bool = False) -> torch.Tensor:
+        """Run one step. Returns float32 logits [rows, vocab]: one row per chunk with
+        want_logits (its last position), in chunk order; with `all_logits`, every position of
+        every chunk instead (used by `LLM.logits`)."""
+        t0 = time.perf_counter()
+        for cp in batch.state_copies:
+            self.copy_state(cp.src_slot, cp.dst_slot)
+        chunks: list[ChunkView] = []
+        tokens: list[int] = []
+        positions: list[int] = []
+        rows: list[int] = []
+        for c in batch.chunks:
+            n = len(c.token_ids)
+            if n < 1:
+                raise ValueError(f"sequence {c.seq_id}: empty chunk")
+            if self.is_hybrid:
+                self._check_slot(c.state_slot)
+                if c.start_pos == 0:
+                    self.state.reset(c.state_slot)  # type: ignore[union-attr]
+            begin = len(tokens)
+            chunks.append(ChunkView(begin, n, c.start_pos, tuple(c.block_table), c.state_slot))
+            tokens.extend(c.token_ids)
+            positions.extend(range(c.start_pos, c.start_pos + n))
+            if all_logits:
+                rows.extend(range(begin, begin + n))
+            elif c.want_logits:
+                rows.append(begin + n - 1)
+        env: dict[str, Any] = dict(self.weights)
+        env["tokens"] = torch.tensor(tokens, dtype=torch.int32, device=self.device)
+        env["positions"] = torch.tensor(positions, dtype=torch.int32, device=self.device)
+        env["logit_rows"] = torch.tensor(rows, dtype=torch.int32, device=self.device)
+        ctx = StepContext(chunks, self.kv, self.state, self._rope)
+        for i, call in enumerate(self.plan.calls):
+            out = OPS[call.op](ctx, call.attrs, *[env[n] for n in call.inputs])
+            if len(call.outputs) == 1:
+                env[call.outputs[0]] = out
+            else:
+                for name, t in zip(call.outputs, out):
+                    env[name] = t
+            for name in self._last_use.get(i, ()):
+                env.pop(name, None)
+        self.last_step_seconds = time.perf_counter() - t0
+        return env[self.plan.outputs[0]]
+
+
+def executor_for(path: str, **options: Any) -> Executor:
+    """Compile the artifact at `path` with CompileOptions(**options) and load an Executor."""
+    from ninfer.passes.options import CompileOptions
+    from ninfer.passes.pipeline import compile_artifact
+
+    artifact = Artifact(path)
+    return Executor(compile_artifact(artifact, CompileOptions(**options)), artifact)

@@ -1,0 +1,108 @@
+"""The reference executor's persistent step state: a paged KV pool and recurrent-state slots.
+
+KV pool, per attention layer (see ninfer/runtime/step.py for block tables)::
+
+    k[layer], v[layer]: [num_pages, page_size, kv_heads, head_dim]
+    position p of a sequence lives at page block_table[p // page_size], row p % page_size
+
+Quantised KV dtypes (int8, fp8, nvfp4, k8v4) are simulated: values are rounded through the
+storage format on write (`fake_quant`) and kept dequantised, so attention sees exactly the
+values a packed cache would return, at the memory cost of the compute dtype.
+
+State slots, per Gated DeltaNet layer::
+
+    conv[layer]: [num_slots, conv_dim, kernel_size - 1]   the last inputs of the causal conv
+    ssm[layer]:  [num_slots, v_heads, k_dim, v_dim] f32   the delta-rule state S
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ninfer.passes.choose_kv import split_kv
+
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def _round_e4m3(x: torch.Tensor) -> torch.Tensor:
+    return x.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).to(torch.float32)
+
+
+def fake_quant(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Round x [..., head_dim] through KV storage format `fmt` (scales per token and head)."""
+    if fmt in ("f32", "bf16", "f16"):
+        dt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[fmt]
+        return x.to(dt).to(x.dtype)
+    xf = x.float()
+    amax = xf.abs().amax(dim=-1, keepdim=True)
+    if fmt == "int8":
+        scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+        return ((xf / scale).round().clamp(-127, 127) * scale).to(x.dtype)
+    if fmt == "fp8":
+        scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+        return (_round_e4m3(xf / scale) * scale).to(x.dtype)
+    if fmt == "nvfp4":
+        gscale = torch.where(amax > 0, amax / (448.0 * 6.0), torch.ones_like(amax))  # [..., 1]
+        blocks = xf.unflatten(-1, (-1, 16))  # [..., D/16, 16]
+        bscale = _round_e4m3(blocks.abs().amax(dim=-1, keepdim=True) / 6.0 / gscale[..., None]) * gscale[..., None]
+        q = blocks / torch.where(bscale > 0, bscale, torch.ones_like(bscale))
+        idx = (q.abs()[..., None] - E2M1.to(x.device)).abs().argmin(dim=-1)
+        deq = E2M1.to(x.device)[idx] * q.sign() * bscale
+        return deq.flatten(-2).to(x.dtype)
+    raise ValueError(f"unknown KV format {fmt!r}")
+
+
+class PagedKVCache:
+    def __init__(self, kv: dict[str, Any], dtype: torch.dtype, device: torch.device):
+        self.page_size = int(kv["page_size"])
+        self.num_pages = int(kv.get("num_pages") or 0)
+        self.kv_dtype = kv["dtype"]
+        self.k_fmt, self.v_fmt = split_kv(self.kv_dtype)
+        self.k: dict[int, torch.Tensor] = {}
+        self.v: dict[int, torch.Tensor] = {}
+        for layer in kv["layers"]:
+            shape = (self.num_pages, self.page_size, kv["kv_heads"], kv["head_dim"])
+            self.k[layer] = torch.zeros(shape, dtype=dtype, device=device)
+            self.v[layer] = torch.zeros(shape, dtype=dtype, device=device)
+
+    def _slots(self, block_table: tuple[int, ...], start: int, end: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        pos = torch.arange(start, end, device=device)
+        need = -(-end // self.page_size)
+        if len(block_table) < need:
+            raise ValueError(f"block table of {len(block_table)} pages does not cover position {end - 1}")
+        pages = torch.tensor(block_table[:need], device=device, dtype=torch.long)[pos // self.page_size]
+        return pages, pos % self.page_size
+
+    def write(self, layer: int, block_table: tuple[int, ...], start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v [L, kv_heads, head_dim] at positions start..start+L-1."""
+        pages, rows = self._slots(block_table, start, start + k.shape[0], k.device)
+        self.k[layer][pages, rows] = fake_quant(k, self.k_fmt)
+        self.v[layer][pages, rows] = fake_quant(v, self.v_fmt)
+
+    def read(self, layer: int, block_table: tuple[int, ...], length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v [length, kv_heads, head_dim] of positions 0..length-1."""
+        pages, rows = self._slots(block_table, 0, length, self.k[layer].device)
+        return self.k[layer][pages, rows], self.v[layer][pages, rows]
+
+
+class StateSlots:
+    def __init__(self, caches: dict[str, dict[str, Any]], num_slots: int, dtype: torch.dtype, device: torch.device):
+        self.num_slots = num_slots
+        self.conv: dict[int, torch.Tensor] = {}
+        self.ssm: dict[int, torch.Tensor] = {}
+        for c in caches.values():
+            if c["kind"] != "state":
+                continue
+            i = c["layer"]
+            self.conv[i] = torch.zeros(num_slots, c["conv_dim"], c["kernel_size"] - 1, dtype=dtype, device=device)
+            self.ssm[i] = torch.zeros(num_slots, c["v_heads"], c["k_dim"], c["v_dim"], dtype=torch.float32, device=device)
+
+    def copy(self, src: int, dst: int) -> None:
+        for t in (*self.conv.values(), *self.ssm.values()):
+            t[dst] = t[src]
+
+    def reset(self, slot: int) -> None:
+        for t in (*self.conv.values(), *self.ssm.values()):
+            t[slot].zero_()

@@ -1,0 +1,65 @@
+"""`ninfer compile`: the printed plan of every fixture on cpu and cuda is pinned by snapshots;
+impossible configurations are refused with one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ninfer.cli import main
+from ninfer.ir.plan import Plan
+
+ARCHS = ("llama", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe")
+
+
+def compile_out(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = main(["compile", *argv])
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_compile_plan_snapshot(arch, device, fixture_artifacts, capsys, snapshot) -> None:
+    rc, out, err = compile_out(capsys, str(fixture_artifacts(arch)), "--device", device, "--max-concurrency", "4")
+    assert rc == 0, err
+    assert out == snapshot
+    assert "fused: fuse_qkv=" in out and "ledger:" in out
+    assert ("cuda graph buckets: 1 2 3 4" in out) == (device == "cuda")
+
+
+def test_compile_json_round_trips(fixture_artifacts, capsys) -> None:
+    path = str(fixture_artifacts("qwen3_5"))
+    rc, out, _ = compile_out(capsys, path, "--json", "--kv-dtype", "fp8", "--kv-capacity", "2048")
+    assert rc == 0
+    plan = Plan.from_json(out)
+    assert plan.kv["dtype"] == "fp8" and plan.kv["capacity_tokens"] == 2048
+    assert json.loads(plan.to_json()) == json.loads(out)
+    rc, text, _ = compile_out(capsys, path, "--kv-dtype", "fp8", "--kv-capacity", "2048")
+    assert text == plan.to_text()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--max-concurrency", "0"], "--max-concurrency must be in 1..8, got 0"),
+        (["--max-concurrency", "9"], "--max-concurrency must be in 1..8, got 9"),
+        (["--kv-dtype", "q3"], "--kv-dtype q3: unknown KV dtype"),
+        (["--device", "tpu"], "--device tpu: unknown device"),
+        (["--kv-capacity", "lots"], "--kv-capacity lots: expected a number of tokens or 'auto'"),
+        (["--device", "cuda", "--kv-capacity", "100000000000"], "--kv-capacity 100000000000: KV needs"),
+        (["--memory-gib", "0.5", "--kv-capacity", "auto"], "--kv-capacity auto: no memory left for KV"),
+    ],
+)
+def test_impossible_configurations_are_refused(argv, message, fixture_artifacts, capsys) -> None:
+    rc, out, err = compile_out(capsys, str(fixture_artifacts("llama")), *argv)
+    assert rc == 2 and out == ""
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_auto_capacity_fills_the_budget_on_cuda(fixture_artifacts, capsys) -> None:
+    rc, out, _ = compile_out(capsys, str(fixture_artifacts("llama")), "--device", "cuda", "--kv-capacity", "auto", "--memory-gib", "2")
+    assert rc == 0
+    total = int(next(line for line in out.splitlines() if line.strip().startswith("total")).split()[1].replace(",", ""))
+    assert (1 << 30) - 8192 * 4096 < total <= 1 << 30  # within a page or so of budget - 1 GiB headroom

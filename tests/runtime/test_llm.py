@@ -1,0 +1,113 @@
+"""`ninfer.LLM`: batched generate, seeded sampling, stopping rules, logits, errors."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from ninfer import LLM, SamplingParams
+from ninfer.errors import ConfigError
+from ninfer.runtime.request import RequestError
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@functools.cache
+def _llm(path: str, max_concurrency: int = 2) -> LLM:
+    return LLM(path, max_concurrency=max_concurrency, kv_capacity=1024, prefill_chunk=8)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_5"])
+def test_batched_generate_equals_one_at_a_time(arch, fixture_artifacts) -> None:
+    llm = _llm(str(fixture_artifacts(arch)))
+    prompts = ["Hello there", "A much longer prompt that needs several prefill chunks", "x"]
+    batched = llm.generate(prompts, GREEDY)  # 3 prompts over 2 lanes, chunked prefill of 8
+    single = [llm.generate([p], GREEDY)[0] for p in prompts]
+    assert [r.token_ids for r in batched] == [r.token_ids for r in single]
+    for p, r in zip(prompts, batched):
+        assert r.prompt_token_ids == llm.tokenizer.encode(p)
+        assert r.text == llm.tokenizer.decode(r.token_ids)
+        assert r.finish_reason in ("length", "stop") and 1 <= len(r.token_ids) <= 12
+
+
+def test_token_id_prompts_and_logits(fixture_artifacts) -> None:
+    llm = _llm(str(fixture_artifacts("qwen3")))
+    ids = llm.tokenizer.encode("The cat sat")
+    out = llm.generate([ids], SamplingParams(max_tokens=1, temperature=0.0))[0]
+    logits = llm.logits(ids)
+    assert logits.shape == (len(ids), llm.executor.vocab_size) and logits.dtype == torch.float32
+    assert out.token_ids == [int(logits[-1].argmax())]
+
+
+def test_seeded_sampling_is_reproducible(fixture_artifacts) -> None:
+    llm = _llm(str(fixture_artifacts("qwen3_moe")))
+    p = SamplingParams(max_tokens=16, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True)
+    a = llm.generate(
+        ["Once upon a time", "Hi"], [p, SamplingParams(max_tokens=16, seed=1234, ignore_eos=True)]
+    )
+    b = llm.generate(["Once upon a time"], p)
+    assert a[0].token_ids == b[0].token_ids
+    c = llm.generate(
+        ["Once upon a time"],
+        SamplingParams(max_tokens=16, temperature=1.0, top_p=0.9, seed=99, ignore_eos=True),
+    )
+    greedy = llm.generate(
+        ["Once upon a time"], SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    )
+    assert {tuple(a[0].token_ids), tuple(c[0].token_ids), tuple(greedy[0].token_ids)} != {
+        tuple(a[0].token_ids)
+    }
+
+
+def test_stops_on_eos_and_on_stop_strings(fixture_artifacts) -> None:
+    llm = _llm(str(fixture_artifacts("llama")))
+    free = llm.generate(
+        ["Tell me"], SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    )[0]
+    assert free.finish_reason == "length" and len(free.token_ids) == 10
+    # make the 3rd generated token an EOS id: generation must stop right after it
+    eos = free.token_ids[2]
+    llm.eos_token_ids.add(eos)
+    try:
+        stopped = llm.generate(["Tell me"], SamplingParams(max_tokens=10, temperature=0.0))[0]
+        ignored = llm.generate(
+            ["Tell me"], SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+        )[0]
+    finally:
+        llm.eos_token_ids.discard(eos)
+    first = free.token_ids.index(eos)
+    assert stopped.token_ids == free.token_ids[: first + 1] and stopped.finish_reason == "stop"
+    assert ignored.token_ids == free.token_ids
+    text = llm.tokenizer.decode(free.token_ids)
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    if stop.strip():
+        s = llm.generate(
+            ["Tell me"],
+            SamplingParams(max_tokens=10, temperature=0.0, stop=(stop,), ignore_eos=True),
+        )[0]
+        assert s.finish_reason == "stop" and stop not in s.text and text.startswith(s.text)
+
+
+def test_errors_are_one_line_user_errors(fixture_artifacts) -> None:
+    path = str(fixture_artifacts("llama"))
+    llm = _llm(path)
+    with pytest.raises(RequestError, match="empty prompt"):
+        llm.generate([[]], GREEDY)
+    with pytest.raises(RequestError, match="outside the vocabulary"):
+        llm.logits([1, 10**6])
+    with pytest.raises(RequestError, match="KV pages"):
+        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=5000))
+    with pytest.raises(ConfigError, match="max-concurrency"):
+        LLM(path, max_concurrency=9)
+    with pytest.raises(ConfigError, match="unknown engine option"):
+        LLM(path, max_banana=3)
