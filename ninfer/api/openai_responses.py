@@ -1,0 +1,464 @@
+"""OpenAI Responses Core over the model service (spec/serving.md, "OpenAI Responses Core").
+
+Routes:
+
+    POST   /v1/responses                      create (JSON, or semantic SSE with stream:true)
+    POST   /v1/responses/input_tokens         prompt-token count through the same prompt path
+    GET    /v1/responses/{id}                 the stored terminal Response
+    DELETE /v1/responses/{id}                 remove it (descendants keep their own context)
+    GET    /v1/responses/{id}/input_items     its normalized input Items (after, limit, order)
+    POST   /v1/responses/{id}/cancel          fails: no background execution
+    POST   /v1/responses/compact              fails: compaction_not_supported
+
+A create request is validated (`responses_request`), its parent chain fetched from the local
+store, the chain's Items plus the new input lowered to template messages (`responses_items`),
+and the resulting `GenerationRequest` run by `ModelService`. `OutputBuilder` turns the event
+stream into output Items for both the JSON body and the SSE stream. Preparation and admission
+errors are ordinary HTTP errors: the stream starts only after the first event. A stored root
+Response's chain gets the engine session key "resp:<root id>"; children inherit it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from litestar import Request, Response, delete, get, post
+from litestar.handlers import BaseRouteHandler
+from litestar.response import Stream
+
+from ninfer.api import errors
+from ninfer.api.errors import ApiError
+from ninfer.api.fields import parse_json_object
+from ninfer.api.generation import Finished, GenerationEvent, GenerationRequest, SamplingOptions
+from ninfer.api.responses_history import has_user_message, items_to_messages
+from ninfer.api.responses_items import check_unique_ids, new_id
+from ninfer.api.responses_request import ResponsesRequest, parse_count_request, parse_create_request
+from ninfer.api.responses_sse import STATUS, OutputBuilder, SseFramer
+from ninfer.api.responses_store import (
+    ResponseStore,
+    StoredResponse,
+    json_size,
+    make_record,
+    response_not_found,
+)
+from ninfer.api.sse import with_keepalive
+from ninfer.api.state import ServerState
+from ninfer.api.template import TemplateOptions, ThinkingDefaults, resolve_template_options
+
+log = logging.getLogger("ninfer.api.responses")
+
+STORE_KEY = "responses_store"
+SESSION_PREFIX = "resp:"
+
+
+def response_store(state: ServerState) -> ResponseStore:
+    """The process's Response store, created on first use from the serve options."""
+    store = state.extra.get(STORE_KEY)
+    if store is None:
+        store = state.extra[STORE_KEY] = ResponseStore.from_config(state.config)
+    return store
+
+
+def _service(state: ServerState) -> Any:
+    service = state.extra.get("service") or getattr(state, "service", None)
+    if service is None:
+        raise errors.engine_unavailable()
+    return service
+
+
+# -----------------------------------------------------------------------------------------------
+# Preparation: request + stored chain -> GenerationRequest
+# -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Everything a create needs after validation: the generation, the parent record and the
+    chain state to store with the result."""
+
+    response_id: str
+    req: ResponsesRequest
+    parent: StoredResponse | None
+    generation: GenerationRequest
+    options: TemplateOptions
+    session_key: str | None
+
+
+def prepare(
+    state: ServerState, req: ResponsesRequest, *, response_id: str | None = None
+) -> Prepared:
+    """Resolve `previous_response_id`, lower the conversation and build the GenerationRequest.
+    Raises ApiError (404 response_not_found, 400 for history and template-option errors)."""
+    rid = response_id or new_id("resp_")
+    store = response_store(state)
+    parent = (
+        store.require(req.previous_response_id, "previous_response_id")
+        if req.previous_response_id
+        else None
+    )
+    history = parent.context if parent is not None else ()
+    if not req.input_items and not (parent is not None and has_user_message(history)):
+        raise errors.missing("input")
+    items = (*history, *req.input_items)
+    check_unique_ids(items, "input", offset=len(history))
+    preserve = req.preserve_thinking
+    kwargs = req.chat_template_kwargs or {}
+    if preserve is None and kwargs.get("preserve_thinking") is None and parent is not None:
+        preserve = parent.preserve_thinking  # children inherit the chain's resolved value
+    cfg = state.config
+    options = resolve_template_options(
+        preserve_thinking=preserve,
+        reasoning_effort=req.reasoning_effort,
+        chat_template_kwargs=req.chat_template_kwargs,
+        defaults=ThinkingDefaults.from_flags(cfg.thinking, cfg.preserve_thinking),
+    )
+    lowered = items_to_messages(
+        items,
+        req.tools,
+        instructions=req.instructions,
+        history=len(history),
+        cache_mode=req.prompt_cache_mode,
+    )
+    if req.tool_choice == "none" or req.allowed is None:
+        rendered = req.tools.template_tools()
+    else:  # allowed_tools: only the allowed subset is offered (and parseable)
+        rendered = req.tools.template_tools(req.allowed)
+    if not req.store:
+        session = None  # store:false stays anonymous and never moves the chain's endpoint
+    elif parent is not None and parent.session_key is not None:
+        session = parent.session_key
+    else:
+        session = SESSION_PREFIX + rid
+    generation = GenerationRequest(
+        messages=lowered.messages,
+        tools=rendered,
+        parse_tools=bool(req.callable_functions),
+        template_options=options,
+        sampling=SamplingOptions(temperature=req.temperature, top_p=req.top_p),
+        max_tokens=req.max_output_tokens,
+        cache_points=lowered.cache_points,
+        session_key=session,
+        protocol="responses",
+    )
+    return Prepared(rid, req, parent, generation, options, session)
+
+
+# -----------------------------------------------------------------------------------------------
+# The Response object
+# -----------------------------------------------------------------------------------------------
+
+
+def usage_dict(fin: Finished) -> dict[str, Any]:
+    u = fin.usage
+    return {
+        "input_tokens": u.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": u.cached_tokens},
+        "output_tokens": u.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
+        "total_tokens": u.total_tokens,
+    }
+
+
+def response_object(
+    p: Prepared,
+    created_at: int,
+    status: str,
+    output: list[dict[str, Any]],
+    *,
+    usage: dict[str, Any] | None = None,
+    error: dict[str, Any] | None = None,
+    model: str,
+) -> dict[str, Any]:
+    """The wire Response. `completed_at` only for completed; incomplete carries
+    incomplete_details.reason max_output_tokens."""
+    req = p.req
+    return {
+        "id": p.response_id,
+        "object": "response",
+        "created_at": created_at,
+        "status": status,
+        "background": False,
+        "completed_at": int(time.time()) if status == "completed" else None,
+        "error": error,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "max_tool_calls": req.max_tool_calls,
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": req.parallel_tool_calls,
+        "previous_response_id": req.previous_response_id,
+        "prompt_cache_key": req.prompt_cache_key,
+        "prompt_cache_retention": req.prompt_cache_retention,
+        "reasoning": {"effort": req.reasoning_effort, "summary": req.reasoning_summary},
+        "safety_identifier": req.safety_identifier,
+        "service_tier": "default",
+        "store": req.store,
+        "temperature": req.temperature,
+        "text": {"format": {"type": "text"}},
+        "tool_choice": req.tool_choice_wire,
+        "tools": list(req.tools.wire),
+        "top_logprobs": 0,
+        "top_p": req.top_p,
+        "truncation": "disabled",
+        "usage": usage,
+        "user": req.user,
+        "metadata": dict(req.metadata),
+    }
+
+
+def _store_result(state: ServerState, p: Prepared, obj: dict[str, Any]) -> None:
+    """Store a terminal completed/incomplete Response (store:true); raises capacity_exceeded."""
+    if not p.req.store or obj["status"] not in ("completed", "incomplete"):
+        return
+    record = make_record(
+        obj,
+        p.req.input_items,
+        p.parent,
+        preserve_thinking=p.options.preserve_thinking,
+        session_key=p.session_key,
+    )
+    response_store(state).put(record)
+
+
+def _precheck_store(state: ServerState, p: Prepared, model: str) -> None:
+    """Refuse before generating when the chain and input alone exceed the store."""
+    if not p.req.store:
+        return
+    base = p.parent.context_bytes if p.parent is not None else 0
+    envelope = json_size(response_object(p, 0, "completed", [], model=model))
+    response_store(state).check_fits(base + envelope + sum(json_size(i) for i in p.req.input_items))
+
+
+def _failure(fin: Finished | None, exc: BaseException | None, pending_timeout_ms: int) -> ApiError:
+    """The API error of a generation that failed after it started."""
+    if isinstance(exc, ApiError):
+        return exc
+    cause = exc if exc is not None else (fin.error if fin is not None else None)
+    if cause is not None:
+        mapped = errors.from_engine_error(cause, pending_timeout_ms=pending_timeout_ms)
+        if mapped is not None:
+            return mapped
+        log.error("response generation failed", exc_info=cause)
+    return errors.internal_error()
+
+
+# -----------------------------------------------------------------------------------------------
+# Create: JSON and SSE
+# -----------------------------------------------------------------------------------------------
+
+
+async def _create_json(
+    state: ServerState, p: Prepared, first: GenerationEvent, events: AsyncIterator[GenerationEvent]
+) -> dict[str, Any]:
+    created = int(time.time())
+    builder = OutputBuilder(p.req.tools)
+    fin: Finished | None = None
+    async for ev in _chain(first, events):
+        if isinstance(ev, Finished):
+            fin = ev
+            builder.finish(ev)
+            break
+        builder.feed(ev)
+    if fin is None or STATUS[fin.reason] == "failed":
+        raise _failure(fin, None, state.config.pending_timeout_ms)
+    obj = response_object(
+        p, created, STATUS[fin.reason], builder.output, usage=usage_dict(fin), model=state.model_id
+    )
+    _store_result(state, p, obj)
+    return obj
+
+
+async def _create_sse(
+    state: ServerState, p: Prepared, first: GenerationEvent, events: AsyncIterator[GenerationEvent]
+) -> AsyncIterator[bytes]:
+    """Semantic events of one streamed Response; closing it cancels the generation."""
+    created = int(time.time())
+    framer = SseFramer()
+    builder = OutputBuilder(p.req.tools)
+    start = response_object(p, created, "in_progress", [], model=state.model_id)
+    yield framer.frame({"type": "response.created", "response": start})
+    yield framer.frame({"type": "response.in_progress", "response": start})
+    fin: Finished | None = None
+    failure: ApiError | None = None
+    try:
+        async for ev in _chain(first, events):
+            if isinstance(ev, Finished):
+                fin = ev
+                for out in builder.finish(ev):
+                    yield framer.frame(out)
+                break
+            for out in builder.feed(ev):
+                yield framer.frame(out)
+    except ApiError as e:
+        failure = e
+    except Exception as e:  # noqa: BLE001 - after the stream started, report; never leak detail
+        failure = _failure(None, e, state.config.pending_timeout_ms)
+    finally:
+        await events.aclose()  # a client that hung up cancels its generation
+    if fin is not None and fin.reason == "cancelled":
+        return
+    if failure is None and (fin is None or STATUS[fin.reason] == "failed"):
+        failure = _failure(fin, None, state.config.pending_timeout_ms)
+    usage = usage_dict(fin) if fin is not None else None
+    if failure is None and fin is not None:
+        obj = response_object(
+            p, created, STATUS[fin.reason], builder.output, usage=usage, model=state.model_id
+        )
+        try:
+            _store_result(state, p, obj)
+        except ApiError as e:
+            failure = e
+        else:
+            yield framer.frame({"type": f"response.{obj['status']}", "response": obj})
+            return
+    assert failure is not None
+    error = {"code": failure.code or "server_error", "message": failure.message}
+    obj = response_object(
+        p, created, "failed", builder.output, usage=usage, error=error, model=state.model_id
+    )
+    yield framer.frame({"type": "response.failed", "response": obj})
+
+
+async def _chain(
+    first: GenerationEvent, rest: AsyncIterator[GenerationEvent]
+) -> AsyncIterator[GenerationEvent]:
+    yield first
+    async for ev in rest:
+        yield ev
+
+
+async def _first(events: AsyncIterator[GenerationEvent]) -> GenerationEvent:
+    try:
+        return await events.__anext__()
+    except StopAsyncIteration:  # the service always ends with Finished
+        raise errors.internal_error() from None
+
+
+# -----------------------------------------------------------------------------------------------
+# Routes
+# -----------------------------------------------------------------------------------------------
+
+
+def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
+    @post("/v1/responses", status_code=200)
+    async def create(request: Request[Any, Any, Any]) -> Response[Any]:
+        body = parse_json_object(await request.body())
+        req = parse_create_request(body, model_id=state.model_id, vision=state.config.vision)
+        p = prepare(state, req)
+        _precheck_store(state, p, state.model_id)
+        service = _service(state)
+        events = service.generate(p.generation, request_id=getattr(request.state, "request_id", ""))
+        first = await _first(events)  # preparation/admission errors raise here, before any byte
+        if not req.stream:
+            try:
+                return Response(await _create_json(state, p, first, events))
+            finally:
+                await events.aclose()
+        return Stream(
+            with_keepalive(_create_sse(state, p, first, events)),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
+
+    @post("/v1/responses/input_tokens", status_code=200)
+    async def input_tokens(request: Request[Any, Any, Any]) -> dict[str, Any]:
+        body = parse_json_object(await request.body())
+        req = parse_count_request(body, model_id=state.model_id, vision=state.config.vision)
+        p = prepare(state, req)
+        count = _service(state).count_tokens(p.generation)
+        return {"object": "response.input_tokens", "input_tokens": count}
+
+    @post("/v1/responses/compact", status_code=200)
+    async def compact() -> None:
+        raise ApiError(
+            400,
+            "response compaction is not supported: ninfer keeps the full Item history of a chain",
+            code="compaction_not_supported",
+        )
+
+    @get("/v1/responses/{response_id:str}", sync_to_thread=False)
+    def retrieve(request: Request[Any, Any, Any], response_id: str) -> dict[str, Any]:
+        q = request.query_params
+        if _truthy(q.get("stream")):
+            raise errors.unsupported_value("stream", True, "stream recovery of a finished response")
+        if q.get("starting_after") is not None:
+            raise errors.unsupported_parameter(
+                "starting_after", "stream recovery of a finished response"
+            )
+        include = [v for k in ("include", "include[]") for v in q.getall(k, [])]
+        if any(include):
+            raise errors.unsupported_value("include", include, "extra included output data")
+        return response_store(state).require(response_id).response
+
+    @delete("/v1/responses/{response_id:str}", status_code=200, sync_to_thread=False)
+    def remove(response_id: str) -> dict[str, Any]:
+        if not response_store(state).delete(response_id):
+            raise response_not_found(response_id)
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+    @get("/v1/responses/{response_id:str}/input_items", sync_to_thread=False)
+    def input_items(request: Request[Any, Any, Any], response_id: str) -> dict[str, Any]:
+        q = request.query_params
+        rec = response_store(state).require(response_id)
+        limit = _query_int(q.get("limit"), "limit", 20, 1, 100)
+        order = q.get("order") or "desc"
+        if order not in ("asc", "desc"):
+            raise errors.invalid_value("order", f"must be 'asc' or 'desc', got {order!r}")
+        include = [v for k in ("include", "include[]") for v in q.getall(k, [])]
+        if any(include):
+            raise errors.unsupported_value("include", include, "extra included item data")
+        return list_page(list(rec.input_items), after=q.get("after"), limit=limit, order=order)
+
+    @post("/v1/responses/{response_id:str}/cancel", status_code=200, sync_to_thread=False)
+    def cancel(response_id: str) -> None:
+        response_store(state).require(response_id)
+        raise ApiError(
+            400,
+            "only background responses can be cancelled, and ninfer does not run background "
+            "responses; this response has already finished",
+            code="background_not_supported",
+        )
+
+    return [create, input_tokens, compact, retrieve, remove, input_items, cancel]
+
+
+def list_page(
+    items: list[dict[str, Any]], *, after: str | None, limit: int, order: str
+) -> dict[str, Any]:
+    """One cursor page of Items: `order` asc (input order) or desc, starting after the Item
+    whose id is `after`."""
+    seq = items if order == "asc" else items[::-1]
+    if after:
+        ids = [it["id"] for it in seq]
+        if after not in ids:
+            raise errors.invalid_value("after", f"no input Item with id {after!r} in this response")
+        seq = seq[ids.index(after) + 1 :]
+    page = seq[:limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(seq) > limit,
+    }
+
+
+def _truthy(value: str | None) -> bool:
+    return value is not None and value.lower() in ("true", "1")
+
+
+def _query_int(raw: str | None, name: str, default: int, lo: int, hi: int) -> int:
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise errors.invalid_type(name, "an integer", raw) from None
+    if not lo <= value <= hi:
+        raise errors.invalid_value(name, f"must be in {lo}..{hi}, got {value}")
+    return value
