@@ -59,6 +59,14 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _normalise_keys(config: dict[str, Any]) -> dict[str, Any]:
+    """One spelling per concept: transformers 5 writes Qwen3-MoE's expert count as
+    `num_local_experts`, Hub checkpoints as `num_experts`."""
+    if "num_experts" not in config and "num_local_experts" in config:
+        config = dict(config, num_experts=config["num_local_experts"])
+    return config
+
+
 def normalise_name(name: str) -> str:
     if name.startswith("model.language_model."):
         return "model." + name[len("model.language_model.") :]
@@ -196,7 +204,7 @@ def convert_hf(
     if weights is not None and weights not in WEIGHT_FORMATS:
         raise ConvertError(f"--weights {weights}: unknown format (choose from {', '.join(WEIGHT_FORMATS)})")
     raw_config = _read_json(src / "config.json")
-    config = text_config(raw_config)
+    config = _normalise_keys(text_config(raw_config))
     model_type = raw_config.get("model_type") or config.get("model_type")
     arch = MODEL_TYPES.get(model_type)
     if arch is None:

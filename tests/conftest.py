@@ -1,0 +1,54 @@
+"""Session fixtures shared by every test folder.
+
+`fixture_artifacts(arch)` and `fixture_hf_dir(arch)` give the tiny random models of
+`artifacts.fixtures` (arch in llama, qwen3, qwen3_moe, qwen3_5, qwen3_5_moe), built on first use
+into one temporary directory per test run and reused after that. `tiny_agent` is the committed
+trained artifact (artifacts/fixtures/tiny-agent.ninfer) and its scripted prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+if (
+    str(REPO) not in sys.path
+):  # `artifacts` is a top-level folder, not part of the installed package
+    sys.path.insert(0, str(REPO))
+
+from artifacts.fixtures import TINY_AGENT, TINY_AGENT_PROMPTS, build_fixture, build_hf_dir
+
+
+@pytest.fixture(scope="session")
+def fixture_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fixtures")
+
+
+@pytest.fixture(scope="session")
+def fixture_artifacts(fixture_root: Path) -> Callable[[str], Path]:
+    """arch -> path of its tiny random `.ninfer` (converted from `fixture_hf_dir(arch)`)."""
+    return lambda arch: build_fixture(arch, fixture_root)
+
+
+@pytest.fixture(scope="session")
+def fixture_hf_dir(fixture_root: Path) -> Callable[[str], Path]:
+    """arch -> the Hugging Face directory the fixture artifact was converted from."""
+    return lambda arch: build_hf_dir(arch, fixture_root)
+
+
+@pytest.fixture(scope="session")
+def tiny_agent() -> Path:
+    """The committed trained model that thinks and calls tools (see artifacts/train_tiny.py)."""
+    return TINY_AGENT
+
+
+@pytest.fixture(scope="session")
+def tiny_agent_prompts() -> list[dict[str, Any]]:
+    """Its scripted prompts: messages, tools, rendered prompt text and the expected reply."""
+    return json.loads(TINY_AGENT_PROMPTS.read_text(encoding="utf-8"))["prompts"]
