@@ -5,9 +5,9 @@ adds plain ASGI layers, outermost first, so that they cover every response — m
 routes, unknown routes, errors and streams alike:
 
     RequestId      a unique id per HTTP request in scope["state"]["request_id"]; the
-                   `x-request-id` header on every response except the Anthropic endpoints
-                   (/v1/messages...), which carry their own `request-id`; a handler that sets
-                   x-request-id itself keeps its value
+                   `x-request-id` header on every response, `request-id` instead on the
+                   Anthropic endpoints (/v1/messages...); a handler that sets the header
+                   itself keeps its value
     PermissiveCors (--cors) preflight answered here with everything allowed; any origin, and
                    the request-id headers exposed, on every response (401/413 included)
     ApiKeyAuth     (--api-key) Bearer or x-api-key, compared in constant time; /health and
@@ -15,8 +15,9 @@ routes, unknown routes, errors and streams alike:
     BodyLimit      a body over --max-request-mib is answered 413 request_too_large before any
                    handler parses it (Content-Length checked first, chunked bodies counted)
 
-Error bodies use the OpenAI shape (`ApiError.body()`); internal failures become a generic 500
-and are logged with their traceback.
+Error bodies use the OpenAI shape (`ApiError.body()`), and the Anthropic shape on the Anthropic
+endpoints (`anthropic_errors`), app-level 401/413/404 included; internal failures become a
+generic 500 and are logged with their traceback.
 
 Endpoints here: GET /health, GET /v1/models, GET /v1/models/{id}. Protocol endpoints live in
 their own modules and are registered through `PROTOCOL_MODULES` (see there). A handler reads
@@ -42,6 +43,7 @@ from litestar.params import FromPath
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from ninfer.api import errors
+from ninfer.api.anthropic_errors import anthropic_error_body, is_anthropic_path
 from ninfer.api.errors import ApiError
 from ninfer.api.state import ServerState
 
@@ -55,6 +57,8 @@ log = logging.getLogger("ninfer.api")
 # skipped; any other import error propagates.
 PROTOCOL_MODULES: tuple[str, ...] = (
     "ninfer.api.openai_chat",  # POST /v1/chat/completions
+    "ninfer.api.openai_responses",  # /v1/responses...
+    "ninfer.api.anthropic_messages",  # POST /v1/messages, /v1/messages/count_tokens
 )
 
 UNAUTHENTICATED_PATHS = frozenset({"/health"})
@@ -159,6 +163,10 @@ def _handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Respon
     else:
         log.error("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
         err = errors.internal_error()
+    if is_anthropic_path(request.url.path):
+        rid = request.scope.get("state", {}).get("request_id")
+        status, body = anthropic_error_body(err, rid)
+        return Response(body, status_code=status)
     return Response(err.body(), status_code=err.status, headers=_error_headers(err))
 
 
@@ -166,12 +174,16 @@ def _error_headers(err: ApiError) -> dict[str, str]:
     return {"www-authenticate": "Bearer"} if err.status == 401 else {}
 
 
-async def send_error(send: Send, err: ApiError) -> None:
-    """Answer with `err` directly over ASGI (for layers outside Litestar's routing)."""
-    body = json.dumps(err.body()).encode()
+async def send_error(send: Send, err: ApiError, scope: Scope | None = None) -> None:
+    """Answer with `err` directly over ASGI (for layers outside Litestar's routing); in the
+    Anthropic shape on the Anthropic endpoints."""
+    status, payload = err.status, err.body()
+    if scope is not None and is_anthropic_path(scope["path"]):
+        status, payload = anthropic_error_body(err, scope.get("state", {}).get("request_id"))
+    body = json.dumps(payload).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.encode(), v.encode()) for k, v in _error_headers(err).items()]
-    await send({"type": "http.response.start", "status": err.status, "headers": headers})
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
@@ -196,16 +208,14 @@ class RequestId:
             return
         rid = new_request_id()
         scope.setdefault("state", {})["request_id"] = rid  # type: ignore[typeddict-unknown-key]
-        if scope["path"].startswith(ANTHROPIC_PREFIX):
-            await self.app(scope, receive, send)
-            return
+        name = b"request-id" if is_anthropic_path(scope["path"]) else REQUEST_ID_HEADER
         value = rid.encode()
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", ()))
-                if not any(k.lower() == REQUEST_ID_HEADER for k, _ in headers):
-                    headers.append((REQUEST_ID_HEADER, value))
+                if not any(k.lower() == name for k, _ in headers):
+                    headers.append((name, value))
                 message = {**message, "headers": headers}  # type: ignore[assignment]
             await send(message)
 
@@ -233,7 +243,7 @@ class ApiKeyAuth:
         if self.authorized(scope):
             await self.app(scope, receive, send)
             return
-        await send_error(send, errors.unauthorized())
+        await send_error(send, errors.unauthorized(), scope)
 
     def authorized(self, scope: Scope) -> bool:
         ok = False
@@ -272,7 +282,7 @@ class BodyLimit:
                 except ValueError:
                     declared = 0
                 if declared > self.limit:
-                    await send_error(send, errors.request_too_large(self.limit_mib))
+                    await send_error(send, errors.request_too_large(self.limit_mib), scope)
                     return
         chunks: list[bytes] = []
         size = 0
@@ -283,7 +293,7 @@ class BodyLimit:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.limit:
-                await send_error(send, errors.request_too_large(self.limit_mib))
+                await send_error(send, errors.request_too_large(self.limit_mib), scope)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):

@@ -1,0 +1,635 @@
+"""Anthropic Messages request normalisation and validation (no engine): what the parser turns
+a wire body into, and every refusal with the field it names."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from ninfer.api.anthropic_models import parse_messages_request
+from ninfer.api.errors import ApiError
+from ninfer.api.template import ThinkingDefaults
+
+DEFAULT_MAX = 512
+WEATHER = {
+    "name": "get_weather",
+    "description": "Get the weather forecast for a city.",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
+
+
+def parse(body: dict[str, Any], *, vision: bool = False, count_only: bool = False, **kw: Any):
+    body = {"model": "claude-local", **body}
+    body.setdefault("messages", [{"role": "user", "content": "Hi"}])
+    return parse_messages_request(
+        body, vision=vision, default_max_tokens=DEFAULT_MAX, count_only=count_only, **kw
+    )
+
+
+def refused(body: dict[str, Any], code: str, param: str | None = None, **kw: Any) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        parse(body, **kw)
+    err = info.value
+    assert err.status == 400 and err.code == code, repr(err)
+    if param is not None:
+        assert err.param == param, repr(err)
+    return err
+
+
+def user(content: Any) -> dict[str, Any]:
+    return {"role": "user", "content": content}
+
+
+def assistant(content: Any) -> dict[str, Any]:
+    return {"role": "assistant", "content": content}
+
+
+def text(t: str, **extra: Any) -> dict[str, Any]:
+    return {"type": "text", "text": t, **extra}
+
+
+def tool_use(
+    call_id: str, name: str = "get_weather", args: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    return {
+        "type": "tool_use",
+        "id": call_id,
+        "name": name,
+        "input": args if args is not None else {"city": "Paris"},
+    }
+
+
+def result(call_id: str, content: Any = "sunny", **extra: Any) -> dict[str, Any]:
+    return {"type": "tool_result", "tool_use_id": call_id, "content": content, **extra}
+
+
+EPHEMERAL = {"type": "ephemeral"}
+
+
+# -- conversation lowering ----------------------------------------------------------------------
+
+
+def test_minimal_request_defaults():
+    req = parse({})
+    assert req.model == "claude-local"
+    assert req.messages == ({"role": "user", "content": "Hi"},)
+    assert req.max_tokens == DEFAULT_MAX and not req.stream and not req.prefill
+    gen = req.generation_request()
+    assert gen.protocol == "anthropic" and gen.tools is None and gen.max_tokens == DEFAULT_MAX
+    assert gen.thinking_budget is None and gen.cache_points == () and not gen.continue_final_message
+
+
+def test_system_string_blocks_and_inline_system_keep_positions():
+    req = parse(
+        {
+            "system": [text("Be "), text("brief.")],
+            "messages": [
+                user("a"),
+                {"role": "system", "content": "mid"},
+                assistant("b"),
+                user("c"),
+            ],
+        }
+    )
+    assert [m["role"] for m in req.messages] == ["system", "user", "system", "assistant", "user"]
+    assert req.messages[0]["content"] == "Be brief."
+    assert req.messages[2]["content"] == "mid"
+
+
+def test_billing_header_block_is_consumed_only_in_first_position():
+    header = "x-anthropic-billing-header: cc_version=1.0; cch=abc"
+    req = parse({"system": [text(header, cache_control=EPHEMERAL), text("Real system.")]})
+    assert req.messages[0] == {"role": "system", "content": "Real system."}
+    assert req.cache_points == ()  # its marker went with it
+    later = parse({"system": [text("Real. "), text(header)]})
+    assert later.messages[0]["content"] == "Real. " + header
+    as_string = parse({"system": header})
+    assert as_string.messages[0]["content"] == header
+    inline = parse({"messages": [{"role": "system", "content": [text(header)]}, user("Hi")]})
+    assert inline.messages[0]["content"] == header
+    only = parse({"system": [text(header)]})
+    assert [m["role"] for m in only.messages] == ["user"]
+
+
+def test_consecutive_turns_join_without_separators():
+    req = parse(
+        {
+            "messages": [
+                user("a"),
+                user([text("b"), text("c")]),
+                assistant("x"),
+                assistant("y"),
+                user("z"),
+            ]
+        }
+    )
+    assert req.messages == (
+        {"role": "user", "content": "abc"},
+        {"role": "assistant", "content": "xy"},
+        {"role": "user", "content": "z"},
+    )
+
+
+def test_thinking_history_signature_ignored_and_tool_calls_keep_member_order():
+    turn = assistant(
+        [
+            {"type": "thinking", "thinking": "Need weather.", "signature": "anything-at-all"},
+            text("Checking."),
+            tool_use("toolu_1", args={"days": 3, "city": "Paris"}),
+        ]
+    )
+    req = parse(
+        {"tools": [WEATHER], "messages": [user("Weather?"), turn, user([result("toolu_1")])]}
+    )
+    a = req.messages[1]
+    assert a["reasoning_content"] == "Need weather." and a["content"] == "Checking."
+    args = a["tool_calls"][0]["function"]["arguments"]
+    assert list(args) == ["days", "city"]
+    assert a["tool_calls"][0]["id"] == "toolu_1"
+    same = parse(
+        {"tools": [WEATHER], "messages": [user("Weather?"), turn, user([result("toolu_1")])]}
+    )
+    turn["content"][0]["signature"] = "different"
+    other = parse(
+        {"tools": [WEATHER], "messages": [user("Weather?"), turn, user([result("toolu_1")])]}
+    )
+    assert same.messages == other.messages
+
+
+def test_tool_results_matched_by_id_in_call_order_with_is_error_and_trailing_text():
+    req = parse(
+        {
+            "tools": [WEATHER],
+            "messages": [
+                user("Two cities"),
+                assistant([tool_use("t_a"), tool_use("t_b", args={"city": "Rome"})]),
+                user(
+                    [
+                        result("t_b", [text("rain")], is_error=True),
+                        result("t_a", "sun"),
+                        text("Summarise."),
+                    ]
+                ),
+            ],
+        }
+    )
+    assert req.messages[2:] == (
+        {"role": "tool", "tool_call_id": "t_a", "content": "sun"},
+        {"role": "tool", "tool_call_id": "t_b", "content": "Error: rain"},
+        {"role": "user", "content": "Summarise."},
+    )
+
+
+def test_history_may_begin_with_results():
+    req = parse({"messages": [user([result("old")]), assistant("ok"), user("next")]})
+    assert req.messages[0] == {"role": "tool", "tool_call_id": "old", "content": "sunny"}
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [
+            user("q"),
+            assistant([tool_use("t1"), tool_use("t2")]),
+            user([result("t1")]),
+        ],  # missing t2
+        [user("q"), assistant([tool_use("t1")]), user([result("t1"), result("t1")])],  # duplicate
+        [
+            user("q"),
+            assistant([tool_use("t1")]),
+            user([result("t9")]),
+        ],  # unknown id... and t1 missing
+        [
+            user("q"),
+            assistant([tool_use("t1")]),
+            user([result("t1"), result("t2")]),
+        ],  # unknown extra
+        [user("q"), assistant([tool_use("t1")]), user("no results")],
+        [user("q"), assistant("plain"), user([result("t1")])],  # nothing to answer
+        [
+            user("q"),
+            assistant([tool_use("t1")]),
+            user([text("first"), result("t1")]),
+        ],  # not leading
+    ],
+)
+def test_tool_result_pairing_errors(messages):
+    refused({"tools": [WEATHER], "messages": messages}, "invalid_value")
+
+
+def test_assistant_prefill_is_continued():
+    req = parse(
+        {"messages": [user("Capital of France?"), assistant([text("The capital"), text(" is")])]}
+    )
+    assert req.prefill and req.generation_request().continue_final_message
+    assert req.messages[-1] == {"role": "assistant", "content": "The capital is"}
+    dropped = parse({"messages": [user("Hi"), assistant("")]})
+    assert not dropped.prefill and dropped.messages == ({"role": "user", "content": "Hi"},)
+
+
+@pytest.mark.parametrize(
+    "final, param",
+    [
+        (
+            [{"type": "thinking", "thinking": "x", "signature": "s"}, text("a")],
+            "messages[1].content[0].type",
+        ),
+        ([text("a"), tool_use("t1")], "messages[1].content[1].type"),
+    ],
+)
+def test_prefill_cannot_hold_thinking_or_tool_calls(final, param):
+    refused(
+        {"tools": [WEATHER], "messages": [user("q"), assistant(final)]}, "unsupported_value", param
+    )
+
+
+@pytest.mark.parametrize("mode", [{"type": "enabled", "budget_tokens": 1024}, {"type": "adaptive"}])
+def test_prefill_cannot_start_with_thinking_enabled(mode):
+    refused(
+        {"max_tokens": 2048, "thinking": mode, "messages": [user("q"), assistant("The")]},
+        "unsupported_value",
+        "thinking.type",
+    )
+
+
+def test_images_need_vision_and_keep_their_position():
+    image = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
+    }
+    err = refused(
+        {"messages": [user([text("See "), image])]}, "vision_disabled", "messages[0].content[1]"
+    )
+    assert "--vision" in err.message
+    req = parse({"messages": [user([text("See "), image, text("?")])]}, vision=True)
+    assert req.has_media
+    assert req.messages[0]["content"] == [
+        {"type": "text", "text": "See "},
+        {"type": "image", "url": "data:image/png;base64,iVBORw0KGgo="},
+        {"type": "text", "text": "?"},
+    ]
+    refused(
+        {"messages": [user([{"type": "image", "source": {"type": "file", "file_id": "f1"}}])]},
+        "unsupported_value",
+        "messages[0].content[0].source.type",
+        vision=True,
+    )
+    # count_tokens shares the media rule
+    refused({"messages": [user([image])]}, "vision_disabled", count_only=True)
+
+
+# -- capability rejections ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "block, what",
+    [
+        (
+            {
+                "type": "document",
+                "source": {"type": "text", "media_type": "text/plain", "data": "x"},
+            },
+            "document",
+        ),
+        ({"type": "search_result", "source": "s", "title": "t", "content": []}, "search result"),
+        ({"type": "container_upload", "file_id": "f"}, "container"),
+    ],
+)
+def test_user_blocks_needing_absent_capabilities(block, what):
+    err = refused({"messages": [user([block])]}, "unsupported_value", "messages[0].content[0].type")
+    assert what in err.message
+
+
+@pytest.mark.parametrize(
+    "block, what",
+    [
+        ({"type": "redacted_thinking", "data": "enc"}, "redacted-thinking"),
+        (
+            {"type": "server_tool_use", "id": "s1", "name": "web_search", "input": {}},
+            "server tools",
+        ),
+        (
+            {"type": "web_search_tool_result", "tool_use_id": "s1", "content": []},
+            "server-tool results",
+        ),
+    ],
+)
+def test_assistant_blocks_needing_absent_capabilities(block, what):
+    err = refused(
+        {"messages": [user("q"), assistant([block, text("a")]), user("more")]},
+        "unsupported_value",
+        "messages[1].content[0].type",
+    )
+    assert what in err.message
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"tool_choice": {"type": "any"}, "tools": [WEATHER]}, "tool_choice.type"),
+        (
+            {"tool_choice": {"type": "tool", "name": "get_weather"}, "tools": [WEATHER]},
+            "tool_choice.type",
+        ),
+        (
+            {
+                "tool_choice": {"type": "auto", "disable_parallel_tool_use": True},
+                "tools": [WEATHER],
+            },
+            "tool_choice.disable_parallel_tool_use",
+        ),
+        ({"tools": [{**WEATHER, "strict": True}]}, "tools[0].strict"),
+        ({"tools": [{**WEATHER, "defer_loading": True}]}, "tools[0].defer_loading"),
+        (
+            {"tools": [{**WEATHER, "allowed_callers": ["code_execution_20250825"]}]},
+            "tools[0].allowed_callers",
+        ),
+        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
+        ({"tools": [{"type": "bash_20250124", "name": "bash"}]}, "tools[0].type"),
+        ({"tools": [{"type": "mcp_toolset", "mcp_server_name": "x"}]}, "tools[0].type"),
+        (
+            {
+                "thinking": {"type": "enabled", "budget_tokens": 1024, "display": "omitted"},
+                "max_tokens": 4096,
+            },
+            "thinking.display",
+        ),
+        ({"thinking": {"type": "adaptive", "display": "omitted"}}, "thinking.display"),
+    ],
+)
+def test_unsupported_values(body, param):
+    refused(body, "unsupported_value", param)
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"mcp_servers": [{"type": "url", "url": "https://x", "name": "x"}]}, "mcp_servers"),
+        ({"container": "cntr_1"}, "container"),
+        ({"context_management": {"edits": []}}, "context_management"),
+        ({"output_format": {"type": "json_schema", "schema": {}}}, "output_format"),
+        (
+            {"output_config": {"format": {"type": "json_schema", "schema": {}}}},
+            "output_config.format",
+        ),
+    ],
+)
+def test_unsupported_parameters(body, param):
+    refused(body, "unsupported_parameter", param)
+
+
+def test_advisory_and_unknown_fields_are_accepted():
+    req = parse(
+        {
+            "metadata": {"user_id": "u1"},
+            "service_tier": "auto",
+            "inference_geo": "us",
+            "speed": "standard",
+            "some_future_field": {"x": 1},
+            "tool_choice": {"type": "none", "disable_parallel_tool_use": True},
+            "tools": [
+                {**WEATHER, "input_examples": [{"city": "Oslo"}], "eager_input_streaming": True}
+            ],
+        }
+    )
+    assert req.tool_choice == "none" and not req.generation_request().parse_tools
+    fn = req.tools[0]["function"]
+    assert list(fn) == ["name", "description", "parameters", "input_examples"]
+    assert fn["parameters"] is not None and fn["input_examples"] == [{"city": "Oslo"}]
+
+
+def test_tool_conversion_keeps_schema_member_order():
+    schema = {"type": "object", "properties": {"z": {"type": "string"}, "a": {"type": "integer"}}}
+    req = parse({"tools": [{"name": "t", "input_schema": schema}]})
+    assert req.tools == ({"type": "function", "function": {"name": "t", "parameters": schema}},)
+    assert json.dumps(req.tools[0]["function"]["parameters"]) == json.dumps(schema)
+    refused(
+        {"tools": [{"name": "t", "input_schema": {"type": "array"}}]},
+        "invalid_value",
+        "tools[0].input_schema.type",
+    )
+    refused({"tools": [WEATHER, WEATHER]}, "invalid_value", "tools[1].name")
+
+
+# -- sampling, output and thinking --------------------------------------------------------------
+
+
+def test_sampling_stop_and_max_tokens():
+    req = parse(
+        {
+            "max_tokens": 77,
+            "temperature": 0.5,
+            "top_p": 0.9,
+            "top_k": 7,
+            "stop_sequences": ["END", "###"],
+            "stream": True,
+        }
+    )
+    assert (req.max_tokens, req.stop, req.stream) == (77, ("END", "###"), True)
+    s = req.sampling
+    assert (s.temperature, s.top_p, s.top_k) == (0.5, 0.9, 7)
+    refused({"temperature": 1.5}, "invalid_value", "temperature")
+    refused({"max_tokens": -1}, "invalid_value", "max_tokens")
+    refused({"stop_sequences": "END"}, "invalid_type", "stop_sequences")
+    refused({"stop_sequences": [""]}, "invalid_value")
+    refused({"model": ""}, "invalid_value", "model")
+
+
+def test_thinking_modes():
+    assert parse({"thinking": {"type": "disabled"}}).template_options.enable_thinking is False
+    adaptive = parse({"thinking": {"type": "adaptive", "display": "summarized"}})
+    assert adaptive.template_options.enable_thinking is True and adaptive.thinking_budget is None
+    enabled = parse({"max_tokens": 3000, "thinking": {"type": "enabled", "budget_tokens": 2000}})
+    assert enabled.template_options.enable_thinking is True
+    assert enabled.generation_request().thinking_budget == 2000
+    omitted = parse({}, thinking_defaults=ThinkingDefaults(enable_thinking=False))
+    assert omitted.template_options.enable_thinking is False  # --no-thinking applies
+    refused(
+        {"max_tokens": 3000, "thinking": {"type": "enabled", "budget_tokens": 1023}},
+        "invalid_value",
+        "thinking.budget_tokens",
+    )
+    refused(
+        {"max_tokens": 2000, "thinking": {"type": "enabled", "budget_tokens": 2000}},
+        "invalid_value",
+        "thinking.budget_tokens",
+    )
+    # budget >= --default-max-tokens when max_tokens is omitted
+    refused(
+        {"thinking": {"type": "enabled", "budget_tokens": DEFAULT_MAX + 1024}},
+        "invalid_value",
+        "thinking.budget_tokens",
+    )
+    refused(
+        {"thinking": {"type": "enabled"}, "max_tokens": 4000},
+        "missing_required_parameter",
+        "thinking.budget_tokens",
+    )
+    refused({"thinking": {"type": "sometimes"}}, "invalid_value", "thinking.type")
+
+
+def test_effort_reaches_the_template_and_conflicts_are_reported():
+    req = parse({"output_config": {"effort": "high"}})
+    assert req.template_options.reasoning_effort == "high"
+    assert req.template_options.variables()["reasoning_effort"] == "high"
+    refused({"output_config": {"effort": "extreme"}}, "invalid_value", "output_config.effort")
+    refused(
+        {"thinking": {"type": "disabled"}, "output_config": {"effort": "high"}},
+        "conflicting_template_option",
+    )
+
+
+def test_count_only_ignores_output_fields():
+    req = parse(
+        {
+            "max_tokens": 0,
+            "temperature": 9,
+            "stop_sequences": 5,
+            "stream": "yes",
+            "thinking": {"type": "enabled", "budget_tokens": 100000},
+        },
+        count_only=True,
+    )
+    assert req.thinking_budget == 100000 and not req.stream
+
+
+# -- cache_control ------------------------------------------------------------------------------
+
+
+def test_block_breakpoints_map_to_message_ends():
+    req = parse(
+        {
+            "tools": [{**WEATHER, "cache_control": EPHEMERAL}],
+            "system": [text("S", cache_control={"type": "ephemeral", "ttl": "1h"})],
+            "messages": [
+                user([text("a", cache_control=EPHEMERAL), text("b")]),  # not the end: ignored
+                assistant("ok"),
+                user([text("c", cache_control=EPHEMERAL)]),
+            ],
+        }
+    )
+    # system (0), user "ab" (1) no, assistant (2), user "c" (3)
+    assert req.cache_points == (0, 3)
+
+
+def test_tool_result_breakpoint_ends_its_tool_message():
+    req = parse(
+        {
+            "messages": [
+                user("q"),
+                assistant([tool_use("t1")]),
+                user([result("t1", [text("r", cache_control=EPHEMERAL)]), text("go")]),
+            ]
+        }
+    )
+    assert req.cache_points == (2,)
+
+
+def test_more_than_four_breakpoints_refused():
+    blocks = [
+        user([text(str(i), cache_control=EPHEMERAL)]) if i % 2 == 0 else assistant(str(i))
+        for i in range(9)
+    ]
+    refused({"messages": blocks}, "invalid_value", "cache_control")
+    ok = parse({"messages": blocks[:7]})
+    assert ok.cache_points == (0, 2, 4, 6)
+
+
+def test_request_level_cache_control_merge_conflict_and_slots():
+    four = [
+        user([text(str(i), cache_control=EPHEMERAL)]) if i % 2 == 0 else assistant(str(i))
+        for i in range(7)
+    ]
+    # merges with the explicit breakpoint on the last block (same TTL)
+    assert parse({"messages": four, "cache_control": EPHEMERAL}).cache_points == (0, 2, 4, 6)
+    # conflicts at the same target with another TTL
+    refused(
+        {"messages": four, "cache_control": {"type": "ephemeral", "ttl": "1h"}},
+        "invalid_value",
+        "cache_control",
+    )
+    # needs a fifth slot when four other targets are taken
+    five = [*four, assistant("x"), user("last")]
+    refused({"messages": five, "cache_control": EPHEMERAL}, "invalid_value", "cache_control")
+    # otherwise it marks the last cacheable block
+    req = parse({"messages": [user("a"), assistant("b"), user("c")], "cache_control": EPHEMERAL})
+    assert req.cache_points == (2,)
+
+
+def test_cache_control_ttl_and_type_validation():
+    refused(
+        {"messages": [user([text("a", cache_control={"type": "ephemeral", "ttl": "10m"})])]},
+        "invalid_value",
+        "messages[0].content[0].cache_control.ttl",
+    )
+    refused(
+        {"messages": [user([text("a", cache_control={"type": "persistent"})])]},
+        "invalid_value",
+        "messages[0].content[0].cache_control.type",
+    )
+    refused(
+        {"cache_control": {"type": "ephemeral", "ttl": "2h"}}, "invalid_value", "cache_control.ttl"
+    )
+    refused(
+        {
+            "messages": [
+                user("q"),
+                assistant(
+                    [
+                        {
+                            "type": "thinking",
+                            "thinking": "t",
+                            "signature": "",
+                            "cache_control": EPHEMERAL,
+                        },
+                        text("a"),
+                    ]
+                ),
+                user("b"),
+            ]
+        },
+        "invalid_value",
+        "messages[1].content[0].cache_control",
+    )
+
+
+# -- malformed input ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body, code, param",
+    [
+        ({"messages": []}, "invalid_value", "messages"),
+        ({"messages": "hi"}, "invalid_type", "messages"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "invalid_value", "messages[0].role"),
+        ({"messages": [{"role": "user"}]}, "missing_required_parameter", "messages[0].content"),
+        (
+            {"messages": [user([{"type": "text"}])]},
+            "missing_required_parameter",
+            "messages[0].content[0].text",
+        ),
+        ({"messages": [user([{"type": "video"}])]}, "invalid_value", "messages[0].content[0].type"),
+        ({"system": [{"type": "image"}]}, "invalid_value", "system[0].type"),
+        ({"system": 5}, "invalid_type", "system"),
+        (
+            {
+                "messages": [
+                    user("q"),
+                    assistant([tool_use("t1", args=None) | {"input": "x"}]),
+                    user("r"),
+                ]
+            },
+            "invalid_type",
+            "messages[1].content[0].input",
+        ),
+    ],
+)
+def test_malformed(body, code, param):
+    refused(body, code, param)

@@ -1,0 +1,707 @@
+"""Anthropic Messages end to end: the real `ninfer serve` on the trained tiny agent, driven by
+the official `anthropic` client (and raw HTTP where the client cannot express a request).
+
+Expected outputs come from the fixture's scripted prompts (greedy decoding reproduces them).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+
+GREEDY = {"temperature": 0.0}
+SIGNATURE_FROM_ELSEWHERE = "EqQBCkYIBxgCKkD-not-a-ninfer-signature"
+
+
+# -- helpers --------------------------------------------------------------------------------------
+
+
+def client(server, **kw: Any) -> anthropic.Anthropic:
+    kw.setdefault("api_key", "unused")
+    return anthropic.Anthropic(base_url=server.base_url, max_retries=0, timeout=120, **kw)
+
+
+def prompt(prompts: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    return next(p for p in prompts if p["name"] == name)
+
+
+def tools_of(p: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": t["function"]["name"],
+            "description": t["function"]["description"],
+            "input_schema": t["function"]["parameters"],
+        }
+        for t in p["tools"]
+    ]
+
+
+def to_anthropic(messages: list[dict[str, Any]]) -> tuple[str | None, list[dict[str, Any]]]:
+    """OpenAI-form scripted history -> (system, Anthropic messages)."""
+    system = None
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if m["role"] == "system":
+            system = m["content"]
+        elif m["role"] == "user":
+            out.append({"role": "user", "content": m["content"]})
+        elif m["role"] == "assistant":
+            blocks: list[dict[str, Any]] = []
+            if m.get("reasoning_content"):
+                blocks.append(
+                    {
+                        "type": "thinking",
+                        "thinking": m["reasoning_content"],
+                        "signature": SIGNATURE_FROM_ELSEWHERE,
+                    }
+                )
+            if m.get("content"):
+                blocks.append({"type": "text", "text": m["content"]})
+            for c in m.get("tool_calls", []):
+                blocks.append(
+                    {
+                        "type": "tool_use",
+                        "id": c["id"],
+                        "name": c["function"]["name"],
+                        "input": c["function"]["arguments"],
+                    }
+                )
+            out.append({"role": "assistant", "content": blocks})
+        else:  # tool result: a user turn of tool_result blocks (consecutive ones are joined)
+            out.append(
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": m["tool_call_id"],
+                            "content": m["content"],
+                        }
+                    ],
+                }
+            )
+    return system, out
+
+
+def request_of(p: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    system, messages = to_anthropic(p["messages"])
+    req: dict[str, Any] = {
+        "model": "claude-local-proxy",
+        "max_tokens": 256,
+        "messages": messages,
+        "extra_body": dict(GREEDY),
+    }
+    if system is not None:
+        req["system"] = system
+    if p["tools"]:
+        req["tools"] = tools_of(p)
+    if p["enable_thinking"]:
+        req["thinking"] = {"type": "enabled", "budget_tokens": 1024}
+        req["max_tokens"] = 2048
+    else:
+        req["thinking"] = {"type": "disabled"}
+    req.update(extra)
+    return req
+
+
+def blocks(message: Any) -> list[dict[str, Any]]:
+    """Content blocks as dicts, tool-use ids dropped (they are fresh per response)."""
+    out = []
+    for b in message.content:
+        d = b.model_dump(exclude_none=True)
+        d.pop("id", None)
+        out.append(d)
+    return out
+
+
+def text_of(message: Any) -> str:
+    return "".join(b.text for b in message.content if b.type == "text")
+
+
+def post(
+    server, path: str, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> httpx.Response:
+    return httpx.post(f"{server.base_url}{path}", json=body, headers=headers or {}, timeout=120)
+
+
+# -- generation -----------------------------------------------------------------------------------
+
+
+def test_aggregate_and_stream_agree(live_server, tiny_agent_prompts):
+    c = client(live_server)
+    p = prompt(tiny_agent_prompts, "hello")
+    raw = c.messages.with_raw_response.create(**request_of(p))
+    assert raw.headers["request-id"].startswith("req_")
+    message = raw.parse()
+    assert message.model == "claude-local-proxy"  # the label is echoed
+    assert message.role == "assistant" and message.type == "message"
+    assert text_of(message) == p["expected"]["content"]
+    assert message.stop_reason == "end_turn" and message.stop_sequence is None
+    assert message.usage.output_tokens > 0
+
+    with c.messages.stream(**request_of(p)) as stream:
+        streamed_text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert streamed_text == text_of(message)
+    assert blocks(final) == blocks(message)
+    assert final.stop_reason == message.stop_reason
+    assert final.usage.output_tokens == message.usage.output_tokens
+    prompt_total = message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0)
+    assert final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0) == prompt_total
+
+
+def test_count_tokens_equals_usage_input_tokens(live_server, tiny_agent_prompts):
+    c = client(live_server)
+    p = prompt(tiny_agent_prompts, "tomato")
+    req = request_of(p)
+    counted = c.messages.count_tokens(
+        model=req["model"], messages=req["messages"], thinking=req["thinking"]
+    ).input_tokens
+    message = c.messages.create(**req)
+    cached = message.usage.cache_read_input_tokens or 0
+    assert counted == message.usage.input_tokens + cached
+    if cached == 0:
+        assert counted == message.usage.input_tokens
+    # sampling and output fields do not change the count; tools do
+    other = post(
+        live_server,
+        "/v1/messages/count_tokens",
+        {
+            **{k: v for k, v in req.items() if k != "extra_body"},
+            "max_tokens": 7,
+            "temperature": 0.3,
+            "stop_sequences": ["x"],
+        },
+    )
+    assert other.status_code == 200 and other.json() == {"input_tokens": counted}
+    with_tools = c.messages.count_tokens(
+        model="m",
+        messages=req["messages"],
+        thinking=req["thinking"],
+        tools=tools_of(prompt(tiny_agent_prompts, "weather_paris")),
+    )
+    assert with_tools.input_tokens > counted
+
+
+def test_billing_header_block_is_not_counted(live_server):
+    c = client(live_server)
+    msgs = [{"role": "user", "content": "Hi!"}]
+    plain = c.messages.count_tokens(
+        model="m", messages=msgs, system=[{"type": "text", "text": "Be kind."}]
+    )
+    billed = c.messages.count_tokens(
+        model="m",
+        messages=msgs,
+        system=[
+            {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.0; cch=1"},
+            {"type": "text", "text": "Be kind."},
+        ],
+    )
+    assert billed.input_tokens == plain.input_tokens
+
+
+def test_assistant_prefill_is_continued(live_server, tiny_agent_prompts):
+    c = client(live_server)
+    p = prompt(tiny_agent_prompts, "capital")
+    prefix = "The capital of France"
+    req = request_of(p)
+    req["messages"] = [*req["messages"], {"role": "assistant", "content": prefix}]
+    message = c.messages.create(**req)
+    assert prefix + text_of(message) == p["expected"]["content"]
+    assert message.stop_reason == "end_turn"
+
+
+def test_enabled_thinking_aggregate_and_stream(live_server, tiny_agent_prompts):
+    c = client(live_server)
+    p = prompt(tiny_agent_prompts, "sum_think")
+    message = c.messages.create(**request_of(p))
+    thinking, text = message.content
+    assert thinking.type == "thinking" and thinking.thinking == p["expected"]["reasoning"]
+    assert thinking.signature
+    assert text.type == "text" and text.text == p["expected"]["content"]
+
+    kinds: list[str] = []
+    with c.messages.stream(**request_of(p)) as stream:
+        for event in stream:
+            kinds.append(event.type)
+        final = stream.get_final_message()
+    assert blocks(final) == blocks(message)
+    assert "thinking" in kinds and "signature" in kinds and "text" in kinds
+    assert kinds.index("signature") < kinds.index("text")
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+
+
+def test_tool_use_round_trip(live_server, tiny_agent_prompts):
+    c = client(live_server)
+    first = prompt(tiny_agent_prompts, "weather_paris")
+    message = c.messages.create(**request_of(first))
+    assert message.stop_reason == "tool_use"
+    (thinking, call) = message.content
+    assert thinking.thinking == first["expected"]["reasoning"]
+    (expected_call,) = first["expected"]["tool_calls"]
+    assert call.type == "tool_use" and call.id.startswith("toolu_")
+    assert (call.name, call.input) == (expected_call["name"], expected_call["arguments"])
+
+    with c.messages.stream(**request_of(first)) as stream:
+        final = stream.get_final_message()
+    assert blocks(final) == blocks(message) and final.stop_reason == "tool_use"
+
+    # Send the response back with the tool's result: the model answers from it.
+    follow = prompt(tiny_agent_prompts, "weather_paris_result")
+    tool_result = next(m for m in follow["messages"] if m["role"] == "tool")["content"]
+    req = request_of(follow)
+    req["messages"] = [
+        req["messages"][0],
+        {
+            "role": "assistant",
+            "content": [b.model_dump(exclude_none=True) for b in message.content],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": call.id, "content": tool_result}],
+        },
+    ]
+    answer = c.messages.create(**req)
+    assert answer.stop_reason == "end_turn"
+    assert [b.type for b in answer.content] == ["thinking", "text"]
+    assert answer.content[0].thinking == follow["expected"]["reasoning"]
+    assert text_of(answer) == follow["expected"]["content"]
+
+
+def test_stop_sequence(live_server, tiny_agent_prompts):
+    c = client(live_server)
+    p = prompt(tiny_agent_prompts, "capital")
+    message = c.messages.create(**request_of(p, stop_sequences=["Paris", "Rome"]))
+    assert message.stop_reason == "stop_sequence" and message.stop_sequence == "Paris"
+    assert text_of(message) == p["expected"]["content"].split("Paris")[0]
+    with c.messages.stream(**request_of(p, stop_sequences=["Paris"])) as stream:
+        final = stream.get_final_message()
+    assert (final.stop_reason, final.stop_sequence, text_of(final)) == (
+        "stop_sequence",
+        "Paris",
+        text_of(message),
+    )
+
+
+def test_max_tokens_and_its_default(live_server, tiny_agent_prompts):
+    c = client(live_server)
+    p = prompt(tiny_agent_prompts, "hello")
+    message = c.messages.create(**request_of(p, max_tokens=3))
+    assert message.stop_reason == "max_tokens" and message.usage.output_tokens == 3
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "Hi!"}],
+        "thinking": {"type": "disabled"},
+        **GREEDY,
+    }
+    r = post(live_server, "/v1/messages", body)  # max_tokens omitted: --default-max-tokens
+    assert r.status_code == 200, r.text
+    assert r.json()["stop_reason"] == "end_turn"
+
+
+def test_context_exhaustion(live_server):
+    """A prompt that leaves two tokens of the 2048-token context: generation stops at the
+    context ceiling with model_context_window_exceeded."""
+    c = client(live_server)
+
+    def count(text: str) -> int:
+        return c.messages.count_tokens(
+            model="m",
+            messages=[{"role": "user", "content": text}],
+            thinking={"type": "enabled", "budget_tokens": 1024},
+        ).input_tokens
+
+    unit = " tomato"
+    base, ten = count(""), count(unit * 10)
+    n = (2046 - base) * 10 // (ten - base)
+    text = unit * n
+    while count(text) > 2046:
+        text = text[: -len(unit)]
+    while count(text + " a") <= 2046:
+        text += " a"
+    assert 2040 <= count(text) <= 2046
+    message = c.messages.create(
+        model="m",
+        max_tokens=4096,
+        messages=[{"role": "user", "content": text}],
+        extra_body=dict(GREEDY),
+    )
+    assert message.stop_reason == "model_context_window_exceeded"
+    assert message.usage.output_tokens <= 8
+
+
+# -- rejections -----------------------------------------------------------------------------------
+
+HI = [{"role": "user", "content": "Hi!"}]
+WEATHER = {
+    "name": "get_weather",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+IMAGE = {
+    "type": "image",
+    "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
+}
+EPH = {"type": "ephemeral"}
+
+
+def marked(n: int) -> list[dict[str, Any]]:
+    out = []
+    for i in range(n):
+        out.append(
+            {"role": "user", "content": [{"type": "text", "text": f"m{i}", "cache_control": EPH}]}
+        )
+        out.append({"role": "assistant", "content": "ok"})
+    return out[:-1]
+
+
+REJECTIONS = [
+    ("max_tokens_zero", {"max_tokens": 0}, "unsupported_value"),
+    (
+        "image_without_vision",
+        {"messages": [{"role": "user", "content": [IMAGE]}]},
+        "vision_disabled",
+    ),
+    (
+        "document",
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "document",
+                            "source": {"type": "text", "media_type": "text/plain", "data": "d"},
+                        }
+                    ],
+                }
+            ]
+        },
+        "unsupported_value",
+    ),
+    (
+        "search_result",
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "search_result", "source": "s", "title": "t", "content": []}
+                    ],
+                }
+            ]
+        },
+        "unsupported_value",
+    ),
+    (
+        "file_image",
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image", "source": {"type": "file", "file_id": "file_1"}}],
+                }
+            ]
+        },
+        "unsupported_value",
+    ),
+    (
+        "container_upload",
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "container_upload", "file_id": "file_1"}]}
+            ]
+        },
+        "unsupported_value",
+    ),
+    (
+        "redacted_thinking",
+        {
+            "messages": [
+                {"role": "user", "content": "q"},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "redacted_thinking", "data": "x"},
+                        {"type": "text", "text": "a"},
+                    ],
+                },
+                {"role": "user", "content": "r"},
+            ]
+        },
+        "unsupported_value",
+    ),
+    (
+        "server_tool_result",
+        {
+            "messages": [
+                {"role": "user", "content": "q"},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "web_search_tool_result", "tool_use_id": "s", "content": []}
+                    ],
+                },
+                {"role": "user", "content": "r"},
+            ]
+        },
+        "unsupported_value",
+    ),
+    (
+        "structured_outputs",
+        {"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
+        "unsupported_parameter",
+    ),
+    (
+        "mcp_servers",
+        {"mcp_servers": [{"type": "url", "url": "https://mcp.example", "name": "x"}]},
+        "unsupported_parameter",
+    ),
+    ("container", {"container": "container_1"}, "unsupported_parameter"),
+    (
+        "server_tool",
+        {"tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+        "unsupported_value",
+    ),
+    ("toolset", {"tools": [{"type": "mcp_toolset", "mcp_server_name": "x"}]}, "unsupported_value"),
+    ("strict_tool", {"tools": [{**WEATHER, "strict": True}]}, "unsupported_value"),
+    ("deferred_tool", {"tools": [{**WEATHER, "defer_loading": True}]}, "unsupported_value"),
+    (
+        "no_direct_calls",
+        {"tools": [{**WEATHER, "allowed_callers": ["code_execution_20250825"]}]},
+        "unsupported_value",
+    ),
+    ("tool_choice_any", {"tools": [WEATHER], "tool_choice": {"type": "any"}}, "unsupported_value"),
+    (
+        "tool_choice_named",
+        {"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "get_weather"}},
+        "unsupported_value",
+    ),
+    (
+        "single_call",
+        {"tools": [WEATHER], "tool_choice": {"type": "auto", "disable_parallel_tool_use": True}},
+        "unsupported_value",
+    ),
+    (
+        "thinking_omitted_display",
+        {
+            "max_tokens": 2048,
+            "thinking": {"type": "enabled", "budget_tokens": 1024, "display": "omitted"},
+        },
+        "unsupported_value",
+    ),
+    (
+        "thinking_budget_small",
+        {"max_tokens": 4096, "thinking": {"type": "enabled", "budget_tokens": 1000}},
+        "invalid_value",
+    ),
+    (
+        "thinking_budget_over_max",
+        {"max_tokens": 1024, "thinking": {"type": "enabled", "budget_tokens": 1024}},
+        "invalid_value",
+    ),
+    (
+        "prefill_with_thinking",
+        {
+            "max_tokens": 2048,
+            "thinking": {"type": "enabled", "budget_tokens": 1024},
+            "messages": [*HI, {"role": "assistant", "content": "Hel"}],
+        },
+        "unsupported_value",
+    ),
+    (
+        "prefill_with_tool_use",
+        {
+            "tools": [WEATHER],
+            "messages": [
+                *HI,
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {}}
+                    ],
+                },
+            ],
+        },
+        "unsupported_value",
+    ),
+    (
+        "missing_tool_result",
+        {
+            "tools": [WEATHER],
+            "messages": [
+                *HI,
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {}}
+                    ],
+                },
+                {"role": "user", "content": "and?"},
+            ],
+        },
+        "invalid_value",
+    ),
+    ("five_breakpoints", {"messages": marked(5)}, "invalid_value"),
+    (
+        "bad_ttl",
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "text",
+                            "text": "x",
+                            "cache_control": {"type": "ephemeral", "ttl": "24h"},
+                        }
+                    ],
+                }
+            ]
+        },
+        "invalid_value",
+    ),
+    (
+        "request_level_conflict",
+        {"messages": marked(1), "cache_control": {"type": "ephemeral", "ttl": "1h"}},
+        "invalid_value",
+    ),
+    (
+        "request_level_no_slot",
+        {
+            "messages": [
+                *marked(4),
+                {"role": "assistant", "content": "x"},
+                {"role": "user", "content": "y"},
+            ],
+            "cache_control": EPH,
+        },
+        "invalid_value",
+    ),
+    ("empty_model", {"model": ""}, "invalid_value"),
+    ("no_messages", {"messages": []}, "invalid_value"),
+]
+
+
+@pytest.mark.parametrize("body, code", [pytest.param(b, c, id=n) for n, b, c in REJECTIONS])
+def test_rejections(live_server, body, code):
+    full = {"model": "m", "max_tokens": 64, "messages": HI, **body}
+    r = post(live_server, "/v1/messages", full)
+    assert r.status_code == 400, r.text
+    err = r.json()
+    assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
+    assert err["error"]["details"]["error_code"] == code
+    assert err["request_id"] == r.headers["request-id"]
+
+
+def test_rejection_through_the_official_client(live_server):
+    c = client(live_server)
+    with pytest.raises(anthropic.BadRequestError) as info:
+        c.messages.create(model="m", max_tokens=64, messages=[{"role": "user", "content": [IMAGE]}])
+    assert info.value.status_code == 400 and info.value.error_code == "vision_disabled"
+    assert info.value.request_id and info.value.type == "invalid_request_error"
+    with pytest.raises(anthropic.BadRequestError):
+        c.messages.count_tokens(model="m", messages=[{"role": "user", "content": [IMAGE]}])
+    with pytest.raises(anthropic.BadRequestError) as info:
+        c.messages.create(
+            model="m", max_tokens=64, messages=HI, tool_choice={"type": "any"}, tools=[WEATHER]
+        )
+    assert "forced tool call" in info.value.api_message
+
+
+def test_advisory_fields_do_not_block(live_server):
+    body = {
+        "model": "m",
+        "max_tokens": 32,
+        "messages": HI,
+        "metadata": {"user_id": "u"},
+        "service_tier": "auto",
+        "inference_geo": "us",
+        "unknown_field": [1, 2],
+        "thinking": {"type": "disabled"},
+        **GREEDY,
+    }
+    r = post(
+        live_server,
+        "/v1/messages",
+        body,
+        headers={"anthropic-version": "2023-06-01", "anthropic-beta": "some-beta-2025"},
+    )
+    assert r.status_code == 200, r.text
+
+
+# -- authentication, body limit and overload on a dedicated server --------------------------------
+
+KEY = "local-secret"
+
+
+@pytest.fixture(scope="module")
+def strict_server(server_factory):
+    return server_factory(
+        "--max-concurrency", "1", "--max-pending-requests", "0", "--max-request-mib", "1", "--max-context", "2048",
+        api_key=KEY,
+    )  # fmt: skip
+
+
+def test_auth_with_x_api_key_or_bearer(strict_server):
+    with pytest.raises(anthropic.AuthenticationError) as info:
+        client(strict_server, api_key="wrong").messages.create(model="m", max_tokens=8, messages=HI)
+    assert info.value.status_code == 401 and info.value.type == "authentication_error"
+    assert info.value.request_id
+    body = {"model": "m", "max_tokens": 8, "messages": HI}
+    r = post(strict_server, "/v1/messages", body)
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert r.json()["request_id"] == r.headers["request-id"]
+    ok = client(strict_server, api_key=KEY).messages.create(
+        model="m", max_tokens=8, messages=HI, thinking={"type": "disabled"}
+    )
+    assert ok.content
+    bearer = anthropic.Anthropic(base_url=strict_server.base_url, auth_token=KEY, max_retries=0)
+    assert bearer.messages.count_tokens(model="m", messages=HI).input_tokens > 0
+
+
+def test_body_limit_in_anthropic_shape(strict_server):
+    body = {
+        "model": "m",
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "x" * (1024 * 1024 + 100)}],
+    }
+    r = post(strict_server, "/v1/messages", body, headers={"x-api-key": KEY})
+    assert r.status_code == 413
+    assert r.json()["error"]["type"] == "request_too_large" and r.headers["request-id"]
+
+
+def test_admission_overload_is_529(strict_server, tiny_agent_prompts):
+    """One lane and no queue: concurrent requests beyond the first are refused with 529."""
+    p = prompt(tiny_agent_prompts, "count")
+    req = request_of(p)
+    body = {k: v for k, v in req.items() if k != "extra_body"} | GREEDY
+    n = 6
+    barrier = threading.Barrier(n)
+    results: list[httpx.Response] = []
+    lock = threading.Lock()
+
+    def send() -> None:
+        barrier.wait()
+        r = post(strict_server, "/v1/messages", body, headers={"x-api-key": KEY})
+        with lock:
+            results.append(r)
+
+    threads = [threading.Thread(target=send) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    statuses = sorted(r.status_code for r in results)
+    assert 200 in statuses and 529 in statuses, statuses
+    overloaded = next(r for r in results if r.status_code == 529)
+    err = overloaded.json()
+    assert (
+        err["error"]["type"] == "overloaded_error"
+        and err["request_id"] == overloaded.headers["request-id"]
+    )
+    # the official client surfaces it as an overloaded error (retries disabled)
+    assert issubclass(anthropic.OverloadedError, anthropic.APIStatusError)
