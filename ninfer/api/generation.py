@@ -68,6 +68,7 @@ class GenerationRequest:
     cache_points: tuple[int, ...] = ()
     session_key: str | None = None
     protocol: str = "chat"
+    ignore_eos: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,47 +86,6 @@ class PromptProgress:
     cache: int
     processed: int
     time_ms: float
-
-
-@dataclass(frozen=True)
-class ReasoningText:
-    text: str
-
-
-@dataclass(frozen=True)
-class ContentText:
-    text: str
-
-
-@dataclass(frozen=True)
-class ToolCallStart:
-    index: int
-    id: str
-    name: str
-
-
-@dataclass(frozen=True)
-class ToolCallArgs:
-    index: int
-    text: str
-
-
-@dataclass(frozen=True)
-class ToolCallDone:
-    index: int
-    call: ToolCall
-
-
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    reasoning_tokens: int
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
 
 
 @dataclass(frozen=True)
@@ -158,6 +118,49 @@ class Timings:
             "predicted_per_token_ms": d_tok,
             "predicted_per_second": d_sec,
         }
+
+
+@dataclass(frozen=True)
+class ReasoningText:
+    text: str
+    timings: Timings | None = None  # cumulative snapshot at this delta (timings_per_token)
+
+
+@dataclass(frozen=True)
+class ContentText:
+    text: str
+    timings: Timings | None = None
+
+
+@dataclass(frozen=True)
+class ToolCallStart:
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ToolCallArgs:
+    index: int
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallDone:
+    index: int
+    call: ToolCall
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    reasoning_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
 
 
 @dataclass(frozen=True)

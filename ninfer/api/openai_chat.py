@@ -75,6 +75,7 @@ def to_generation_request(chat: ChatRequest, state: ServerState) -> GenerationRe
         stop=chat.stop,
         cache_points=chat.explicit_cache_messages,
         protocol="chat",
+        ignore_eos=chat.ignore_eos,
     )
 
 
@@ -167,10 +168,11 @@ class ChatCompletion:
             self._progress_done = True
             a = self._admitted
             out.append(self.chunk(None, prompt_progress=_progress(a, a.prompt_tokens, self._t_admit)))
+        extra = {"timings": e.timings.as_dict()} if chat.timings_per_token and getattr(e, "timings", None) else {}
         if isinstance(e, ReasoningText):
-            out.append(self.chunk({"reasoning_content": e.text}))
+            out.append(self.chunk({"reasoning_content": e.text}, **extra))
         elif isinstance(e, ContentText):
-            out.append(self.chunk({"content": e.text}))
+            out.append(self.chunk({"content": e.text}, **extra))
         elif isinstance(e, ToolCallStart):
             out.append(self.chunk({"tool_calls": [{"index": e.index, "id": e.id, "type": "function", "function": {"name": e.name, "arguments": ""}}]}))
         elif isinstance(e, ToolCallArgs):

@@ -109,6 +109,7 @@ class ChatRequest:
     include_usage: bool = False
     timings_per_token: bool = False
     return_progress: bool = False
+    ignore_eos: bool = False  # vLLM-compatible extension: generate through EOS up to max_tokens
     reasoning_effort: str | None = None
     enable_thinking: bool | None = None
     preserve_thinking: bool | None = None
@@ -178,6 +179,7 @@ def parse_chat_request(body: dict[str, Any], *, model_id: str, vision: bool) -> 
         include_usage=_parse_include_usage(body),
         timings_per_token=bool(get_bool(body, "timings_per_token")),
         return_progress=bool(get_bool(body, "return_progress")),
+        ignore_eos=bool(get_bool(body, "ignore_eos")),
         reasoning_effort=get_enum(body, "reasoning_effort", REASONING_EFFORTS),
         enable_thinking=get_bool(body, "enable_thinking"),
         preserve_thinking=get_bool(body, "preserve_thinking"),

@@ -142,18 +142,22 @@ class ModelService:
 
     def _checkpoints(self, req: GenerationRequest, text: str, ids: list[int]) -> tuple[int, ...]:
         """Prefix checkpoints at semantic boundaries: the end of the conversation before the
-        generation prompt (what a follow-up turn shares). Cache hints add more."""
+        generation prompt (what a follow-up turn shares) and after each message a cache hint
+        marks (at most four). A boundary counts only where the prefix's own rendering is a
+        token prefix of the full prompt."""
+        cuts = [] if req.continue_final_message or len(req.messages) < 2 else [len(req.messages)]
+        cuts += [i + 1 for i in req.cache_points[-4:] if 0 <= i < len(req.messages) - 1]
         points = set()
-        if len(req.messages) > 1 and not req.continue_final_message:
+        for cut in cuts:
             try:
-                history = self.template.render(
-                    req.messages, tools=req.tools, add_generation_prompt=False, options=req.template_options
+                prefix = self.template.render(
+                    req.messages[:cut], tools=req.tools, add_generation_prompt=False, options=req.template_options
                 )
-                hist_ids = self.encoder.encode(history.text, history.special_spans)
-                if hist_ids == ids[: len(hist_ids)]:
-                    points.add(len(hist_ids))
             except ApiError:
-                pass
+                continue
+            prefix_ids = self.encoder.encode(prefix.text, prefix.special_spans)
+            if 0 < len(prefix_ids) < len(ids) and prefix_ids == ids[: len(prefix_ids)]:
+                points.add(len(prefix_ids))
         return tuple(sorted(points))
 
     def count_tokens(self, req: GenerationRequest) -> int:
@@ -176,6 +180,7 @@ class ModelService:
             presence_penalty=float(pick("presence_penalty")),
             frequency_penalty=float(pick("frequency_penalty")),
             seed=pick("seed"),
+            ignore_eos=req.ignore_eos,
         )
 
     # -- generation ------------------------------------------------------------------------------
@@ -206,7 +211,7 @@ class ModelService:
         except EngineError as e:
             raise ApiError(503, f"the engine is unavailable: {e}", type=errors.SERVER_ERROR, code="engine_unavailable") from None
 
-        post = _PostProcessor(self, req, prepared)
+        post = _PostProcessor(self, req, prepared, t_submit=time.monotonic())
         admitted = False
         try:
             async for event in handle:
@@ -243,13 +248,19 @@ class ModelService:
 class _PostProcessor:
     """Token ids → stop-filtered, reasoning-split, tool-parsed text events (one request)."""
 
-    def __init__(self, service: ModelService, req: GenerationRequest, prepared: Prepared) -> None:
+    def __init__(self, service: ModelService, req: GenerationRequest, prepared: Prepared, *, t_submit: float) -> None:
         self.service = service
+        self.prompt_len = len(prepared.prompt_ids)
+        self.t_submit = t_submit
+        self.t_first: float | None = None
+        self.t_last: float | None = None
+        self.cached = 0
         self.detok = IncrementalDetokenizer(service.tokenizer)
         self.stops = StopMatcher(req.stop) if req.stop else None
         self.reasoning = ReasoningParser(prepared.starts_in_thinking)
         self.tools = toolcalls.ToolCallParser(req.tools or []) if req.tools and req.parse_tools else None
         self.stop_match: str | None = None
+        self.ignore_eos = req.ignore_eos
         self.finish_sent = False
         self.kept_tokens = 0
         self.reasoning_tokens = 0
@@ -259,13 +270,17 @@ class _PostProcessor:
 
     def tokens(self, ids: tuple[int, ...]) -> list[GenerationEvent]:
         out: list[GenerationEvent] = []
+        now = time.monotonic()
+        if self.t_first is None and ids:
+            self.t_first = now
+        self.t_last = now
         for tid in ids:
             if self.stop_match is not None:
                 break
             self.kept_tokens += 1
             if self.reasoning.in_reasoning:
                 self.reasoning_tokens += 1
-            if tid in self.service.eos_ids:
+            if tid in self.service.eos_ids and not self.ignore_eos:
                 continue
             out.extend(self._text(self.detok.add(tid)))
         return out
@@ -287,7 +302,7 @@ class _PostProcessor:
         out: list[GenerationEvent] = []
         if reasoning:
             self.reasoning_text.append(reasoning)
-            out.append(ReasoningText(reasoning))
+            out.append(ReasoningText(reasoning, self.snapshot()))
         if content:
             out.extend(self._content(self.tools.feed(content) if self.tools else [toolcalls.ContentDelta(content)]))
         return out
@@ -298,7 +313,7 @@ class _PostProcessor:
             if isinstance(e, toolcalls.ContentDelta):
                 if e.text:
                     self.content.append(e.text)
-                    out.append(ContentText(e.text))
+                    out.append(ContentText(e.text, self.snapshot()))
             elif isinstance(e, toolcalls.ToolCallStart):
                 out.append(ToolCallStart(e.index, e.id, e.name))
             elif isinstance(e, toolcalls.ToolCallArgumentsDelta):
@@ -319,6 +334,13 @@ class _PostProcessor:
         if self.tools is not None:
             out.extend(self._content(self.tools.finish()))
         return out
+
+    def snapshot(self) -> Timings:
+        """Cumulative timings at the committed frontier (timings_per_token)."""
+        first, last = self.t_first, self.t_last
+        prompt_ms = 0.0 if first is None else (first - self.t_submit) * 1000.0
+        predicted_ms = 0.0 if first is None or last is None else (last - first) * 1000.0
+        return Timings(self.cached, self.prompt_len - self.cached, prompt_ms, self.kept_tokens, predicted_ms)
 
     def _text_unstopped(self, text: str) -> list[GenerationEvent]:
         if not text:

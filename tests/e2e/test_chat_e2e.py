@@ -223,7 +223,7 @@ def _stream_lines(base_url, body, out, stop_after=None, headers=None):
 
 
 LONG = {"model": "tiny-agent", "messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 400,
-        "temperature": 1.5, "seed": 7, "stream": True}
+        "temperature": 1.0, "seed": 7, "stream": True, "ignore_eos": True}
 
 
 def test_concurrent_streams_interleave(live_server):
@@ -299,3 +299,23 @@ def test_auth_cors_and_body_limit(server_factory):
     with pytest.raises(openai.APIStatusError) as e:
         good.chat.completions.create(model="tiny-agent", messages=[{"role": "user", "content": big}])
     assert e.value.status_code == 413 and e.value.body["code"] == "request_too_large"
+
+
+def test_timings_per_token_and_return_progress(live_server):
+    p = by_name("capital")
+    body = {"model": "tiny-agent", "messages": p["messages"], "max_tokens": 50, "temperature": 0, "stream": True,
+            "timings_per_token": True, "return_progress": True,
+            "chat_template_kwargs": {"enable_thinking": p["enable_thinking"]}}
+    lines = []
+    _stream_lines(live_server.base_url, body, lines)
+    chunks = [json.loads(x) for _, x in lines if x != "[DONE]"]
+    progress = [c["prompt_progress"] for c in chunks if "prompt_progress" in c]
+    assert progress[0]["processed"] == progress[0]["cache"]
+    assert progress[-1]["processed"] == progress[-1]["total"]
+    assert [q["processed"] for q in progress] == sorted(q["processed"] for q in progress)
+    first_delta = next(i for i, c in enumerate(chunks) if c["choices"] and c["choices"][0]["delta"].get("content"))
+    assert max(i for i, c in enumerate(chunks) if "prompt_progress" in c) < first_delta
+    visible = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+    counts = [c["timings"]["predicted_n"] for c in visible]
+    assert counts == sorted(counts) and counts[-1] > 0
+    assert "timings" in chunks[-1]  # terminal timings always
