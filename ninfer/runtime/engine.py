@@ -1,0 +1,447 @@
+"""The engine: one worker thread that owns the executor and runs the step loop.
+
+    submit ─▶ inbox ─▶ ┌──────────── worker thread ────────────┐ ─▶ RequestHandle events
+    cancel ─▶          │ admit → schedule → execute → sample → │    (TokensEvent…, FinishEvent)
+    finish ─▶          │ commit → publish → snapshot           │
+                       └───────────────────────────────────────┘
+
+Callers on any thread (the HTTP event loop, `ninfer.LLM`) talk to the engine only through
+`submit`, `cancel`, `finish`, `snapshot` and the handle's event stream, all plain data. Commands
+take effect at the next step boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Self
+
+from ninfer.errors import ConfigError, NinferError
+from ninfer.runtime.config import EngineConfig
+from ninfer.runtime.executor_api import Executor
+from ninfer.runtime.request import (
+    EngineError,
+    EngineOverloaded,
+    FinishEvent,
+    Request,
+    RequestEvent,
+    RequestOutput,
+    Timings,
+    TokensEvent,
+    Usage,
+)
+from ninfer.runtime.sampler import Sampler, SampleRow
+from ninfer.runtime.scheduler import Scheduler, StepPlan
+from ninfer.runtime.sequence import Sequence
+
+log = logging.getLogger("ninfer.engine")
+
+_IDLE_WAIT_S = 0.05  # longest sleep while requests wait for admission (pending timeouts)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A published snapshot of the engine's gauges (current values) and counters (totals since
+    start). Copied out of the worker; reading it never touches the engine."""
+
+    ready: bool
+    max_concurrency: int
+    max_context: int
+    # gauges: requests; prefilling/decode_ready/replaying are subsets of running
+    running: int = 0
+    waiting: int = 0
+    paused: int = 0
+    prefilling: int = 0
+    decode_ready: int = 0
+    replaying: int = 0
+    # gauges: resources (retained prefixes occupy these pools too)
+    kv_pages_used: int = 0
+    kv_pages_capacity: int = 0
+    state_slots_used: int = 0
+    state_slots_capacity: int = 0
+    # counters
+    prompt_tokens_total: int = 0
+    prompt_tokens_cached_total: int = 0
+    prefill_tokens_total: int = 0
+    replayed_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    decode_tokens_total: int = 0
+    preemptions_total: int = 0
+    replay_restores_total: int = 0
+    snapshot_restores_total: int = 0  # host snapshots are not implemented: always 0
+    steps_total: int = 0
+    decode_rounds_total: int = 0
+    decode_rows_total: int = 0
+    step_failures_total: int = 0
+    device_wait_seconds_total: float = 0.0
+    requests_by_outcome: dict[str, int] = field(default_factory=dict)
+
+
+class RequestHandle:
+    """The event stream of one submitted request: `TokensEvent`s, then one `FinishEvent`.
+
+    Iterate it with `async for` on an event loop or with a plain `for` on any thread (one
+    consumer). Consecutive token events waiting to be read are merged into one. `result()`
+    blocks until the request finishes and returns everything.
+    """
+
+    def __init__(self, engine: Engine, seq_id: int, request: Request) -> None:
+        self.seq_id = seq_id
+        self.request = request
+        self._engine = engine
+        self._cond = threading.Condition()
+        self._events: collections.deque[RequestEvent] = collections.deque()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._finish: FinishEvent | None = None
+        self._delivered_finish = False
+        self._received: list[int] = []
+
+    # -- producer side (engine worker) -------------------------------------------------------
+
+    def _push(self, event: RequestEvent) -> None:
+        with self._cond:
+            self._events.append(event)
+            if isinstance(event, FinishEvent):
+                self._finish = event
+            self._cond.notify_all()
+            waiters, self._waiters = self._waiters, []
+        for loop, fut in waiters:
+            try:
+                loop.call_soon_threadsafe(_resolve, fut)
+            except RuntimeError:  # that event loop is closed; nobody is waiting any more
+                pass
+
+    # -- consumer side ----------------------------------------------------------------------
+
+    @property
+    def finished(self) -> bool:
+        """True once the engine published the FinishEvent (it may not have been read yet)."""
+        return self._finish is not None
+
+    def cancel(self) -> None:
+        self._engine.cancel(self)
+
+    def _pop(self) -> RequestEvent | None:
+        """Under the lock: the next event with queued token events merged, or None."""
+        if not self._events:
+            return None
+        event = self._events.popleft()
+        if isinstance(event, TokensEvent):
+            ids = list(event.token_ids)
+            while self._events and isinstance(self._events[0], TokensEvent):
+                ids += self._events.popleft().token_ids  # type: ignore[union-attr]
+            event = TokensEvent(tuple(ids))
+        else:
+            self._delivered_finish = True
+        return event
+
+    def __iter__(self) -> RequestHandle:
+        return self
+
+    def __next__(self) -> RequestEvent:
+        with self._cond:
+            while True:
+                event = self._pop()
+                if event is not None:
+                    return event
+                if self._delivered_finish:
+                    raise StopIteration
+                self._cond.wait()
+
+    def __aiter__(self) -> RequestHandle:
+        return self
+
+    async def __anext__(self) -> RequestEvent:
+        while True:
+            with self._cond:
+                event = self._pop()
+                if event is not None:
+                    return event
+                if self._delivered_finish:
+                    raise StopAsyncIteration
+                loop = asyncio.get_running_loop()
+                fut: asyncio.Future[None] = loop.create_future()
+                self._waiters.append((loop, fut))
+            await fut
+
+    def result(self, timeout: float | None = None) -> RequestOutput:
+        """Block until finished; returns all committed tokens (read or not). Raises the
+        request's error (QueueTimeout, EngineError, ...) when it finished with 'error', and
+        TimeoutError when `timeout` seconds pass first."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._finish is not None, timeout):
+                raise TimeoutError(f"request {self.seq_id} did not finish in {timeout} s")
+            fin = self._finish
+        assert fin is not None
+        if fin.error is not None:
+            raise fin.error
+        return RequestOutput(fin.token_ids, fin.reason, fin.usage, fin.timings, fin.error)
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class Engine:
+    """Serves requests with `executor` and `sampler` on one worker thread.
+
+    `eos_ids`: token ids that finish a request with 'stop' (unless it sets ignore_eos).
+    The worker starts at construction; `close()` (or leaving a `with` block) cancels what is
+    outstanding and joins it.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        executor: Executor,
+        sampler: Sampler,
+        eos_ids: Iterable[int],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if executor.is_hybrid and executor.num_state_slots < config.max_concurrency:
+            raise ConfigError(
+                f"the executor has {executor.num_state_slots} state slots but"
+                f" --max-concurrency {config.max_concurrency} needs one per lane"
+            )
+        self.config = config
+        self._executor = executor
+        self._sampler = sampler
+        self._clock = clock
+        self._sched = Scheduler(
+            config,
+            num_pages=executor.num_pages,
+            page_size=executor.page_size,
+            num_state_slots=executor.num_state_slots,
+            is_hybrid=executor.is_hybrid,
+            eos_ids=frozenset(eos_ids),
+        )
+        self._wake = threading.Condition()
+        self._inbox: list[tuple] = []  # guarded by _wake
+        self._outstanding = 0  # guarded by _wake: submitted and not yet finished
+        self._next_id = 0  # guarded by _wake
+        self._closing = False  # guarded by _wake
+        self._handles: dict[int, RequestHandle] = {}  # worker only
+        self._step_failures = 0
+        self._device_s = 0.0
+        self._ready = True
+        self._stats = self._build_stats()
+        self._thread = threading.Thread(target=self._run, name="ninfer-engine", daemon=True)
+        self._thread.start()
+
+    # -- request interface (any thread) ----------------------------------------------------
+
+    def submit(self, request: Request) -> RequestHandle:
+        """Queue a request and return its handle. Raises RequestError when it can never be
+        served, EngineOverloaded when max_concurrency + max_pending_requests are outstanding,
+        EngineError when the engine is closed or failed."""
+        self._sched.validate(request)  # reads only fixed sizes: safe off the worker
+        if request.arrival_s is None:
+            request = dataclasses.replace(request, arrival_s=self._clock())
+        with self._wake:
+            if self._closing or not self._ready:
+                raise EngineError("the engine is not running")
+            if self._outstanding >= self._sched.capacity:
+                raise EngineOverloaded(
+                    f"{self._outstanding} requests are already outstanding (--max-concurrency"
+                    " + --max-pending-requests); retry later"
+                )
+            self._outstanding += 1
+            handle = RequestHandle(self, self._next_id, request)
+            self._next_id += 1
+            self._inbox.append(("submit", handle))
+            self._wake.notify()
+        return handle
+
+    def cancel(self, handle: RequestHandle) -> None:
+        """Finish the request with 'cancelled' at the next step boundary (no-op when done)."""
+        self._command(("abort", handle.seq_id, "cancelled", None))
+
+    def finish(
+        self, handle: RequestHandle, reason: str = "stop", keep_tokens: int | None = None
+    ) -> None:
+        """Finish the request with `reason` (the caller matched a stop string: 'stop'). With
+        `keep_tokens`, only that many output tokens count as accepted (usage, result)."""
+        if reason not in ("stop", "length", "cancelled"):
+            raise ValueError(f"finish reason must be stop, length or cancelled, not {reason!r}")
+        self._command(("abort", handle.seq_id, reason, keep_tokens))
+
+    def snapshot(self) -> EngineStats:
+        """The latest published gauges and counters (updated after every step)."""
+        return self._stats
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+        self._thread.join(timeout)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _command(self, cmd: tuple) -> None:
+        with self._wake:
+            self._inbox.append(cmd)
+            self._wake.notify()
+
+    # -- worker ------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        busy = False
+        try:
+            while True:
+                with self._wake:
+                    if not busy and not self._inbox and not self._closing:
+                        self._wake.wait(_IDLE_WAIT_S if self._sched.has_work() else None)
+                    commands, self._inbox = self._inbox, []
+                    closing = self._closing
+                self._apply(commands)
+                if closing:
+                    self._abort_all("cancelled", None)
+                    return
+                busy = self._step()
+        except BaseException as e:  # an engine bug: fail everything, stay observable
+            log.exception("engine worker failed")
+            self._ready = False
+            self._abort_all("error", EngineError(f"the engine failed: {e}"))
+            with self._wake:
+                self._closing = True
+                self._inbox.clear()
+        finally:
+            self._ready = False
+            self._stats = self._build_stats()
+
+    def _apply(self, commands: list[tuple]) -> None:
+        now = self._clock()
+        for cmd in commands:
+            if cmd[0] == "submit":
+                handle = cmd[1]
+                try:
+                    self._sched.add(handle.request, now, seq_id=handle.seq_id)
+                except NinferError as e:  # checked at submit already; kept for safety
+                    usage = Usage(len(handle.request.prompt_token_ids), 0)
+                    handle._push(
+                        FinishEvent("error", usage, Timings(None, None, None, None, 0.0), (), e)
+                    )
+                    with self._wake:
+                        self._outstanding -= 1
+                    continue
+                self._handles[handle.seq_id] = handle
+            else:
+                _, seq_id, reason, keep = cmd
+                self._sched.abort(seq_id, reason, now, keep_tokens=keep)
+        self._publish()
+
+    def _step(self) -> bool:
+        """One iteration; True when a batch ran (so the loop should not sleep)."""
+        plan = self._sched.schedule(self._clock())
+        self._publish()  # timeouts and pressure finishes need not wait for the device
+        self._stats = self._build_stats()
+        if plan is not None:
+            self._execute(plan)
+        self._publish()
+        self._stats = self._build_stats()
+        return plan is not None
+
+    def _execute(self, plan: StepPlan) -> None:
+        seqs = plan.logit_seqs
+        t0 = self._clock()
+        try:
+            logits = self._executor.run(plan.batch)  # [len(seqs), vocab]
+            rows = [SampleRow(s.seq_id, s.request.sampling, s.output_ids) for s in seqs]
+            sampled = self._sampler.sample(logits, rows) if rows else []
+        except Exception as e:
+            log.exception("step %d failed", plan.batch.step_index)
+            self._step_failures += 1
+            self._sched.fail_step(plan, self._clock(), EngineError(f"the step failed: {e}"))
+            return
+        finally:
+            self._device_s += self._clock() - t0
+        self._sched.commit(plan, sampled, self._clock())
+
+    def _publish(self) -> None:
+        for seq, tokens, finished in self._sched.drain_updates():
+            handle = self._handles.get(seq.seq_id)
+            if handle is None:
+                continue
+            if tokens:
+                handle._push(TokensEvent(tokens))
+            if finished:
+                del self._handles[seq.seq_id]
+                self._sampler.forget(seq.seq_id)
+                handle._push(_finish_event(seq))
+                with self._wake:
+                    self._outstanding -= 1
+
+    def _abort_all(self, reason: str, error: BaseException | None) -> None:
+        now = self._clock()
+        for seq_id in list(self._handles):
+            self._sched.abort(seq_id, reason, now, error)
+        self._publish()
+
+    def _build_stats(self) -> EngineStats:
+        s, c = self._sched, self._sched.counters
+        running = s.running
+        return EngineStats(
+            ready=self._ready,
+            max_concurrency=self.config.max_concurrency,
+            max_context=self.config.max_context,
+            running=len(running),
+            waiting=len(s.waiting),
+            paused=len(s.paused),
+            prefilling=sum(1 for q in running if q.prefilling),
+            decode_ready=sum(1 for q in running if q.decode_ready),
+            replaying=sum(1 for q in running if q.replaying),
+            kv_pages_used=s.pool.num_used,
+            kv_pages_capacity=s.pool.num_pages,
+            state_slots_used=s.state_slots_used,
+            state_slots_capacity=s.num_state_slots,
+            prompt_tokens_total=c.prompt_tokens,
+            prompt_tokens_cached_total=c.cached_tokens,
+            prefill_tokens_total=c.prefill_tokens,
+            replayed_tokens_total=c.replayed_tokens,
+            generation_tokens_total=c.generation_tokens,
+            decode_tokens_total=c.decode_tokens,
+            preemptions_total=c.preemptions,
+            replay_restores_total=c.replay_restores,
+            steps_total=c.steps,
+            decode_rounds_total=c.decode_rounds,
+            decode_rows_total=c.decode_rows,
+            step_failures_total=self._step_failures,
+            device_wait_seconds_total=self._device_s,
+            requests_by_outcome=dict(c.outcomes),
+        )
+
+
+def _finish_event(seq: Sequence) -> FinishEvent:
+    usage = Usage(
+        prompt_tokens=seq.num_prompt,
+        completion_tokens=seq.num_output,
+        cached_tokens=seq.cached_tokens,
+        reuse_path=seq.reuse_path,
+        prefill_tokens=seq.prefill_tokens,
+        replayed_tokens=seq.replayed_tokens,
+        preemptions=seq.preemptions,
+    )
+    end = seq.finished_s if seq.finished_s is not None else seq.arrival_s
+    first, admitted = seq.first_token_s, seq.admitted_s
+    timings = Timings(
+        queue_s=None if admitted is None else admitted - seq.arrival_s,
+        ttft_s=None if first is None else first - seq.arrival_s,
+        prefill_s=None if first is None or admitted is None else first - admitted,
+        decode_s=None if first is None else end - first,
+        total_s=end - seq.arrival_s,
+        paused_s=seq.paused_s,
+    )
+    reason = seq.finish_reason or "error"
+    return FinishEvent(reason, usage, timings, tuple(seq.output_ids), seq.error)  # type: ignore[arg-type]

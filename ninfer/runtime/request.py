@@ -1,0 +1,204 @@
+"""Plain data that crosses the engine's request interface.
+
+A caller (the HTTP layer, `ninfer.LLM`) builds a `Request` of token ids and `SamplingParams`,
+submits it, and reads back `TokensEvent`s followed by exactly one `FinishEvent`. Nothing here
+holds a tensor or a reference into the engine, so the engine core can later move into another
+process without changing this contract.
+
+No torch import.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ninfer.errors import NinferError
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+ReusePath = Literal["root", "checkpoint"]
+FINISH_REASONS: tuple[str, ...] = ("stop", "length", "cancelled", "error")
+
+
+class RequestError(NinferError):
+    """A request the engine can never serve as given (empty prompt, prompt longer than the
+    context, invalid sampling value). Maps to HTTP 400."""
+
+
+class EngineOverloaded(NinferError):
+    """max_concurrency + max_pending_requests requests are already outstanding. Maps to HTTP 429
+    `server_overloaded`; the client should retry later."""
+
+
+class QueueTimeout(NinferError):
+    """The request was not admitted within pending_timeout_ms of its arrival. Maps to HTTP 503
+    `request_queue_timeout`."""
+
+
+class EngineError(NinferError):
+    """The executor or sampler failed while running this request's step."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to choose each next token; the same meanings as the HTTP fields.
+
+    temperature 0 is greedy (exact argmax). top_k <= 0, top_p 1.0 and min_p 0.0 disable those
+    filters. Presence/frequency penalties apply to tokens generated so far (OpenAI semantics).
+    `seed` None means a fresh random seed. `stop` strings are matched by the caller, which then
+    calls `Engine.finish(handle, "stop", ...)`; the engine never looks at them.
+    """
+
+    max_tokens: int | None = None  # None: the engine's default_max_tokens
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens is not None and (
+            isinstance(self.max_tokens, bool)
+            or not isinstance(self.max_tokens, int)
+            or self.max_tokens < 1
+        ):
+            raise RequestError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        _check_float("temperature", self.temperature, 0.0, 100.0)
+        _check_float("top_p", self.top_p, 0.0, 1.0)
+        if self.top_p <= 0.0:
+            raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
+        _check_float("min_p", self.min_p, 0.0, 1.0)
+        _check_float("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _check_float("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
+            raise RequestError(f"top_k must be an integer, got {self.top_k!r}")
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int)
+        ):
+            raise RequestError(f"seed must be an integer, got {self.seed!r}")
+        if isinstance(self.stop, str):  # a lone string is one stop sequence, not characters
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation request, as token ids.
+
+    `checkpoint_positions`: token counts (prefix lengths) after which the engine should keep a
+    reusable checkpoint for later requests — the caller marks semantic boundaries such as the
+    end of the conversation before the assistant turn. Hybrid (recurrent) models can only reuse
+    a prefix at such a checkpoint or at the retained end of a finished request; attention-only
+    models reuse any matching full KV page. Positions are rounded down to a page boundary.
+
+    `session_key`: a bounded key shared by a conversation chain; the engine keeps one retained
+    endpoint per key, replacing the previous one when a later request of the chain finishes.
+
+    `arrival_s`: `time.monotonic()` when the caller began preparing the request; the pending
+    timeout counts from it. None means the moment of submission.
+    """
+
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    checkpoint_positions: tuple[int, ...] = ()
+    session_key: str | None = None
+    arrival_s: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt_token_ids", tuple(int(t) for t in self.prompt_token_ids))
+        object.__setattr__(
+            self, "checkpoint_positions", tuple(int(p) for p in self.checkpoint_positions)
+        )
+        if not self.prompt_token_ids:
+            raise RequestError("the prompt is empty; send at least one token")
+        if min(self.prompt_token_ids) < 0:
+            raise RequestError("prompt token ids must be non-negative")
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token accounting of one request (final values in `FinishEvent`).
+
+    cached_tokens: prompt tokens reused from the prefix cache on initial binding.
+    reuse_path: 'checkpoint' when initial binding resumed from a retained prefix (KV pages, plus
+    a recurrent-state checkpoint on hybrid models), 'root' when it prefilled from the start.
+    prefill_tokens: prompt tokens actually computed by the initial prefill.
+    replayed_tokens: tokens recomputed to rebuild state after pauses (not new output).
+    """
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    reuse_path: ReusePath = "root"
+    prefill_tokens: int = 0
+    replayed_tokens: int = 0
+    preemptions: int = 0
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Seconds, measured on the engine worker from the request's arrival.
+
+    queue_s: arrival -> first admission. ttft_s: arrival -> first committed token.
+    prefill_s: admission -> first token. decode_s: first token -> finish. paused_s: total time
+    spent paused for resource pressure. None where the request never reached that point.
+    """
+
+    queue_s: float | None
+    ttft_s: float | None
+    prefill_s: float | None
+    decode_s: float | None
+    total_s: float
+    paused_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class TokensEvent:
+    """Newly committed output token ids, in order. Never republished (replay after a pause
+    rebuilds state without emitting). May include EOS; the caller withholds it from text."""
+
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class FinishEvent:
+    """The last event of every request. `error` is set when reason is 'error' (QueueTimeout,
+    EngineError, ...). `token_ids` holds every committed output token (truncated to what the
+    caller kept when it called `finish(..., keep_tokens=N)`)."""
+
+    reason: FinishReason
+    usage: Usage
+    timings: Timings
+    token_ids: tuple[int, ...] = ()
+    error: BaseException | None = None
+
+
+RequestEvent = TokensEvent | FinishEvent
+
+
+def _check_float(name: str, value: object, lo: float, hi: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise RequestError(f"{name} must be a number, got {value!r}")
+    if not lo <= value <= hi:
+        raise RequestError(f"{name} must be in [{lo}, {hi}], got {value}")
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """The collected result of one request (`RequestHandle.result()`)."""
+
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason
+    usage: Usage
+    timings: Timings
+    error: BaseException | None = None

@@ -1,0 +1,99 @@
+"""Chooses the next token of each logits row: penalties, temperature, top-k, top-p, min-p.
+
+Each request draws from its own `torch.Generator`, seeded from `SamplingParams.seed` (or a fresh
+random seed), and draws exactly once per sampled token. A request's tokens therefore do not
+depend on which other requests share its batch, nor on pauses and replays (which never sample).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from ninfer.runtime.request import SamplingParams
+
+
+class SampleRow(NamedTuple):
+    """One logits row to sample: its request, parameters and generated tokens so far (for
+    presence/frequency penalties)."""
+
+    seq_id: int
+    params: SamplingParams
+    output_ids: Sequence[int]
+
+
+class Sampler:
+    """Stateless except for one generator per live request; call `forget` when it finishes."""
+
+    def __init__(self) -> None:
+        self._generators: dict[int, torch.Generator] = {}
+
+    def forget(self, seq_id: int) -> None:
+        self._generators.pop(seq_id, None)
+
+    def sample(self, logits: torch.Tensor, rows: Sequence[SampleRow]) -> list[int]:
+        """logits: [len(rows), vocab] (any float dtype, any device). Returns one token id per
+        row. Does not modify `logits`."""
+        assert logits.dim() == 2 and logits.shape[0] == len(rows), (logits.shape, len(rows))
+        if not rows:
+            return []
+        x = logits.float()  # [rows, vocab]; a copy when the dtype differs
+        if any(r.params.presence_penalty or r.params.frequency_penalty for r in rows):
+            x = self._penalize(x.clone(), rows)
+        greedy = [r.params.greedy for r in rows]
+        out = x.argmax(dim=-1).tolist()
+        if all(greedy):
+            return out
+        idx = [i for i, g in enumerate(greedy) if not g]
+        probs = self.probabilities(x[idx], [rows[i].params for i in idx])  # [n, vocab]
+        for j, i in enumerate(idx):
+            gen = self._generator(rows[i], logits.device)
+            out[i] = int(torch.multinomial(probs[j], 1, generator=gen).item())
+        return out
+
+    @staticmethod
+    def probabilities(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+        """The distribution sampled from: softmax(x / T) restricted by top-k, then top-p, then
+        min-p, renormalised. x: [n, vocab] fp32 (penalties already applied)."""
+        vocab = x.shape[1]
+        temp = torch.tensor([p.temperature for p in params], dtype=x.dtype, device=x.device)
+        x = x / temp.clamp_min(1e-5)[:, None]
+        sorted_x, order = x.sort(dim=-1, descending=True)  # [n, vocab]
+        keep = torch.ones_like(sorted_x, dtype=torch.bool)
+        ranks = torch.arange(vocab, device=x.device)[None, :]
+        top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=x.device)
+        keep &= ranks < top_k[:, None]
+        sorted_p = torch.softmax(sorted_x.masked_fill(~keep, float("-inf")), dim=-1)
+        top_p = torch.tensor([p.top_p for p in params], dtype=x.dtype, device=x.device)
+        before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly above each token
+        keep &= before < top_p[:, None]  # the top token is always kept
+        min_p = torch.tensor([p.min_p for p in params], dtype=x.dtype, device=x.device)
+        keep &= sorted_p >= min_p[:, None] * sorted_p[:, :1]
+        sorted_p = sorted_p * keep
+        sorted_p = sorted_p / sorted_p.sum(dim=-1, keepdim=True)
+        return torch.zeros_like(sorted_p).scatter_(-1, order, sorted_p)
+
+    @staticmethod
+    def _penalize(x: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
+        vocab = x.shape[1]
+        for i, r in enumerate(rows):
+            p = r.params
+            if not (p.presence_penalty or p.frequency_penalty) or not r.output_ids:
+                continue
+            ids = torch.tensor(list(r.output_ids), dtype=torch.long, device=x.device)
+            counts = torch.bincount(ids.clamp(0, vocab - 1), minlength=vocab).to(x.dtype)
+            x[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(x.dtype)
+        return x
+
+    def _generator(self, row: SampleRow, device: torch.device) -> torch.Generator:
+        gen = self._generators.get(row.seq_id)
+        if gen is None:
+            gen = torch.Generator(device=device)
+            if row.params.seed is None:
+                gen.seed()
+            else:
+                gen.manual_seed(row.params.seed)
+            self._generators[row.seq_id] = gen
+        return gen

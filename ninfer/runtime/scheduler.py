@@ -1,0 +1,487 @@
+"""Decides what every step computes: admission, chunked prefill, compact decode, KV pressure.
+
+One step, in order (`schedule`)::
+
+    expire   waiting requests past their pending deadline fail with QueueTimeout
+    copies   recurrent-state captures from the last commit (lane -> checkpoint slot) go first
+    admit    paused requests (original order), then fresh ones (FIFO, bounded bypass), bind a
+             free lane while their frontier fits; a prefix-cache hit skips computed pages
+    plan     oldest resident first: a decode row, or a prefill/replay chunk from the step's
+             prefill budget; reserve its pages, reclaiming cached pages and then pausing the
+             youngest resident when the pool is short
+    emit     one StepBatch: decode rows, then prefill chunks
+
+and after the executor ran and the sampler chose a token for each logits row (`commit`):
+advance `computed`, hand newly full pages and checkpoints to the prefix cache (retention.py),
+append the sampled tokens, apply stop conditions (EOS, max_tokens, max_context).
+
+A paused request gives back its lane and pages and keeps its tokens; it is rebuilt by replaying
+prompt + committed output (the prefix cache usually makes that cheap). Replay never resamples
+or republishes: only the last unit of the replay returns logits, and they sample a new token.
+
+The scheduler is single-threaded and never imports torch; state changes that callers must
+publish accumulate as `SeqUpdate`s (`drain_updates`).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from ninfer.runtime.config import EngineConfig
+from ninfer.runtime.pages import PagePool
+from ninfer.runtime.prefix_cache import PrefixCache, PrefixMatch
+from ninfer.runtime.request import EngineOverloaded, QueueTimeout, Request, RequestError
+from ninfer.runtime.retention import Retention
+from ninfer.runtime.sequence import SeqStatus, Sequence
+from ninfer.runtime.step import SeqChunk, StateCopy, StepBatch
+
+
+class StepPlan(NamedTuple):
+    """A batch to run plus the sequence of each chunk (same order)."""
+
+    batch: StepBatch
+    chunk_seqs: tuple[Sequence, ...]
+
+    @property
+    def logit_seqs(self) -> tuple[Sequence, ...]:
+        """The sequence of each logits row the executor returns, in row order."""
+        return tuple(s for s, c in zip(self.chunk_seqs, self.batch.chunks) if c.want_logits)
+
+
+class SeqUpdate(NamedTuple):
+    """Something to publish: newly committed tokens, or (finished=True) the end."""
+
+    seq: Sequence
+    new_tokens: tuple[int, ...]
+    finished: bool
+
+
+@dataclass
+class SchedulerCounters:
+    """Monotonic totals since start (units: tokens, events)."""
+
+    prompt_tokens: int = 0  # full prompts, counted once at initial binding
+    cached_tokens: int = 0  # prompt tokens reused at initial binding
+    prefill_tokens: int = 0  # prompt tokens computed for the first time
+    replayed_tokens: int = 0  # tokens recomputed after pauses
+    generation_tokens: int = 0  # committed outputs
+    decode_tokens: int = 0  # committed outputs except each request's first
+    preemptions: int = 0
+    replay_restores: int = 0
+    steps: int = 0
+    decode_rounds: int = 0  # steps with at least one decode row
+    decode_rows: int = 0  # decode rows summed over steps
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+
+class Scheduler:
+    """Owns every sequence, the KV page pool, the lanes and the prefix cache.
+
+    `num_pages`/`page_size`/`num_state_slots`/`is_hybrid` describe the executor's memory. On a
+    hybrid model lane i uses state slot i and slots max_concurrency.. hold checkpoints.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        num_pages: int,
+        page_size: int,
+        num_state_slots: int = 0,
+        is_hybrid: bool = False,
+        eos_ids: frozenset[int] | set[int] | tuple[int, ...] = (),
+    ) -> None:
+        lanes = config.max_concurrency
+        assert not is_hybrid or num_state_slots >= lanes, "a hybrid model needs a slot per lane"
+        self.config = config
+        self.page_size = page_size
+        self.is_hybrid = is_hybrid
+        self.num_state_slots = num_state_slots if is_hybrid else 0
+        self.eos_ids = frozenset(eos_ids)
+        self.pool = PagePool(num_pages)
+        self.cache: PrefixCache | None = None
+        if config.prefix_reuse:
+            slots = range(lanes, num_state_slots) if is_hybrid else range(0)
+            self.cache = PrefixCache(
+                self.pool, page_size, needs_checkpoint=is_hybrid, checkpoint_slots=slots
+            )
+        self.retention = Retention(self.cache, self.pool, page_size, is_hybrid)
+        self.counters = SchedulerCounters()
+        self.waiting: deque[Sequence] = deque()  # fresh, FIFO
+        self.paused: list[Sequence] = []  # by seq_id (= arrival order)
+        self.running: list[Sequence] = []  # by seq_id: oldest first
+        self._free_lanes = list(range(lanes - 1, -1, -1))
+        self._seqs: dict[int, Sequence] = {}
+        self._copies: list[StateCopy] = []  # state copies owed to the next batch, in order
+        self._updates: list[SeqUpdate] = []
+        self._next_id = 0
+        self._step = 0
+
+    # -- public interface -------------------------------------------------------------------
+
+    def validate(self, request: Request) -> None:
+        """Raise RequestError when the request can never be served (checked at submission)."""
+        n = len(request.prompt_token_ids)
+        if n >= self.config.max_context:
+            raise RequestError(
+                f"the prompt has {n} tokens but the context limit is {self.config.max_context}"
+                " (--max-context); shorten the prompt"
+            )
+        kv_tokens = self.pool.num_pages * self.page_size
+        if n > kv_tokens:
+            raise RequestError(
+                f"the prompt has {n} tokens but the KV pool holds {kv_tokens} (--kv-capacity);"
+                " shorten the prompt"
+            )
+
+    @property
+    def outstanding(self) -> int:
+        """Requests not finished: waiting, resident and paused."""
+        return len(self._seqs)
+
+    @property
+    def capacity(self) -> int:
+        """Most outstanding requests accepted (lanes + pending)."""
+        return self.config.max_concurrency + self.config.max_pending_requests
+
+    def add(self, request: Request, now: float, seq_id: int | None = None) -> Sequence:
+        """Queue a request. Raises RequestError (unservable) or EngineOverloaded (full)."""
+        self.validate(request)
+        if self.outstanding >= self.capacity:
+            raise EngineOverloaded(
+                f"{self.outstanding} requests are already outstanding (--max-concurrency"
+                " + --max-pending-requests); retry later"
+            )
+        if seq_id is None:
+            seq_id = self._next_id
+        assert seq_id >= self._next_id and seq_id not in self._seqs, "seq ids must increase"
+        self._next_id = seq_id + 1
+        arrival = now if request.arrival_s is None else request.arrival_s
+        params = request.sampling
+        seq = Sequence(
+            seq_id=seq_id,
+            request=request,
+            max_tokens=params.max_tokens or self.config.default_max_tokens,
+            arrival_s=arrival,
+            deadline_s=arrival + self.config.pending_timeout_ms / 1000.0,
+            tokens=list(request.prompt_token_ids),
+            num_prompt=len(request.prompt_token_ids),
+            capture_at=[],
+        )
+        self._seqs[seq_id] = seq
+        self.waiting.append(seq)
+        return seq
+
+    def get(self, seq_id: int) -> Sequence | None:
+        return self._seqs.get(seq_id)
+
+    def has_work(self) -> bool:
+        return bool(self._seqs)
+
+    def drain_updates(self) -> list[SeqUpdate]:
+        updates, self._updates = self._updates, []
+        return updates
+
+    def abort(
+        self,
+        seq_id: int,
+        reason: str,
+        now: float,
+        error: BaseException | None = None,
+        keep_tokens: int | None = None,
+    ) -> bool:
+        """Finish a request early (cancel, caller-matched stop string, failure). With
+        `keep_tokens`, output beyond that many tokens is dropped from the result. Returns False
+        when the request already finished."""
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            return False
+        if keep_tokens is not None and 0 <= keep_tokens < seq.num_output:
+            del seq.tokens[seq.num_prompt + keep_tokens :]
+            seq.computed = min(seq.computed, seq.known)
+        self._finish(seq, reason, now, error)
+        return True
+
+    def expire(self, now: float) -> None:
+        """Fail fresh requests whose pending deadline passed before admission."""
+        for seq in [s for s in self.waiting if now >= s.deadline_s]:
+            waited = (now - seq.arrival_s) * 1000.0
+            self._finish(
+                seq,
+                "error",
+                now,
+                QueueTimeout(
+                    f"the request waited {waited:.0f} ms without being admitted"
+                    " (--pending-timeout-ms); retry later"
+                ),
+            )
+
+    def schedule(self, now: float) -> StepPlan | None:
+        """Plan the next step (see the module docstring). None when nothing can run now."""
+        self.expire(now)
+        units: list[tuple[Sequence, int]] = []
+        for _ in range(2):  # again when planning freed everything (a lone request hit the pool)
+            self._admit(now)
+            units = self._plan_units(now)
+            if units or self.running:
+                break
+        if not units:
+            return None
+        decode = [(s, n) for s, n in units if s.decode_ready]
+        prefill = [(s, n) for s, n in units if not s.decode_ready]
+        chunks = tuple(self._chunk(s, n) for s, n in decode + prefill)
+        batch = StepBatch(chunks=chunks, state_copies=tuple(self._copies), step_index=self._step)
+        self._copies = []
+        self._step += 1
+        self.counters.steps += 1
+        if decode:
+            self.counters.decode_rounds += 1
+            self.counters.decode_rows += len(decode)
+        return StepPlan(batch, tuple(s for s, _ in decode + prefill))
+
+    def commit(self, plan: StepPlan, sampled: list[int] | tuple[int, ...], now: float) -> None:
+        """Apply a finished step: `sampled[i]` is the token chosen for logits row i."""
+        row = 0
+        for seq, chunk in zip(plan.chunk_seqs, plan.batch.chunks):
+            assert seq.status is SeqStatus.RUNNING and seq.computed == chunk.start_pos
+            self._advance(seq, len(chunk.token_ids))
+            self.retention.retain_full_pages(seq)
+            self.retention.capture(seq, self._copies)
+            if chunk.want_logits:
+                self._append_token(seq, int(sampled[row]), now)
+                row += 1
+        assert row == len(sampled), "one sampled token per logits row"
+
+    def fail_step(self, plan: StepPlan, now: float, error: BaseException) -> None:
+        """The executor raised on `plan`: fail the requests whose KV or state it was to write,
+        and forget checkpoints its state copies were to fill (they hold garbage)."""
+        dst_slots = {c.dst_slot for c in plan.batch.state_copies}
+        if self.cache is not None:
+            for slot in dst_slots:
+                self.cache.invalidate_slot(slot)
+        hit = {s.seq_id: s for s in plan.chunk_seqs}
+        hit.update({s.seq_id: s for s in self.running if s.lane in dst_slots})
+        for seq in list(self.running):
+            if seq.rolling_slot in dst_slots:
+                hit[seq.seq_id] = seq
+        for seq in hit.values():
+            if seq.status is not SeqStatus.FINISHED:
+                self.retention.drop_rolling(seq)  # its captured state may be garbage
+                self._finish(seq, "error", now, error)
+
+    # -- admission --------------------------------------------------------------------------
+
+    def _admit(self, now: float) -> None:
+        blocked: Sequence | None = None  # the first candidate that did not fit
+        for seq in self.paused + list(self.waiting):
+            if not self._free_lanes:
+                return
+            if blocked is not None and blocked.bypassed >= self.config.admission_bypass:
+                return
+            match = self._match(seq)
+            if not self._fits(seq, match):
+                blocked = blocked or seq
+                continue
+            self._bind(seq, match, now)
+            if blocked is not None:
+                blocked.bypassed += 1
+
+    def _match(self, seq: Sequence) -> PrefixMatch:
+        if self.cache is None:
+            return PrefixMatch((), None)
+        return self.cache.match(seq.tokens, seq.known - 1)
+
+    def _fits(self, seq: Sequence, match: PrefixMatch) -> bool:
+        """Whether the frontier (plus one more unit when restoring) fits in free pages and
+        pages the cache could give back, not counting the pages this match keeps."""
+        frontier = seq.known + (1 if seq.status is SeqStatus.PAUSED else 0)
+        need = min(self._pages_for(frontier), self.pool.num_pages) - len(match.nodes)
+        kept = sum(1 for n in match.nodes if self.pool.refcount(n.page) == 1)
+        return need <= self.pool.num_free + self.pool.num_reclaimable - kept
+
+    def _bind(self, seq: Sequence, match: PrefixMatch, now: float) -> None:
+        for node in match.nodes:
+            self.pool.retain(node.page)
+        seq.nodes = list(match.nodes)
+        seq.pages = [n.page for n in match.nodes]
+        seq.computed = len(match.nodes) * self.page_size
+        seq.lane = self._free_lanes.pop()
+        if match.state_slot is not None:
+            self._copies.append(StateCopy(match.state_slot, seq.lane))  # after pending captures
+        seq.capture_at = self.retention.split_points(seq)
+        if seq.status is SeqStatus.PAUSED:
+            self.paused.remove(seq)
+            self.counters.replay_restores += 1
+            assert seq.paused_since_s is not None
+            seq.paused_s += now - seq.paused_since_s
+            seq.paused_since_s = None
+        else:
+            self.waiting.remove(seq)
+            seq.admitted_s = now
+            seq.cached_tokens = seq.computed
+            seq.reuse_path = "checkpoint" if seq.computed else "root"
+            self.counters.prompt_tokens += seq.num_prompt
+            self.counters.cached_tokens += seq.computed
+        seq.status = SeqStatus.RUNNING
+        bisect.insort(self.running, seq, key=lambda s: s.seq_id)
+
+    # -- planning ---------------------------------------------------------------------------
+
+    def _plan_units(self, now: float) -> list[tuple[Sequence, int]]:
+        """Oldest first: how many tokens each resident computes this step, pages reserved."""
+        budget = self.config.prefill_chunk
+        units: list[tuple[Sequence, int]] = []
+        for seq in list(self.running):
+            if seq.status is not SeqStatus.RUNNING:  # paused for an older one this step
+                continue
+            n = 1 if seq.decode_ready else self._prefill_length(seq, budget)
+            if n == 0 or not self._reserve(seq, seq.computed + n, now):
+                continue
+            if not seq.decode_ready:
+                budget -= n
+            units.append((seq, n))
+        return units
+
+    def _prefill_length(self, seq: Sequence, budget: int) -> int:
+        n = min(seq.known - seq.computed, budget)
+        for p in seq.capture_at:
+            if p > seq.computed:
+                return min(n, p - seq.computed)
+        return n
+
+    def _reserve(self, seq: Sequence, end: int, now: float) -> bool:
+        """Give `seq` pages through position `end`; reclaim cached pages, then pause younger
+        residents. On failure `seq` is paused (or finished with 'length' when it is alone and
+        the pool is too small) and False is returned."""
+        need = self._pages_for(end) - len(seq.pages)
+        while need > self.pool.num_free:
+            if self.cache is not None and self.cache.evict_pages(need - self.pool.num_free):
+                continue
+            youngest = self.running[-1]
+            if youngest is seq:
+                break
+            self._pause(youngest, now)
+        if need > self.pool.num_free:
+            if len(self.running) == 1:
+                self._finish(seq, "length", now)
+            else:
+                self._pause(seq, now)
+            return False
+        if need > 0:
+            pages = self.pool.allocate(need)
+            assert pages is not None
+            seq.pages += pages
+        return True
+
+    def _chunk(self, seq: Sequence, n: int) -> SeqChunk:
+        start, end = seq.computed, seq.computed + n
+        return SeqChunk(
+            seq_id=seq.seq_id,
+            token_ids=tuple(seq.tokens[start:end]),
+            start_pos=start,
+            block_table=tuple(seq.pages),
+            state_slot=seq.lane if self.is_hybrid else None,
+            want_logits=end == seq.known,
+        )
+
+    def _pages_for(self, tokens: int) -> int:
+        return -(-tokens // self.page_size)
+
+    # -- commit -----------------------------------------------------------------------------
+
+    def _advance(self, seq: Sequence, n: int) -> None:
+        start, end = seq.computed, seq.computed + n
+        replayed = max(0, min(end, seq.high_water) - start)
+        fresh_prompt = max(0, min(end, seq.num_prompt) - max(start, seq.high_water))
+        seq.replayed_tokens += replayed
+        seq.prefill_tokens += fresh_prompt
+        self.counters.replayed_tokens += replayed
+        self.counters.prefill_tokens += fresh_prompt
+        seq.computed = end
+        seq.high_water = max(seq.high_water, end)
+
+    def _append_token(self, seq: Sequence, token: int, now: float) -> None:
+        seq.tokens.append(token)
+        self.counters.generation_tokens += 1
+        if seq.num_output > 1:
+            self.counters.decode_tokens += 1
+        if seq.first_token_s is None:
+            seq.first_token_s = now
+        self._updates.append(SeqUpdate(seq, (token,), False))
+        if token in self.eos_ids and not seq.request.sampling.ignore_eos:
+            self._finish(seq, "stop", now)
+        elif seq.num_output >= seq.max_tokens or seq.known >= self.config.max_context:
+            self._finish(seq, "length", now)
+
+    # -- leaving residence ------------------------------------------------------------------
+
+    def _release_residence(self, seq: Sequence) -> None:
+        self.pool.release(seq.pages)
+        seq.pages = []
+        seq.nodes = []
+        assert seq.lane is not None
+        self._free_lanes.append(seq.lane)
+        seq.lane = None
+        self.running.remove(seq)
+
+    def _pause(self, seq: Sequence, now: float) -> None:
+        self.retention.publish_rolling(seq, None)
+        self._release_residence(seq)
+        seq.computed = 0
+        seq.status = SeqStatus.PAUSED
+        seq.paused_since_s = now
+        seq.preemptions += 1
+        self.counters.preemptions += 1
+        bisect.insort(self.paused, seq, key=lambda s: s.seq_id)
+
+    def _finish(
+        self, seq: Sequence, reason: str, now: float, error: BaseException | None = None
+    ) -> None:
+        if seq.status is SeqStatus.RUNNING:
+            self.retention.publish_rolling(seq, seq.request.session_key)
+            self._release_residence(seq)
+        elif seq.status is SeqStatus.WAITING:
+            self.waiting.remove(seq)
+        elif seq.status is SeqStatus.PAUSED:
+            self.paused.remove(seq)
+            if seq.paused_since_s is not None:
+                seq.paused_s += now - seq.paused_since_s
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+        seq.error = error
+        seq.finished_s = now
+        del self._seqs[seq.seq_id]
+        self.counters.outcomes[reason] = self.counters.outcomes.get(reason, 0) + 1
+        self._updates.append(SeqUpdate(seq, (), True))
+
+    # -- gauges -----------------------------------------------------------------------------
+
+    @property
+    def state_slots_used(self) -> int:
+        if not self.is_hybrid:
+            return 0
+        lanes = self.config.max_concurrency - len(self._free_lanes)
+        checkpoints = 0 if self.cache is None else self.cache.num_slots - self.cache.num_free_slots
+        return lanes + checkpoints
+
+    def check(self) -> None:
+        """Verify cross-structure invariants (tests call this after every step)."""
+        self.pool.check()
+        if self.cache is not None:
+            self.cache.check()
+        refs = [0] * self.pool.num_pages
+        for s in self.running:
+            assert s.status is SeqStatus.RUNNING and s.lane is not None
+            assert len(s.pages) >= self._pages_for(s.computed)
+            assert [n.page for n in s.nodes] == s.pages[: len(s.nodes)]
+            for p in s.pages:
+                refs[p] += 1
+        for p in range(self.pool.num_pages):
+            cached = 1 if self.pool.is_cached(p) else 0
+            assert self.pool.refcount(p) == refs[p] + cached, p
+        lanes = [s.lane for s in self.running] + self._free_lanes
+        assert sorted(lanes) == list(range(self.config.max_concurrency))
+        assert len(self.running) + len(self.paused) + len(self.waiting) == len(self._seqs)

@@ -1,0 +1,102 @@
+"""The scheduler's view of one request: two counters and the resources it holds.
+
+    tokens   = prompt + committed output           known    = len(tokens)
+    computed = positions whose KV (and state) exist in this sequence's pages / lane
+
+    prompt ████████████████ output ▓▓▓▓▓
+           |<------ computed ------>|.|       known - computed == 1: decode-ready
+                                      `- last sampled token, fed by the next decode step
+
+Prefill, chunked prefill, prefix hits and replay after a pause are all "advance `computed`
+towards `known`"; the last unit of that advance returns logits and samples one new token.
+`high_water` is the furthest `computed` ever reached: recomputing below it is replay.
+
+No torch import.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from ninfer.runtime.prefix_cache import CacheNode
+from ninfer.runtime.request import Request, ReusePath
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"  # not yet admitted (fresh)
+    RUNNING = "running"  # resident: holds a lane and pages
+    PAUSED = "paused"  # admitted once, evicted under pressure, waits to be replayed
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """Mutable per-request state, owned by the scheduler (one thread)."""
+
+    seq_id: int
+    request: Request
+    max_tokens: int
+    arrival_s: float
+    deadline_s: float
+    tokens: list[int]
+    num_prompt: int
+    capture_at: list[int]  # page-aligned positions still to checkpoint, ascending
+    status: SeqStatus = SeqStatus.WAITING
+    computed: int = 0
+    high_water: int = 0
+    lane: int | None = None
+    pages: list[int] = field(default_factory=list)
+    nodes: list[CacheNode] = field(default_factory=list)  # cache node of each full page, in order
+    rolling_slot: int | None = None  # private checkpoint of the latest page boundary (hybrid)
+    rolling_pos: int = 0
+    bypassed: int = 0  # times a later request was admitted ahead of this one while it waited
+    # usage and timing
+    bound_once: bool = False
+    cached_tokens: int = 0
+    reuse_path: ReusePath = "root"
+    prefill_tokens: int = 0
+    replayed_tokens: int = 0
+    preemptions: int = 0
+    admitted_s: float | None = None
+    first_token_s: float | None = None
+    finished_s: float | None = None
+    paused_since_s: float | None = None
+    paused_s: float = 0.0
+    finish_reason: str | None = None
+    error: BaseException | None = None
+
+    @property
+    def known(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def num_output(self) -> int:
+        return len(self.tokens) - self.num_prompt
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.tokens[self.num_prompt :]
+
+    @property
+    def decode_ready(self) -> bool:
+        """Resident and only the last sampled token is left to feed."""
+        return (
+            self.status is SeqStatus.RUNNING
+            and self.known - self.computed == 1
+            and (self.num_output > 0)
+        )
+
+    @property
+    def replaying(self) -> bool:
+        """Resident and rebuilding state it had before a pause."""
+        return self.status is SeqStatus.RUNNING and self.computed < self.high_water
+
+    @property
+    def prefilling(self) -> bool:
+        """Resident and computing its prompt for the first time."""
+        return (
+            self.status is SeqStatus.RUNNING
+            and self.num_output == 0
+            and self.computed >= self.high_water
+        )

@@ -1,0 +1,248 @@
+"""A deterministic stand-in for the plan executor, for scheduler and engine tests.
+
+Its "model" is a pure function of a sequence's full token history: logits = randn(vocab)
+seeded by a hash of the history. The history is *not* taken from the scheduler's bookkeeping:
+the fake rebuilds it from the tokens it wrote into the KV pages named by the chunk's block
+table (and, for the hybrid variant, checks that the state slot holds exactly the digest of that
+history). A wrong block table, a reused page that was overwritten, a bad prefix hit or a wrong
+state restore therefore changes the logits, and the generated tokens diverge from the
+reference computed by `reference_tokens`, which runs the same function without any engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ninfer.runtime.request import SamplingParams
+from ninfer.runtime.sampler import Sampler, SampleRow
+from ninfer.runtime.step import StepBatch
+
+_MOD = (1 << 61) - 1
+
+
+def digest(tokens: Sequence[int]) -> int:
+    """Polynomial hash of a token history (the fake recurrent state)."""
+    h = 7
+    for t in tokens:
+        h = (h * 1_000_003 + t + 1) % _MOD
+    return h
+
+
+def logits_for(history: Sequence[int], vocab: int) -> torch.Tensor:
+    """The fake model: logits [vocab] as a pure function of the whole history."""
+    gen = torch.Generator().manual_seed(digest(history) ^ len(history))
+    return torch.randn(vocab, generator=gen)
+
+
+class FakeExecutor:
+    """Implements the `Executor` protocol over python lists. `fail_steps` makes those step
+    indices raise. `batches` records every StepBatch run."""
+
+    def __init__(
+        self,
+        num_pages: int,
+        page_size: int,
+        vocab: int = 32,
+        *,
+        is_hybrid: bool = False,
+        num_state_slots: int = 0,
+        fail_steps: Sequence[int] = (),
+    ) -> None:
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.vocab = vocab
+        self.is_hybrid = is_hybrid
+        self.num_state_slots = num_state_slots if is_hybrid else 0
+        self.kv: list[list[int | None]] = [[None] * page_size for _ in range(num_pages)]
+        self.state: list[tuple[int, int] | None] = [None] * self.num_state_slots
+        self.fail_steps = set(fail_steps)
+        self.batches: list[StepBatch] = []
+        self.runs = 0
+
+    def copy_state(self, src_slot: int, dst_slot: int) -> None:
+        self.state[dst_slot] = self.state[src_slot]
+
+    def run(self, batch: StepBatch) -> torch.Tensor:
+        self.runs += 1
+        if batch.step_index in self.fail_steps:
+            raise RuntimeError(f"injected failure at step {batch.step_index}")
+        self.batches.append(batch)
+        for c in batch.state_copies:
+            self.copy_state(c.src_slot, c.dst_slot)
+        seen: set[int] = set()
+        rows = []
+        for chunk in batch.chunks:
+            assert chunk.seq_id not in seen, "a sequence appears twice in one batch"
+            seen.add(chunk.seq_id)
+            history = [self._read(chunk.block_table, p) for p in range(chunk.start_pos)]
+            self._check_state(chunk.state_slot, chunk.start_pos, history)
+            for i, t in enumerate(chunk.token_ids):
+                self._write(chunk.block_table, chunk.start_pos + i, t)
+            full = history + list(chunk.token_ids)
+            if self.is_hybrid:
+                assert chunk.state_slot is not None
+                self.state[chunk.state_slot] = (len(full), digest(full))
+            if chunk.want_logits:
+                rows.append(logits_for(full, self.vocab))
+        return torch.stack(rows) if rows else torch.empty(0, self.vocab)
+
+    def _check_state(self, slot: int | None, start: int, history: list[int]) -> None:
+        if not self.is_hybrid:
+            assert slot is None
+            return
+        assert slot is not None and 0 <= slot < self.num_state_slots
+        if start > 0:  # continuing: the slot must hold the state after `history`
+            assert self.state[slot] == (start, digest(history)), "stale recurrent state"
+
+    def _read(self, table: tuple[int, ...], pos: int) -> int:
+        page, off = table[pos // self.page_size], pos % self.page_size
+        token = self.kv[page][off]
+        assert token is not None, f"read of unwritten KV at page {page} offset {off}"
+        return token
+
+    def _write(self, table: tuple[int, ...], pos: int, token: int) -> None:
+        assert pos // self.page_size < len(table), "block table does not cover the chunk"
+        self.kv[table[pos // self.page_size]][pos % self.page_size] = token
+
+
+def reference_tokens(
+    prompt: Sequence[int],
+    params: SamplingParams,
+    *,
+    vocab: int,
+    eos_ids: Sequence[int],
+    max_context: int,
+    default_max_tokens: int = 8192,
+) -> list[int]:
+    """What a request must produce: the fake model run alone, token by token, no engine."""
+    sampler = Sampler()
+    history = list(prompt)
+    out: list[int] = []
+    limit = params.max_tokens or default_max_tokens
+    while True:
+        logits = logits_for(history, vocab)[None]
+        token = sampler.sample(logits, [SampleRow(0, params, out)])[0]
+        out.append(token)
+        history.append(token)
+        if token in eos_ids and not params.ignore_eos:
+            return out
+        if len(out) >= limit or len(history) >= max_context:
+            return out
+
+
+def greedy_sample(logits: torch.Tensor) -> list[int]:
+    return logits.argmax(dim=-1).tolist()
+
+
+class SchedulerHarness:
+    """Drives a Scheduler with a FakeExecutor and greedy/seeded sampling, checking every
+    invariant after each step and collecting what each request published."""
+
+    def __init__(self, config, *, vocab: int = 32, is_hybrid: bool = False, eos_ids=(0,)):
+        from ninfer.runtime.scheduler import Scheduler
+
+        self.config = config
+        self.vocab = vocab
+        self.eos_ids = tuple(eos_ids)
+        slots = config.num_state_slots if is_hybrid else 0
+        self.ex = FakeExecutor(
+            config.num_pages, config.page_size, vocab, is_hybrid=is_hybrid, num_state_slots=slots
+        )
+        self.sched = Scheduler(
+            config,
+            num_pages=config.num_pages,
+            page_size=config.page_size,
+            num_state_slots=slots,
+            is_hybrid=is_hybrid,
+            eos_ids=self.eos_ids,
+        )
+        self.sampler = Sampler()
+        self.now = 0.0
+        self.published: dict[int, list[int]] = {}
+        self.finished: dict[int, object] = {}
+        self.plans: list = []
+
+    def add(self, prompt, **params):
+        from ninfer.runtime.request import Request
+
+        checkpoints = params.pop("checkpoint_positions", ())
+        session = params.pop("session_key", None)
+        params.setdefault("temperature", 0.0)
+        req = Request(tuple(prompt), SamplingParams(**params), checkpoints, session)
+        seq = self.sched.add(req, self.now)
+        self.published[seq.seq_id] = []
+        return seq
+
+    def step(self):
+        plan = self.sched.schedule(self.now)
+        if plan is not None:
+            logits = self.ex.run(plan.batch)
+            rows = [SampleRow(s.seq_id, s.request.sampling, s.output_ids) for s in plan.logit_seqs]
+            self.sched.commit(plan, self.sampler.sample(logits, rows), self.now)
+            self.plans.append(plan)
+        self.sched.check()
+        self.check_checkpoints()
+        self.collect()
+        return plan
+
+    def check_checkpoints(self):
+        """Every checkpoint the cache holds, and every rolling slot, contains (once the copies
+        owed to the next batch have run) exactly the state after the tokens it claims."""
+        if not self.ex.is_hybrid:
+            return
+        state = list(self.ex.state)
+        for c in self.sched._copies:
+            state[c.dst_slot] = state[c.src_slot]
+        cache = self.sched.cache
+        for node in [] if cache is None else cache._nodes:
+            if node.state_slot is not None:
+                path, n = [], node
+                while n is not None:
+                    path[:0] = n.key
+                    n = n.parent
+                assert state[node.state_slot] == (len(path), digest(path)), "bad checkpoint"
+        for seq in self.sched.running:
+            if seq.rolling_slot is not None:
+                history = seq.tokens[: seq.rolling_pos]
+                assert state[seq.rolling_slot] == (len(history), digest(history)), "bad rolling"
+
+    def collect(self):
+        for seq, tokens, finished in self.sched.drain_updates():
+            assert seq.seq_id not in self.finished, "update after finish"
+            self.published[seq.seq_id].extend(tokens)
+            if finished:
+                self.finished[seq.seq_id] = seq
+
+    def run(self, max_steps: int = 20_000):
+        for _ in range(max_steps):
+            if not self.sched.has_work():
+                return
+            self.step()
+        raise AssertionError("the scheduler did not finish")
+
+    def reference(self, seq) -> list[int]:
+        return reference_tokens(
+            seq.request.prompt_token_ids,
+            seq.request.sampling,
+            vocab=self.vocab,
+            eos_ids=self.eos_ids,
+            max_context=self.config.max_context,
+            default_max_tokens=self.config.default_max_tokens,
+        )
+
+    def assert_correct(self, seq):
+        """The request published exactly its committed output, which is the reference (or a
+        prefix of it, when it was cancelled or the KV pool ended it with 'length')."""
+        out = seq.output_ids
+        assert self.published[seq.seq_id] == out
+        ref = self.reference(seq)
+        if seq.finish_reason == "length" and len(out) < len(ref):
+            # only legitimate when the whole KV pool could not hold the next position
+            assert seq.known == self.config.num_pages * self.config.page_size + 1
+            assert out == ref[: len(out)], (out, ref)
+        elif seq.finish_reason in ("cancelled", "error"):
+            assert out == ref[: len(out)], (out, ref)
+        else:
+            assert out == ref, (seq.finish_reason, out, ref)
