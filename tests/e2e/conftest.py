@@ -55,13 +55,17 @@ class LiveServer:
                 self.process.wait()
 
 
-def start_server(tmp_dir: Path, *args: str, artifact: Path = TINY_AGENT, api_key: str | None = None) -> LiveServer:
+def start_server(
+    tmp_dir: Path, *args: str, artifact: Path | None = TINY_AGENT, api_key: str | None = None, env: dict | None = None
+) -> LiveServer:
+    """Start `ninfer serve [artifact] --port P args...`; artifact None serves the demo model."""
     port = free_port()
     log_path = tmp_dir / f"server-{port}.log"
-    cmd = [sys.executable, "-m", "ninfer.cli", "serve", str(artifact), "--port", str(port), *args]
+    positional = [] if artifact is None else [str(artifact)]
+    cmd = [sys.executable, "-m", "ninfer.cli", "serve", *positional, "--port", str(port), *args]
     if api_key:
         cmd += ["--api-key", api_key]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     server = LiveServer(f"http://127.0.0.1:{port}", proc, log_path)

