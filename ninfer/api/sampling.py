@@ -1,0 +1,63 @@
+"""Sampler defaults: registered per-architecture presets by thinking mode, process flags, request.
+
+Resolution order (serving spec, "Server options"): the registered preset of the loaded
+architecture for the request's resolved thinking mode (or, for an architecture without one, the
+artifact's generation_config), then process flags (--temperature ...), then request fields;
+--greedy finally forces temperature 0. On the HTTP surface top_k is 0..20 and 0 selects the
+top-20 cap, so every sampled token comes from at most 20 candidates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+TOP_K_CAP = 20
+FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty")
+
+# (temperature, top_p, top_k, min_p, presence_penalty); frequency penalty is 0 for all.
+_QWEN35_NON_THINKING = (0.7, 0.80, 20, 0.0, 1.5)
+PRESETS: dict[str, dict[bool, tuple[float, float, int, float, float]]] = {
+    "qwen3_5": {True: (1.0, 0.95, 20, 0.0, 0.0), False: _QWEN35_NON_THINKING},
+    # the MoE (35B-A3B) preset differs only in its thinking presence penalty
+    "qwen3_5_moe": {True: (1.0, 0.95, 20, 0.0, 1.5), False: _QWEN35_NON_THINKING},
+}
+_BASE = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+
+
+@dataclass(frozen=True)
+class SamplerPolicy:
+    """Everything that decides a request's sampler besides the request itself."""
+
+    architecture: str
+    generation: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)  # process flags that were given
+    greedy: bool = False
+
+    def registered(self, thinking: bool) -> dict[str, Any]:
+        """The preset for this architecture and mode, else the artifact's generation defaults."""
+        preset = PRESETS.get(self.architecture, {}).get(thinking)
+        if preset is not None:
+            t, p, k, m, pp = preset
+            return dict(_BASE, temperature=t, top_p=p, top_k=k, min_p=m, presence_penalty=pp)
+        out = dict(_BASE)
+        for key in ("temperature", "top_p", "top_k", "min_p"):
+            v = self.generation.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[key] = v
+        if self.generation.get("do_sample") is False:
+            out["temperature"] = 0.0
+        return out
+
+    def resolve(self, thinking: bool, request: dict[str, Any]) -> dict[str, Any]:
+        """Final sampler fields (plus `seed`) for one request; `request` holds the request's
+        fields, None meaning not given."""
+        out = self.registered(thinking)
+        out["seed"] = None
+        out.update({k: v for k, v in self.overrides.items() if v is not None})
+        out.update({k: v for k, v in request.items() if v is not None})
+        if self.greedy:
+            out["temperature"] = 0.0
+        k = int(out["top_k"] or 0)
+        out["top_k"] = TOP_K_CAP if k <= 0 else min(k, TOP_K_CAP)
+        return out
