@@ -1,0 +1,465 @@
+"""`ninfer bench`: latency and throughput against the hardware limit and against transformers.
+
+    ninfer bench engine ARTIFACT | --synthetic qwen3-8b [--weights bf16|fp8|nvfp4]
+                 [--batch-sizes 1,8] [--input-len 512] [--output-len 128] [--peer transformers]
+    ninfer bench serve --url http://127.0.0.1:8000 [--concurrency 1,8] [--artifact A]
+
+engine: the in-process engine (scheduler, executor, sampler: everything but HTTP) runs b
+requests submitted together for each batch size b. serve: a load generator against a running
+`ninfer serve` over streaming Chat Completions (like `vllm bench serve`). Both report TTFT, TPOT
+and ITL percentiles and output tok/s (ninfer.runtime.cuda_loadgen), the ratio to the limit
+(decode: bytes read per step ÷ copy bandwidth; prefill: FLOPs ÷ bf16 matmul rate, both
+measured on the device in the same run: ninfer.runtime.cuda_limits), and in engine mode the host
+time per decode step and, with `--peer transformers`, the same workload through transformers
+on the same weights. `--json PATH` / `--md PATH` write the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from typing import Any
+
+from ninfer.errors import ConfigError
+
+PEERS = ("transformers",)
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        vals = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return vals
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--input-len", type=int, default=512, help="prompt tokens per request (default 512)"
+    )
+    p.add_argument(
+        "--output-len", type=int, default=128, help="output tokens per request (default 128)"
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the random prompts (and synthetic weights)"
+    )
+    p.add_argument("--json", default=None, metavar="PATH", help="write the report as JSON")
+    p.add_argument(
+        "--md", default=None, metavar="PATH", help="write the report as a Markdown table"
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="mode", metavar="MODE", required=True)
+    e = sub.add_parser("engine", help="offline load through the in-process engine")
+    e.add_argument("artifact", nargs="?", default=None, help=".ninfer file (or use --synthetic)")
+    e.add_argument(
+        "--synthetic", default=None, help="random weights of a real shape, made on the device"
+    )
+    e.add_argument("--weights", default="bf16", help="synthetic weight format: bf16 | fp8 | nvfp4")
+    e.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
+    e.add_argument(
+        "--dtype", default=None, help="compute dtype (default: float32 on cpu, bfloat16 on cuda)"
+    )
+    e.add_argument(
+        "--kv-dtype", default=None, help="KV cache storage (default: the compile default)"
+    )
+    e.add_argument(
+        "--batch-sizes",
+        type=_ints,
+        default=[1],
+        help="comma-separated batch sizes, 1..8 (default 1)",
+    )
+    e.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=None,
+        help="prefill tokens per step (default: max(1024, input-len))",
+    )
+    e.add_argument("--page-size", type=int, default=16)
+    e.add_argument(
+        "--kv-capacity", default=None, help="KV tokens: N | auto (default: what the batches need)"
+    )
+    e.add_argument("--no-cuda-graph", action="store_true", help="run decode eagerly")
+    e.add_argument(
+        "--peer", default=None, choices=PEERS, help="run the same workload through this peer"
+    )
+    e.add_argument(
+        "--hf-dir",
+        default=None,
+        help="the Hugging Face directory an ARTIFACT came from (for --peer)",
+    )
+    _common(e)
+    s = sub.add_parser("serve", help="streaming load against a running `ninfer serve`")
+    s.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL")
+    s.add_argument("--model", default=None, help="model id (default: the first of /v1/models)")
+    s.add_argument("--api-key", default=None)
+    s.add_argument(
+        "--concurrency", type=_ints, default=[1], help="comma-separated concurrency levels"
+    )
+    s.add_argument(
+        "--num-requests",
+        type=int,
+        default=None,
+        help="requests per level (default: the concurrency)",
+    )
+    s.add_argument("--artifact", default=None, help="the served artifact, to compute the limit")
+    s.add_argument(
+        "--device",
+        default=None,
+        help="device to measure the limit on (default: cuda when available)",
+    )
+    s.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=None,
+        help="the server's --max-concurrency (for the plan)",
+    )
+    _common(s)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.input_len < 1 or args.output_len < 2:
+        raise ConfigError("--input-len must be >= 1 and --output-len >= 2")
+    report = run_engine(args) if args.mode == "engine" else run_serve(args)
+    report["command"] = (
+        "ninfer bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+        if len(sys.argv) > 2
+        else "ninfer bench"
+    )
+    print(format_report(report))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=2)
+    if args.md:
+        with open(args.md, "w", encoding="utf-8") as f:
+            f.write(format_markdown(report))
+    return 0
+
+
+def _default_device(device: str | None) -> str:
+    import torch
+
+    return device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    import torch
+
+    g = torch.Generator().manual_seed(seed * 1000 + batch)
+    return torch.randint(10, max(vocab - 10, 11), (batch, length), generator=g).tolist()
+
+
+def limit_figures(
+    summary: dict[str, Any], work: Any, ceilings: Any, batch: int, input_len: int, output_len: int
+) -> dict[str, Any]:
+    """The limit ratios of one load (see ninfer.runtime.cuda_limits)."""
+    context = input_len + output_len // 2
+    step_bytes = work.decode_bytes(batch, context)
+    limit_step_s = step_bytes / ceilings.copy_bytes_per_s
+    tpot = summary["tpot_ms"]["p50"]
+    out: dict[str, Any] = {
+        "decode_bytes_per_step": step_bytes,
+        "decode_limit_tok_per_s": batch / limit_step_s,
+        "decode_tok_per_s": batch / (tpot / 1e3) if tpot else None,
+        "decode_ratio": (limit_step_s * 1e3 / tpot) if tpot else None,
+    }
+    ttft_max = summary["ttft_ms"]["p99"]
+    flops = batch * work.prefill_flops(input_len)
+    out["prefill_flops"] = flops
+    out["prefill_flops_per_s"] = flops / (ttft_max / 1e3) if ttft_max else None
+    out["prefill_ratio"] = (
+        out["prefill_flops_per_s"] / ceilings.matmul_flops_per_s if ttft_max else None
+    )
+    return out
+
+
+def _step_stats(ex: Any) -> dict[str, Any]:
+    import torch
+
+    from ninfer.runtime.cuda_loadgen import percentiles
+
+    recs = [r for r in getattr(ex, "records", []) if r.decode]
+    if not recs:
+        return {}
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    gpu = [r.gpu_s() for r in recs if r.start is not None]
+    return {
+        "decode_steps": len(recs),
+        "graph_steps": sum(r.graph for r in recs),
+        "host_ms_per_decode_step": percentiles([r.host_s for r in recs]),
+        "gpu_ms_per_decode_step": percentiles([g for g in gpu if g is not None]),
+    }
+
+
+def run_engine(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from ninfer.passes.options import CompileOptions, parse_kv_capacity
+    from ninfer.passes.pipeline import compile_artifact
+    from ninfer.runtime.config import EngineConfig
+    from ninfer.runtime.cuda_executor import make_executor
+    from ninfer.runtime.cuda_limits import measure_ceilings, work_model
+    from ninfer.runtime.cuda_loadgen import engine_load, summarise
+    from ninfer.runtime.engine import Engine
+    from ninfer.runtime.sampler import Sampler
+
+    if (args.artifact is None) == (args.synthetic is None):
+        raise ConfigError("give an ARTIFACT or --synthetic NAME (not both)")
+    if max(args.batch_sizes) > 8:
+        raise ConfigError("--batch-sizes: at most 8 (the engine's --max-concurrency range)")
+    device = _default_device(args.device)
+    ceilings = measure_ceilings(device)
+    hf = None
+    t0 = time.perf_counter()
+    if args.synthetic:
+        from ninfer.runtime.cuda_synthetic import build_synthetic
+
+        source, hf = build_synthetic(args.synthetic, args.weights, device, seed=args.seed)
+    else:
+        from ninfer.artifact import Artifact
+
+        source = Artifact(args.artifact)
+        if args.peer:
+            if not args.hf_dir:
+                raise ConfigError(
+                    "--peer transformers with an ARTIFACT needs --hf-dir (the model it was converted from)"
+                )
+            import transformers
+
+            dtype = (
+                torch.float32
+                if (args.dtype or ("float32" if device == "cpu" else "bfloat16")) == "float32"
+                else torch.bfloat16
+            )
+            hf = (
+                transformers.AutoModelForCausalLM.from_pretrained(args.hf_dir, dtype=dtype)
+                .to(device)
+                .eval()
+            )
+    page = args.page_size
+    maxb = max(args.batch_sizes)
+    ctx = -(-(args.input_len + args.output_len + 1) // page) * page
+    capacity = parse_kv_capacity(args.kv_capacity) or maxb * ctx
+    chunk = args.prefill_chunk or max(1024, args.input_len)
+    options = CompileOptions(
+        device="cuda" if device.startswith("cuda") else "cpu", dtype=args.dtype, kv_dtype=args.kv_dtype,
+        max_concurrency=maxb, max_context=ctx, kv_capacity=capacity, page_size=page, prefill_chunk=chunk,
+        cuda_graphs=not args.no_cuda_graph,
+    )  # fmt: skip
+    plan = compile_artifact(source, options)
+    kwargs = {"collect_timings": True} if options.device == "cuda" else {}
+    ex = make_executor(plan, source, device, **kwargs)
+    if hf is None or args.peer is None:
+        hf = None
+    del source
+    load_s = time.perf_counter() - t0
+    weight_bytes = _weight_bytes(ex)
+    work = work_model(plan, weight_bytes)
+    engine = Engine(
+        EngineConfig(max_concurrency=maxb, max_context=ctx, kv_capacity=ex.num_pages * ex.page_size, page_size=page,
+                     prefill_chunk=chunk, prefix_reuse=False, max_pending_requests=maxb, default_max_tokens=args.output_len),
+        ex, Sampler(), (),
+    )  # fmt: skip
+    vocab = int(plan.model["vocab"])
+    results = []
+    try:
+        t1 = time.perf_counter()
+        if hasattr(ex, "capture_all"):
+            ex.capture_all()
+        for b in args.batch_sizes:  # warm-up: compile every kernel variant the loads use
+            engine_load(engine, _prompts(b, args.input_len, vocab, args.seed + 1), 3)
+        warm_s = time.perf_counter() - t1
+        for b in args.batch_sizes:
+            if hasattr(ex, "records"):
+                ex.records.clear()
+            timings = engine_load(
+                engine, _prompts(b, args.input_len, vocab, args.seed), args.output_len
+            )
+            row: dict[str, Any] = {"batch": b, **summarise(timings)}
+            row.update(limit_figures(row, work, ceilings, b, args.input_len, args.output_len))
+            row.update(_step_stats(ex))
+            results.append(row)
+    finally:
+        engine.close()
+    if hf is not None:
+        _run_peer(hf, results, args, vocab, ceilings, work)
+    return {
+        "mode": "engine",
+        "model": plan.name,
+        "architecture": plan.architecture,
+        "weights": args.weights if args.synthetic else "artifact",
+        "device": ceilings.device,
+        "dtype": plan.dtype,
+        "kv_dtype": plan.kv["dtype"],
+        "cuda_graphs": bool(plan.cuda_graph_buckets),
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "weight_bytes": sum(weight_bytes.values()),
+        "copy_gb_per_s": ceilings.copy_bytes_per_s / 1e9,
+        "matmul_tflops": ceilings.matmul_flops_per_s / 1e12,
+        "load_s": load_s,
+        "warmup_s": warm_s,
+        "results": results,
+    }
+
+
+def _weight_bytes(ex: Any) -> dict[str, int]:
+    from ninfer.runtime.cuda_weights import weight_nbytes
+
+    return {n: weight_nbytes(w) for n, w in ex.weights.items()}
+
+
+def _run_peer(
+    hf: Any,
+    results: list[dict[str, Any]],
+    args: argparse.Namespace,
+    vocab: int,
+    ceilings: Any,
+    work: Any,
+) -> None:
+    from ninfer.runtime.cuda_loadgen import summarise
+    from ninfer.runtime.cuda_peer import peer_load
+
+    for row in results:
+        b = row["batch"]
+        peer_load(hf, _prompts(b, args.input_len, vocab, args.seed + 1), 3)  # warm-up
+        peer = summarise(
+            peer_load(hf, _prompts(b, args.input_len, vocab, args.seed), args.output_len)
+        )
+        tpot = peer["tpot_ms"]["p50"]
+        peer["decode_tok_per_s"] = b / (tpot / 1e3) if tpot else None
+        row["peer"] = {"name": args.peer, **peer}
+        mine, theirs = row.get("output_tok_per_s"), peer.get("output_tok_per_s")
+        row["vs_peer_output_tok_per_s"] = mine / theirs if mine and theirs else None
+        if row.get("decode_tok_per_s") and peer["decode_tok_per_s"]:
+            row["vs_peer_decode"] = row["decode_tok_per_s"] / peer["decode_tok_per_s"]
+
+
+def run_serve(args: argparse.Namespace) -> dict[str, Any]:
+    from ninfer.runtime.cuda_loadgen import server_load, summarise
+
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    model = args.model or _first_model(args.url, headers)
+    prompt = " ".join(["hello"] * args.input_len)
+    work = ceilings = None
+    if args.artifact:
+        from ninfer.artifact import Artifact
+        from ninfer.passes.options import CompileOptions
+        from ninfer.passes.pipeline import compile_artifact
+        from ninfer.runtime.cuda_limits import measure_ceilings, plan_weight_bytes, work_model
+
+        device = _default_device(args.device)
+        plan = compile_artifact(Artifact(args.artifact), CompileOptions(
+            device="cuda" if device.startswith("cuda") else "cpu", max_concurrency=args.max_concurrency or max(args.concurrency)))  # fmt: skip
+        work, ceilings = work_model(plan, plan_weight_bytes(plan)), measure_ceilings(device)
+    server_load(args.url, model, prompt, 1, 1, 2, headers)  # warm-up
+    results = []
+    for c in args.concurrency:
+        n = args.num_requests or c
+        row: dict[str, Any] = {
+            "batch": c,
+            **summarise(server_load(args.url, model, prompt, c, n, args.output_len, headers)),
+        }
+        if work is not None:
+            row.update(limit_figures(row, work, ceilings, c, args.input_len, args.output_len))
+        results.append(row)
+    report: dict[str, Any] = {"mode": "serve", "url": args.url, "model": model, "input_len": args.input_len,
+                              "output_len": args.output_len, "results": results}  # fmt: skip
+    if ceilings is not None:
+        report.update(device=ceilings.device, copy_gb_per_s=ceilings.copy_bytes_per_s / 1e9,
+                      matmul_tflops=ceilings.matmul_flops_per_s / 1e12)  # fmt: skip
+    else:
+        report["limit"] = (
+            "not computed: pass --artifact (the served model) to compare with the device limit"
+        )
+    return report
+
+
+def _first_model(url: str, headers: dict[str, str]) -> str:
+    import urllib.request
+
+    req = urllib.request.Request(url.rstrip("/") + "/v1/models", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())["data"][0]["id"]
+    except OSError as e:
+        raise ConfigError(f"--url {url}: cannot list models ({e})") from None
+
+
+# -- report ------------------------------------------------------------------------------------
+
+
+def _f(v: Any, fmt: str = "{:.2f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def _pct(d: dict[str, Any] | None) -> str:
+    if not d:
+        return "-"
+    return "/".join(_f(d.get(k), "{:.1f}") for k in ("p50", "p90", "p99"))
+
+
+COLUMNS = ("batch", "TTFT ms p50/90/99", "TPOT ms p50/90/99", "ITL ms p50/90/99", "out tok/s", "decode tok/s",
+           "limit tok/s", "decode/limit", "prefill/matmul", "host ms/step", "peer tok/s", "vs peer")  # fmt: skip
+
+
+def _cells(r: dict[str, Any]) -> list[str]:
+    peer = r.get("peer") or {}
+    host = (r.get("host_ms_per_decode_step") or {}).get("p50")
+    return [
+        str(r["batch"]), _pct(r.get("ttft_ms")), _pct(r.get("tpot_ms")), _pct(r.get("itl_ms")),
+        _f(r.get("output_tok_per_s"), "{:.1f}"), _f(r.get("decode_tok_per_s"), "{:.1f}"),
+        _f(r.get("decode_limit_tok_per_s"), "{:.1f}"), _f(r.get("decode_ratio"), "{:.1%}"),
+        _f(r.get("prefill_ratio"), "{:.1%}"), _f(host, "{:.3f}"), _f(peer.get("output_tok_per_s"), "{:.1f}"),
+        _f(r.get("vs_peer_output_tok_per_s"), "{:.2f}x"),
+    ]  # fmt: skip
+
+
+def _header(report: dict[str, Any]) -> list[str]:
+    keys = (
+        "mode",
+        "model",
+        "weights",
+        "dtype",
+        "kv_dtype",
+        "cuda_graphs",
+        "device",
+        "input_len",
+        "output_len",
+    )
+    lines = [" ".join(f"{k}={report[k]}" for k in keys if k in report)]
+    if "copy_gb_per_s" in report:
+        lines.append(f"limits measured here: copy {report['copy_gb_per_s']:.0f} GB/s (read+write), "
+                     f"bf16 matmul {report['matmul_tflops']:.0f} TFLOP/s")  # fmt: skip
+    if "limit" in report:
+        lines.append(report["limit"])
+    return lines
+
+
+def format_report(report: dict[str, Any]) -> str:
+    rows = [list(COLUMNS)] + [_cells(r) for r in report["results"]]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    out = _header(report)
+    out += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
+    return "\n".join(out)
+
+
+def format_markdown(report: dict[str, Any]) -> str:
+    out = (
+        [f"`{report.get('command', 'ninfer bench')}`", ""]
+        + [f"{line}  " for line in _header(report)]
+        + [""]
+    )
+    out.append("| " + " | ".join(COLUMNS) + " |")
+    out.append("|" + "---|" * len(COLUMNS))
+    out += ["| " + " | ".join(_cells(r)) + " |" for r in report["results"]]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,409 @@
+"""The CUDA executor: runs a cuda plan with the Triton kernels of kernels/, decode steps
+replayed from CUDA Graphs.
+
+Same protocol and the same function as the reference executor (ninfer/runtime/executor.py):
+
+    ex = CudaExecutor(plan, artifact)       # or make_executor(plan, artifact, device)
+    ex.num_pages, ex.page_size, ex.num_state_slots, ex.is_hybrid
+    logits = ex.run(batch)                  # [rows with want_logits, vocab] float32, on the GPU
+    ex.copy_state(src_slot, dst_slot)
+    ex.tokens_computed                      # tokens run through the model since construction
+
+What happens once, at construction:
+  - weights are uploaded (cuda_weights: fp8/nvfp4 GEMM weights stay packed, the rest in the
+    compute dtype), the KV pool and state slots are allocated (cuda_kv); with
+    kv_capacity="auto" the pool takes the free memory left after weights, the planned
+    workspace and state, minus 1 GiB.
+
+Per step:
+  - host metadata (tokens, positions, KV slots, block tables, sequence lengths, chunk
+    boundaries, state slots, logit rows) is packed into one int32 array and copied once;
+  - a decode step (every chunk one token, all wanting logits) of n rows, n in the plan's CUDA
+    Graph buckets, replays graph n: captured on first use against a scratch KV page and state
+    slot, replayed after copying the step's metadata into the graph's input buffer;
+  - any other step (prefill, mixed, `all_logits`, --no-cuda-graph) runs eagerly.
+
+The returned logits are a fresh tensor (a graph's output buffer is copied out), so they stay
+valid after later steps.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ninfer.artifact.format import Artifact
+from ninfer.ir.plan import Plan
+from ninfer.passes.options import HEADROOM
+from ninfer.runtime.cuda_kv import CudaKVCache, CudaStateSlots
+from ninfer.runtime.cuda_ops import CUDA_OPS, DeviceStep
+from ninfer.runtime.cuda_weights import load_device_weights, weight_nbytes
+from ninfer.runtime.step import SeqChunk, StepBatch
+from ninfer.runtime.weights import TORCH_DTYPES
+
+
+@dataclass
+class StepRecord:
+    """Timing of one step (kept when `collect_timings`): host seconds from `run` entry until
+    the GPU work was queued, and CUDA events around that work (read after a sync)."""
+
+    decode: bool
+    graph: bool
+    rows: int
+    tokens: int
+    host_s: float
+    start: Any  # torch.cuda.Event | None
+    end: Any
+
+    def gpu_s(self) -> float | None:
+        return None if self.start is None else self.start.elapsed_time(self.end) / 1e3
+
+
+@dataclass
+class _DecodeGraph:
+    batch: int
+    graph: Any  # torch.cuda.CUDAGraph
+    host: torch.Tensor  # pinned int32 [size]
+    device: torch.Tensor  # int32 [size], the graph's input buffer
+    copied: Any  # torch.cuda.Event: the last host -> device copy finished
+    logits: torch.Tensor  # [batch, vocab] output buffer
+
+
+class _Layout:
+    """Offsets of the packed int32 metadata of a step of T tokens, N chunks, R logit rows and
+    block tables W pages wide."""
+
+    def __init__(self, T: int, N: int, R: int, W: int):
+        self.T, self.N, self.R, self.W = T, N, R, W
+        sizes = [("tokens", T), ("positions", T), ("slots", T), ("seq_lens", N), ("cu", N + 1), ("state", N),
+                 ("rows", R), ("tables", N * W)]  # fmt: skip
+        self.at: dict[str, tuple[int, int]] = {}
+        off = 0
+        for name, n in sizes:
+            self.at[name] = (off, off + n)
+            off += n
+        self.size = off
+
+    def view(self, buf: np.ndarray | torch.Tensor, name: str):
+        a, b = self.at[name]
+        return buf[a:b]
+
+
+class CudaExecutor:
+    def __init__(
+        self,
+        plan: Plan,
+        artifact: Artifact | Any,
+        device: str | torch.device = "cuda",
+        *,
+        collect_timings: bool = False,
+    ):
+        unknown = sorted({c.op for c in plan.calls} - set(CUDA_OPS))
+        if unknown:
+            raise ValueError(f"plan uses ops the CUDA executor does not know: {unknown}")
+        self.plan = plan
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.dtype = TORCH_DTYPES[plan.dtype]
+        self.weights = load_device_weights(plan, artifact, self.device)
+        self.weight_bytes = sum(weight_nbytes(w) for w in self.weights.values())
+        self.is_hybrid = bool(plan.state.get("layers"))
+        self.num_state_slots = int(plan.state.get("slots", 0)) if self.is_hybrid else 0
+        self.page_size = int(plan.kv["page_size"])
+        num_pages = int(plan.kv.get("num_pages") or 0)
+        if plan.options.get("kv_capacity") == "auto" and self.device.type == "cuda":
+            num_pages = self._auto_pages()
+        self.kv = CudaKVCache(plan.kv, num_pages, self.device) if plan.kv["layers"] else None
+        self.num_pages = num_pages
+        self.state = (
+            CudaStateSlots(plan.caches, self.num_state_slots, self.dtype, self.device)
+            if self.is_hybrid
+            else None
+        )
+        self.max_pages = -(-int(plan.options.get("max_context") or 8192) // self.page_size)
+        self.graph_buckets = set(plan.cuda_graph_buckets) if self.device.type == "cuda" else set()
+        if not plan.options.get("cuda_graphs", True):
+            self.graph_buckets = set()
+        self._graphs: dict[int, _DecodeGraph] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.graph_buckets else None
+        self._inv_freq: dict[str, torch.Tensor] = {}
+        self._last_use = self._liveness()
+        self.collect_timings = collect_timings
+        self.records: list[StepRecord] = []
+        self.last_step_seconds = 0.0
+        self.tokens_computed = 0  # positions run since construction (as the reference executor)
+
+    # -- sizes -------------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return int(self.plan.model["vocab"])
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return int(self.plan.kv.get("bytes_per_token", 0))
+
+    def _auto_pages(self) -> int:
+        free, _ = torch.cuda.mem_get_info(self.device)
+        entries = {e["item"]: e["bytes"] for e in self.plan.ledger["entries"]}
+        per_page = int(self.plan.kv.get("bytes_per_page") or 0)
+        if per_page == 0:
+            return int(self.plan.kv.get("num_pages") or 0)
+        avail = free - HEADROOM - entries.get("workspace", 0) - entries.get("state_slots", 0)
+        pages = avail // per_page - 1  # one scratch page
+        if pages < 1:
+            from ninfer.errors import ConfigError
+
+            raise ConfigError(
+                f"--kv-capacity auto: only {free / 2**30:.1f} GiB free on {self.device} after the weights"
+            )
+        return int(pages)
+
+    def _liveness(self) -> dict[int, list[str]]:
+        """call index -> activations to drop after it (their last reader)."""
+        last: dict[str, int] = {}
+        for i, c in enumerate(self.plan.calls):
+            for n in c.inputs:
+                if self.plan.buffers[n].kind == "activation":
+                    last[n] = i
+        out: dict[int, list[str]] = {}
+        for n, i in last.items():
+            if n not in self.plan.outputs:
+                out.setdefault(i, []).append(n)
+        return out
+
+    # -- state -------------------------------------------------------------------------------
+    def copy_state(self, src_slot: int, dst_slot: int) -> None:
+        """Copy the recurrent state (conv tail + delta-rule state of every linear layer)."""
+        if self.state is None:
+            raise ValueError("copy_state: this model has no recurrent state")
+        self._check_slot(src_slot)
+        self._check_slot(dst_slot)
+        self.state.copy(src_slot, dst_slot)
+
+    def _check_slot(self, slot: int | None) -> None:
+        if slot is None or not 0 <= slot < self.num_state_slots:
+            raise ValueError(f"state slot {slot} is outside 0..{self.num_state_slots - 1}")
+
+    # -- step --------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def run(self, batch: StepBatch, all_logits: bool = False) -> torch.Tensor:
+        """Run one step; float32 logits [rows, vocab] (see the module docstring)."""
+        t0 = time.perf_counter()
+        for cp in batch.state_copies:
+            self.copy_state(cp.src_slot, cp.dst_slot)
+        chunks = batch.chunks
+        for c in chunks:
+            if len(c.token_ids) < 1:
+                raise ValueError(f"sequence {c.seq_id}: empty chunk")
+            if self.is_hybrid:
+                self._check_slot(c.state_slot)
+        if self.state is not None:
+            self.state.reset([c.state_slot for c in chunks if c.start_pos == 0])  # type: ignore[misc]
+        decode = all(len(c.token_ids) == 1 and c.want_logits for c in chunks) and not all_logits
+        n = len(chunks)
+        use_graph = (
+            decode
+            and n in self.graph_buckets
+            and all(len(c.block_table) <= self.max_pages for c in chunks)
+        )
+        timing = self.collect_timings and self.device.type == "cuda"
+        if use_graph:
+            g = self._graphs.get(n) or self._capture(n)
+            start, end, host_s = self._replay(g, chunks, t0, timing)
+            logits = g.logits.clone()
+        else:
+            start = torch.cuda.Event(enable_timing=True) if timing else None
+            end = torch.cuda.Event(enable_timing=True) if timing else None
+            if start is not None:
+                start.record()
+            logits = self._eager(chunks, decode, all_logits)
+            if end is not None:
+                end.record()
+            host_s = time.perf_counter() - t0
+        if self.collect_timings:
+            self.records.append(
+                StepRecord(decode, use_graph, n, batch.num_tokens, host_s, start, end)
+            )
+        self.last_step_seconds = time.perf_counter() - t0
+        self.tokens_computed += batch.num_tokens
+        return logits
+
+    def _fill(
+        self, buf: np.ndarray, lay: _Layout, chunks: tuple[SeqChunk, ...], rows: list[int]
+    ) -> None:
+        """Write a step's metadata into `buf` (int32, laid out by `lay`)."""
+        ps = self.page_size
+        scratch = self.kv.scratch_page if self.kv is not None else 0
+        tokens, positions, slots = (
+            lay.view(buf, "tokens"),
+            lay.view(buf, "positions"),
+            lay.view(buf, "slots"),
+        )
+        seq_lens, cu, state = lay.view(buf, "seq_lens"), lay.view(buf, "cu"), lay.view(buf, "state")
+        tables = lay.view(buf, "tables").reshape(lay.N, lay.W)
+        tables.fill(scratch)
+        t = 0
+        cu[0] = 0
+        for i, c in enumerate(chunks):
+            n, end = len(c.token_ids), c.start_pos + len(c.token_ids)
+            need = -(-end // ps)
+            if len(c.block_table) < need:
+                raise ValueError(
+                    f"block table of {len(c.block_table)} pages does not cover position {end - 1}"
+                )
+            bt = np.asarray(c.block_table[:need], dtype=np.int64)
+            tables[i, :need] = bt
+            pos = np.arange(c.start_pos, end)
+            tokens[t : t + n] = c.token_ids
+            positions[t : t + n] = pos
+            slots[t : t + n] = bt[pos // ps] * ps + pos % ps
+            seq_lens[i] = end
+            state[i] = c.state_slot if c.state_slot is not None else 0
+            t += n
+            cu[i + 1] = t
+        lay.view(buf, "rows")[:] = rows
+
+    def _device_step(
+        self, dev: torch.Tensor, lay: _Layout, decode: bool, max_q_len: int
+    ) -> tuple[DeviceStep, dict]:
+        step = DeviceStep(
+            decode=decode,
+            positions=lay.view(dev, "positions"),
+            slot_mapping=lay.view(dev, "slots"),
+            block_tables=lay.view(dev, "tables").view(lay.N, lay.W),
+            seq_lens=lay.view(dev, "seq_lens"),
+            cu_seqlens=lay.view(dev, "cu"),
+            state_slots=lay.view(dev, "state").long(),
+            max_q_len=max_q_len,
+            kv=self.kv,
+            state=self.state,
+            inv_freq=self._inv_freq,
+        )
+        inputs = {
+            "tokens": lay.view(dev, "tokens"),
+            "positions": step.positions,
+            "logit_rows": lay.view(dev, "rows"),
+        }
+        return step, inputs
+
+    def _forward(self, step: DeviceStep, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        env: dict[str, Any] = dict(self.weights)
+        env.update(inputs)
+        for i, call in enumerate(self.plan.calls):
+            out = CUDA_OPS[call.op](step, call.attrs, *[env[n] for n in call.inputs])
+            if len(call.outputs) == 1:
+                env[call.outputs[0]] = out
+            else:
+                for name, t in zip(call.outputs, out):
+                    env[name] = t
+            for name in self._last_use.get(i, ()):
+                env.pop(name, None)
+        return env[self.plan.outputs[0]]
+
+    def _eager(self, chunks: tuple[SeqChunk, ...], decode: bool, all_logits: bool) -> torch.Tensor:
+        rows: list[int] = []
+        t = 0
+        for c in chunks:
+            n = len(c.token_ids)
+            if all_logits:
+                rows.extend(range(t, t + n))
+            elif c.want_logits:
+                rows.append(t + n - 1)
+            t += n
+        width = max(-(-(c.start_pos + len(c.token_ids)) // self.page_size) for c in chunks)
+        lay = _Layout(t, len(chunks), len(rows), width)
+        host = np.zeros(lay.size, dtype=np.int32)
+        self._fill(host, lay, chunks, rows)
+        dev = torch.from_numpy(host).to(self.device)
+        step, inputs = self._device_step(dev, lay, decode, max(len(c.token_ids) for c in chunks))
+        return self._forward(step, inputs)
+
+    # -- CUDA Graphs -------------------------------------------------------------------------
+    def _capture(self, batch: int) -> _DecodeGraph:
+        """Capture the decode step of `batch` rows (warm-up run first, on scratch KV/state)."""
+        lay = _Layout(batch, batch, batch, self.max_pages)
+        host = torch.zeros(lay.size, dtype=torch.int32, pin_memory=True)
+        h = host.numpy()
+        scratch_page = self.kv.scratch_page if self.kv is not None else 0
+        lay.view(h, "slots")[:] = scratch_page * self.page_size
+        lay.view(h, "seq_lens")[:] = 1
+        lay.view(h, "cu")[:] = np.arange(batch + 1)
+        lay.view(h, "state")[:] = self.state.scratch_slot if self.state is not None else 0
+        lay.view(h, "rows")[:] = np.arange(batch)
+        lay.view(h, "tables")[:] = scratch_page
+        dev = host.to(self.device)
+        step, inputs = self._device_step(dev, lay, True, 1)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # compile every kernel variant before capture
+                self._forward(step, inputs)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            step, inputs = self._device_step(dev, lay, True, 1)
+            logits = self._forward(step, inputs)
+        g = _DecodeGraph(batch, graph, host, dev, torch.cuda.Event(), logits)
+        g.copied.record()
+        self._graphs[batch] = g
+        return g
+
+    def capture_all(self) -> int:
+        """Capture every bucket now (the engine otherwise captures each on first use);
+        returns how many graphs exist."""
+        with torch.inference_mode():
+            for b in sorted(self.graph_buckets, reverse=True):
+                if b not in self._graphs:
+                    self._capture(b)
+        return len(self._graphs)
+
+    def _replay(self, g: _DecodeGraph, chunks: tuple[SeqChunk, ...], t0: float, timing: bool):
+        lay = _Layout(g.batch, g.batch, g.batch, self.max_pages)
+        g.copied.synchronize()  # the previous copy has read the pinned buffer
+        h = g.host.numpy()
+        self._fill(h, lay, chunks, list(range(g.batch)))
+        start = end = None
+        if timing:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        g.device.copy_(g.host, non_blocking=True)
+        g.copied.record()
+        g.graph.replay()
+        if end is not None:
+            end.record()
+        return start, end, time.perf_counter() - t0
+
+
+def make_executor(
+    plan: Plan, artifact: Artifact | Any, device: str | torch.device | None = None, **kwargs: Any
+):
+    """The executor for `plan` on `device` (default: the plan's device): CudaExecutor on a
+    CUDA device, the reference Executor otherwise."""
+    dev = torch.device(device if device is not None else plan.device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            from ninfer.errors import ConfigError
+
+            raise ConfigError(
+                "--device cuda: no CUDA device is available (torch.cuda.is_available() is False)"
+            )
+        return CudaExecutor(plan, artifact, dev, **kwargs)
+    from ninfer.runtime.executor import Executor
+
+    return Executor(plan, artifact, dev)
+
+
+def describe(ex: CudaExecutor) -> dict[str, Any]:
+    """Sizes a report can quote: weight, KV and state bytes on the device, captured graphs."""
+    return {
+        "weight_bytes": ex.weight_bytes,
+        "kv_bytes": ex.kv.nbytes() if ex.kv is not None else 0,
+        "state_bytes": ex.state.nbytes() if ex.state is not None else 0,
+        "num_pages": ex.num_pages,
+        "graphs": sorted(ex._graphs),
+    }

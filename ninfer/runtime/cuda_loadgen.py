@@ -1,0 +1,194 @@
+"""Load generators and latency statistics of `ninfer bench`.
+
+A request's timing is its submit time and the arrival time of each output token (tokens that
+arrive together — one streamed chunk, one merged engine event — share a time). From those:
+
+    TTFT  first token - submit
+    TPOT  (last token - first token) / (output tokens - 1)      per request
+    ITL   gaps between consecutive token arrivals, all requests pooled
+    output tok/s  all output tokens / (last token of any request - first submit)
+
+Percentiles are p50 / p90 / p99 with linear interpolation.
+
+Three sources of timings: the in-process engine (`engine_load`), a running `ninfer serve`
+over streaming Chat Completions (`server_load`), and transformers (ninfer.runtime.cuda_peer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass
+class RequestTiming:
+    submit_s: float
+    token_s: list[float] = field(default_factory=list)  # arrival time of each output token
+    error: str | None = None
+
+    @property
+    def output_tokens(self) -> int:
+        return len(self.token_s)
+
+    def ttft(self) -> float | None:
+        return self.token_s[0] - self.submit_s if self.token_s else None
+
+    def tpot(self) -> float | None:
+        n = len(self.token_s)
+        return (self.token_s[-1] - self.token_s[0]) / (n - 1) if n > 1 else None
+
+    def itls(self) -> list[float]:
+        return [b - a for a, b in zip(self.token_s, self.token_s[1:])]
+
+
+def percentiles(values: list[float], scale: float = 1e3) -> dict[str, float | None]:
+    """{"p50", "p90", "p99", "mean"} of `values` times `scale` (seconds -> ms by default)."""
+    if not values:
+        return {f"p{p}": None for p in PERCENTILES} | {"mean": None}
+    arr = np.asarray(values, dtype=np.float64) * scale
+    out: dict[str, float | None] = {f"p{p}": float(np.percentile(arr, p)) for p in PERCENTILES}
+    out["mean"] = float(arr.mean())
+    return out
+
+
+def summarise(timings: list[RequestTiming]) -> dict[str, Any]:
+    """TTFT / TPOT / ITL percentiles in ms, output tokens and output tok/s of one load."""
+    ok = [t for t in timings if t.error is None and t.token_s]
+    tokens = sum(t.output_tokens for t in ok)
+    wall = (max(t.token_s[-1] for t in ok) - min(t.submit_s for t in timings)) if ok else 0.0
+    return {
+        "requests": len(timings),
+        "failed": len(timings) - len(ok),
+        "output_tokens": tokens,
+        "wall_s": wall,
+        "output_tok_per_s": tokens / wall if wall > 0 else None,
+        "ttft_ms": percentiles([t.ttft() for t in ok]),  # type: ignore[misc]
+        "tpot_ms": percentiles([t.tpot() for t in ok if t.tpot() is not None]),  # type: ignore[misc]
+        "itl_ms": percentiles([g for t in ok for g in t.itls()]),
+    }
+
+
+# -- in-process engine -------------------------------------------------------------------------
+
+
+def engine_load(engine: Any, prompts: list[list[int]], output_len: int) -> list[RequestTiming]:
+    """Submit every prompt at once (greedy, ignore_eos, exactly output_len tokens) and time
+    each token event as the handle delivers it."""
+    from ninfer.runtime.request import Request, SamplingParams, TokensEvent
+
+    params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+
+    async def consume(handle: Any, rec: RequestTiming) -> None:
+        async for ev in handle:
+            if isinstance(ev, TokensEvent):
+                now = time.perf_counter()
+                rec.token_s.extend([now] * len(ev.token_ids))
+            elif getattr(ev, "error", None) is not None:
+                rec.error = str(ev.error)
+
+    async def main() -> list[RequestTiming]:
+        recs, tasks = [], []
+        for p in prompts:
+            rec = RequestTiming(time.perf_counter())
+            handle = engine.submit(Request(tuple(p), params))
+            recs.append(rec)
+            tasks.append(asyncio.ensure_future(consume(handle, rec)))
+        await asyncio.gather(*tasks)
+        return recs
+
+    return asyncio.run(main())
+
+
+# -- a running server --------------------------------------------------------------------------
+
+
+def _stream_chat(
+    url: str, body: dict[str, Any], headers: dict[str, str], rec: RequestTiming, timeout: float
+) -> None:
+    u = urllib.parse.urlsplit(url)
+    conn_cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+    conn = conn_cls(u.hostname, u.port, timeout=timeout)
+    try:
+        rec.submit_s = time.perf_counter()
+        conn.request(
+            "POST",
+            "/v1/chat/completions",
+            json.dumps(body),
+            {"Content-Type": "application/json", **headers},
+        )
+        resp = conn.getresponse()
+        if resp.status != 200:
+            rec.error = f"HTTP {resp.status}: {resp.read()[:200]!r}"
+            return
+        counted = 0
+        usage_tokens = None
+        for raw in resp:
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            now = time.perf_counter()
+            chunk = json.loads(data)
+            if chunk.get("usage"):
+                usage_tokens = chunk["usage"].get("completion_tokens")
+            for choice in chunk.get("choices", []):
+                delta = choice.get("delta") or {}
+                if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
+                    rec.token_s.append(now)
+                    counted += 1
+        if usage_tokens and usage_tokens > counted and rec.token_s:
+            # several tokens per chunk: spread the surplus over the stream's last arrival
+            rec.token_s.extend([rec.token_s[-1]] * (usage_tokens - counted))
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        rec.error = f"{type(e).__name__}: {e}"
+    finally:
+        conn.close()
+
+
+def server_load(
+    url: str, model: str, prompt: str, concurrency: int, num_requests: int, output_len: int,
+    headers: dict[str, str] | None = None, timeout: float = 600.0,
+) -> list[RequestTiming]:  # fmt: skip
+    """Send `num_requests` streaming chat requests, `concurrency` at a time (like
+    `vllm bench serve` with a fixed concurrency), greedy with max_tokens=output_len."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": output_len,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    recs = [RequestTiming(0.0) for _ in range(num_requests)]
+    lock = threading.Lock()
+    next_idx = [0]
+
+    def worker() -> None:
+        while True:
+            with lock:
+                i = next_idx[0]
+                next_idx[0] += 1
+            if i >= num_requests:
+                return
+            _stream_chat(url, body, headers or {}, recs[i], timeout)
+
+    threads = [
+        threading.Thread(target=worker, daemon=True) for _ in range(min(concurrency, num_requests))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return recs

@@ -1,0 +1,217 @@
+"""GPU implementations of the IR ops: the Triton kernels of kernels/ where the plan names one,
+cuBLAS (F.linear) for dense GEMMs, small torch ops for cheap elementwise work.
+
+Each op is `fn(step, attrs, *inputs) -> tensor | tuple`, like ninfer.runtime.ops_torch, with the
+same meaning. Unlike the reference, no op loops over chunks or reads a device value on the host:
+per-step metadata (`DeviceStep`) is already on the device, so a decode step can be captured into
+a CUDA Graph and replayed with new metadata copied into the same buffers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from kernels.gdn_conv import causal_conv1d as conv1d_kernel
+from kernels.gdn_recurrent import gated_delta_rule_recurrent
+from kernels.moe_gemm import moe_gemm
+from kernels.paged_decode import paged_attention_decode
+from kernels.paged_prefill import paged_attention_prefill
+from kernels.rmsnorm import rmsnorm as rmsnorm_kernel
+from kernels.rotary import rotary_
+from kernels.silu_mul import silu_mul as silu_mul_kernel
+from ninfer.runtime import ops_torch
+from ninfer.runtime.cuda_kv import CudaKVCache, CudaStateSlots
+from ninfer.runtime.cuda_weights import QuantWeight
+
+
+@dataclass
+class DeviceStep:
+    """One step's metadata, on the device. N chunks of T tokens in total.
+
+    decode        every chunk is one token (N == T): attention uses the decode kernel
+    positions     [T] int32 absolute positions
+    slot_mapping  [T] int32 flat KV slot of each token (page * page_size + row)
+    block_tables  [N, max_pages] int32
+    seq_lens      [N] int32 tokens in the cache after this step (the chunk included)
+    cu_seqlens    [N + 1] int32 chunk boundaries in the flat token dimension
+    state_slots   [N] int64 recurrent-state slot of each chunk (hybrid models)
+    max_q_len     longest chunk (host int; 1 for decode)
+    """
+
+    decode: bool
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    cu_seqlens: torch.Tensor
+    state_slots: torch.Tensor
+    max_q_len: int
+    kv: CudaKVCache | None
+    state: CudaStateSlots | None
+    inv_freq: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x as a 2-D [rows, features] tensor with a contiguous last dim (a copy only if needed)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def linear(
+    s: DeviceStep, a: dict, x: torch.Tensor, w: Any, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    if isinstance(w, QuantWeight):
+        y = w.linear(_rows(x))
+        return y if bias is None else y + bias
+    return F.linear(x, w, bias)
+
+
+def logits(s: DeviceStep, a: dict, x: torch.Tensor, w: Any) -> torch.Tensor:
+    return linear(s, a, x, w).float()
+
+
+def rmsnorm(s: DeviceStep, a: dict, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    shape = x.shape
+    hd = a.get("head_dim") or shape[-1]
+    y, _ = rmsnorm_kernel(_rows(x.reshape(-1, hd)), w, a["eps"], zero_centered=a["zero_centered"])
+    return y.reshape(shape)
+
+
+def add_rmsnorm(s: DeviceStep, a: dict, x: torch.Tensor, r: torch.Tensor, w: torch.Tensor):
+    y, summed = rmsnorm_kernel(
+        _rows(x), w, a["eps"], residual=_rows(r), zero_centered=a["zero_centered"]
+    )
+    return y, summed
+
+
+def rotary(s: DeviceStep, a: dict, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor):
+    d, rd = a["head_dim"], a["rotary_dim"]
+    key = f"{sorted(a['rope'].items())}/{rd}"
+    if key not in s.inv_freq:
+        s.inv_freq[key] = ops_torch._inv_freq(a["rope"], rd).to(q.device)
+    inv = s.inv_freq[key]
+    out = []
+    for x in (q, k):
+        x3 = x.unflatten(-1, (-1, d)).clone()  # [T, heads, d]; rotated in place
+        rotary_(x3, pos, inv)
+        out.append(x3.flatten(-2))
+    return out[0], out[1]
+
+
+def attention(
+    s: DeviceStep, a: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> torch.Tensor:
+    assert s.kv is not None
+    h, kvh, d, layer = a["heads"], a["kv_heads"], a["head_dim"], a["layer"]
+    T = q.shape[0]
+    s.kv.write(layer, k.unflatten(-1, (kvh, d)), v.unflatten(-1, (kvh, d)), s.slot_mapping)
+    q3 = q.unflatten(-1, (h, d))  # [T, H, D]
+    if q3.stride(-1) != 1:
+        q3 = q3.contiguous()
+    args = s.kv.kernel_args(layer)
+    if s.decode:
+        out = paged_attention_decode(
+            q3, block_tables=s.block_tables, seq_lens=s.seq_lens, scale=a["scale"], **args
+        )
+    else:
+        out = paged_attention_prefill(
+            q3, block_tables=s.block_tables, cu_seqlens_q=s.cu_seqlens, seq_lens=s.seq_lens, scale=a["scale"],
+            max_q_len=s.max_q_len, **args,
+        )  # fmt: skip
+    return out.reshape(T, h * d)
+
+
+def swiglu(s: DeviceStep, a: dict, gu: torch.Tensor) -> torch.Tensor:
+    return silu_mul_kernel(_rows(gu))
+
+
+def _moe_sort(
+    top_i: torch.Tensor, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """kernels.moe_gemm.moe_sort without its host sync (bincount): (sorted_rows [T*k] int32,
+    slot_of [T, k] int64, expert_offsets [E+1] int32)."""
+    T, k = top_i.shape
+    flat = top_i.reshape(-1).to(torch.int64)
+    order = torch.sort(flat, stable=True).indices  # slot -> assignment
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
+    slot_of = torch.empty_like(order)
+    slot_of[order] = torch.arange(order.numel(), device=order.device)
+    return (order // k).to(torch.int32), slot_of.view(T, k), offsets
+
+
+def _experts(
+    x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gate_up: Callable, wd: torch.Tensor
+) -> torch.Tensor:
+    E = wd.shape[0]
+    rows, slot_of, offsets = _moe_sort(top_i, E)
+    act = gate_up(_rows(x), rows, offsets)  # [S, I], slots sorted by expert
+    slots = torch.arange(rows.numel(), dtype=torch.int32, device=x.device)
+    y = moe_gemm(act, wd, slots, offsets)  # [S, H]
+    picked = y[slot_of].float()  # [T, k, H]
+    return (picked * top_w[..., None].float()).sum(1).to(x.dtype)
+
+
+def moe_experts_gu(s: DeviceStep, a: dict, x, top_w, top_i, wgu, wd) -> torch.Tensor:
+    return _experts(x, top_w, top_i, lambda xs, r, o: silu_mul_kernel(moe_gemm(xs, wgu, r, o)), wd)
+
+
+def moe_experts(s: DeviceStep, a: dict, x, top_w, top_i, wg, wu, wd) -> torch.Tensor:
+    return _experts(
+        x,
+        top_w,
+        top_i,
+        lambda xs, r, o: F.silu(moe_gemm(xs, wg, r, o)) * moe_gemm(xs, wu, r, o),
+        wd,
+    )
+
+
+def causal_conv1d(s: DeviceStep, a: dict, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    assert s.state is not None
+    conv = s.state.conv[a["layer"]]
+    state = conv.index_select(0, s.state_slots)  # [N, C, K-1]
+    y, new_state = conv1d_kernel(
+        _rows(x), w.reshape(w.shape[0], -1), state, s.cu_seqlens, max_len=s.max_q_len
+    )
+    conv.index_copy_(0, s.state_slots, new_state)
+    return y
+
+
+def gated_delta_rule(s: DeviceStep, a: dict, q, k, v, g, beta) -> torch.Tensor:
+    assert s.state is not None
+    ssm = s.state.ssm[a["layer"]]
+    hk, hv, dk, dv = a["k_heads"], a["v_heads"], a["k_dim"], a["v_dim"]
+    state = ssm.index_select(0, s.state_slots)  # [N, Hv, Dk, Dv] f32, contiguous
+    o = gated_delta_rule_recurrent(
+        q.unflatten(-1, (hk, dk)), k.unflatten(-1, (hk, dk)), v.unflatten(-1, (hv, dv)),
+        g.contiguous(), beta.contiguous(), state, s.cu_seqlens, scale=dk**-0.5,
+    )  # fmt: skip
+    ssm.index_copy_(0, s.state_slots, state)
+    return o.flatten(-2)
+
+
+# ops without a dedicated kernel run the reference's torch code (no host syncs in any of them)
+_REFERENCE = (
+    "embed",
+    "add",
+    "split",
+    "split_gated_q",
+    "sigmoid_mul",
+    "silu_mul",
+    "moe_router",
+    "gdn_gates",
+    "gated_rmsnorm",
+    "select_rows",
+)
+CUDA_OPS: dict[str, Callable[..., Any]] = {name: getattr(ops_torch, name) for name in _REFERENCE}
+CUDA_OPS.update(
+    linear=linear, logits=logits, rmsnorm=rmsnorm, add_rmsnorm=add_rmsnorm, rotary=rotary, attention=attention,
+    swiglu=swiglu, moe_experts=moe_experts, moe_experts_gu=moe_experts_gu, causal_conv1d=causal_conv1d,
+    gated_delta_rule=gated_delta_rule,
+)  # fmt: skip

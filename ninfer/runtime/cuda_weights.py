@@ -1,0 +1,151 @@
+"""Upload a plan's weights to the GPU once, in the form each kernel reads.
+
+    weights of `triton.gemm_fp8` / `triton.gemm_nvfp4` calls   kept packed (QuantWeight)
+    everything else                                            dense, in the compute dtype
+
+A packed weight holds one segment per group of sources that share a scale convention: fp8's
+per-row scales concatenate, so a fused fp8 GEMM is one segment; nvfp4 sources each carry a
+global scale, so a fused nvfp4 GEMM is one segment per distinct global scale, and the GEMM
+concatenates their outputs. Layouts (plain, concat, stack, stack_concat) are those of
+ninfer.runtime.weights.
+
+The source is an `ninfer.artifact.Artifact`, or any object with `info(name)` (format, shape) and
+`device_parts(name, device) -> {part: tensor}` (the synthetic models of cuda_synthetic).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from kernels.quant_gemm import dequantize_weight, quant_linear
+from ninfer.ir.plan import BufferSpec, Plan
+from ninfer.runtime.weights import TORCH_DTYPES
+
+QUANT_GEMMS = {"triton.gemm_fp8": "fp8", "triton.gemm_nvfp4": "nvfp4"}
+
+
+@dataclass
+class QuantSegment:
+    data: torch.Tensor  # fp8 [N, K] uint8 | nvfp4 [N, K/2] uint8
+    scale: torch.Tensor  # fp8 [N] f32 | nvfp4 [N, K/16] e4m3 bytes
+    global_scale: float  # nvfp4 only (1.0 for fp8)
+
+
+@dataclass
+class QuantWeight:
+    """A weight the quantised GEMM kernel dequantises in registers: y = x @ Wᵀ."""
+
+    fmt: str  # fp8 | nvfp4
+    segments: list[QuantSegment]
+
+    @property
+    def out_features(self) -> int:
+        return sum(s.data.shape[0] for s in self.segments)
+
+    def nbytes(self) -> int:
+        return sum(s.data.numel() + s.scale.numel() * s.scale.element_size() for s in self.segments)
+
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, K] (last dim contiguous) -> [M, N] in x.dtype."""
+        ys = [quant_linear(x, s.data, s.scale, self.fmt, s.global_scale) for s in self.segments]
+        return ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
+
+
+def device_parts(
+    source: Any, name: str, device: torch.device
+) -> tuple[str, dict[str, torch.Tensor]]:
+    """(storage format, {part: tensor on device}) of one stored tensor; formats the GPU path
+    does not read natively (gguf blocks, f16) arrive as f32 through the reference dequantiser."""
+    if hasattr(source, "device_parts"):
+        return source.info(name).format, source.device_parts(name, device)
+    info = source.info(name)
+    fmt = info.format
+    if fmt == "bf16":
+        raw = np.ascontiguousarray(source.array(name)).view(np.int16)
+        return fmt, {"data": torch.from_numpy(raw).view(torch.bfloat16).to(device)}
+    if fmt in ("fp8", "nvfp4"):
+        parts = {
+            p: torch.from_numpy(np.ascontiguousarray(source.array(name, p))).to(device)
+            for p in info.parts
+        }
+        return fmt, parts
+    return "f32", {
+        "data": torch.from_numpy(np.array(source.dense(name), dtype=np.float32)).to(device)
+    }
+
+
+def dense_from_parts(fmt: str, parts: dict[str, torch.Tensor]) -> torch.Tensor:
+    """float32 value of a stored tensor whose parts are on the device."""
+    if fmt in ("bf16", "f32", "f16"):
+        return parts["data"].float()
+    if fmt == "fp8":
+        return dequantize_weight(parts["data"], parts["scale"], "fp8")
+    if fmt == "nvfp4":
+        return dequantize_weight(
+            parts["data"], parts["scale"], "nvfp4", float(parts["global_scale"].reshape(-1)[0])
+        )
+    raise ValueError(f"unknown storage format {fmt!r}")
+
+
+def _arrange(spec: BufferSpec, srcs: list[torch.Tensor]) -> torch.Tensor:
+    if spec.layout == "plain":
+        return srcs[0]
+    if spec.layout == "concat":
+        return torch.cat(srcs, dim=0)
+    if spec.layout == "stack":
+        return torch.stack(srcs)
+    if spec.layout == "stack_concat":
+        e = len(srcs) // 2
+        return torch.stack([torch.cat([srcs[i], srcs[e + i]], dim=0) for i in range(e)])
+    raise ValueError(f"weight {spec.name}: unknown layout {spec.layout!r}")
+
+
+def _packed(fmt: str, parts: list[dict[str, torch.Tensor]]) -> QuantWeight:
+    segs: list[QuantSegment] = []
+    for p in parts:
+        gs = float(p["global_scale"].reshape(-1)[0]) if fmt == "nvfp4" else 1.0
+        data, scale = p["data"].contiguous(), p["scale"].contiguous()
+        if fmt == "fp8":
+            scale = scale.float()
+        if segs and (fmt == "fp8" or segs[-1].global_scale == gs):
+            last = segs[-1]
+            segs[-1] = QuantSegment(
+                torch.cat([last.data, data]), torch.cat([last.scale, scale]), gs
+            )
+        else:
+            segs.append(QuantSegment(data, scale, gs))
+    return QuantWeight(fmt, segs)
+
+
+def load_device_weights(
+    plan: Plan, source: Any, device: torch.device
+) -> dict[str, torch.Tensor | QuantWeight]:
+    """name -> device weight for every weight buffer of `plan` (see the module docstring)."""
+    dtype = TORCH_DTYPES[plan.dtype]
+    packed_fmt: dict[str, str] = {}
+    for c in plan.calls:
+        if c.kernel in QUANT_GEMMS:
+            packed_fmt[c.inputs[1]] = QUANT_GEMMS[c.kernel]
+    out: dict[str, torch.Tensor | QuantWeight] = {}
+    for spec in plan.weights():
+        loaded = [device_parts(source, s, device) for s in spec.sources]
+        want = packed_fmt.get(spec.name)
+        if (
+            want is not None
+            and spec.layout in ("plain", "concat")
+            and all(f == want for f, _ in loaded)
+        ):
+            out[spec.name] = _packed(want, [p for _, p in loaded])
+        else:
+            srcs = [dense_from_parts(f, p).to(dtype) for f, p in loaded]
+            out[spec.name] = _arrange(spec, srcs).contiguous()
+        del loaded
+    return out
+
+
+def weight_nbytes(w: torch.Tensor | QuantWeight) -> int:
+    return w.nbytes() if isinstance(w, QuantWeight) else w.numel() * w.element_size()

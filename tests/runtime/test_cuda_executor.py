@@ -1,0 +1,228 @@
+"""The CUDA executor computes the function of the CPU reference executor.
+
+On a GPU (marked `gpu`): for every fixture architecture, float32 greedy continuations of 64
+tokens equal the CPU float32 reference's, decode replayed from CUDA Graphs included; in bf16
+the logits stay within BF16_TOL (relative to the largest logit) of the bf16 reference at every
+step of a teacher-forced continuation, and the first greedy token agrees up to a near-tie; fp8 / nvfp4 weights
+(packed, dequantised in the GEMM kernel) match the reference that dequantises at load; fp8 KV
+stays within tolerance; graph replay equals eager; `kv_capacity="auto"` fills free memory.
+
+On CPU, the same executor code runs its Triton kernels under the interpreter (no graphs) and
+must match the reference to float32 rounding.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before kernels/ is imported
+
+import pytest
+
+from ninfer.artifact import Artifact
+from ninfer.passes.options import CompileOptions
+from ninfer.passes.pipeline import compile_artifact
+from ninfer.runtime.cuda_executor import CudaExecutor, make_executor
+from ninfer.runtime.executor import Executor
+from ninfer.runtime.step import SeqChunk, StepBatch
+
+ARCHS = ("llama", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe")
+# max |logit difference| / max |reference logit|. bf16 weights, activations and KV (8-bit
+# mantissas) put the tiny random fixtures 5-6 % off the float32 reference on the H200; fp8 / int8
+# KV likewise (one e4m3 ulp is 6 %, and a last-bit difference upstream moves a value across a
+# rounding boundary); the 4-bit V of k8v4 more.
+BF16_TOL = 0.1
+QUANT_KV_TOL = {"fp8": 0.1, "int8": 0.1, "k8v4": 0.25}
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+PAGE = 16
+
+
+def _plan(path, device: str, dtype: str, **kw):
+    opts = {"max_context": 256, "max_concurrency": 4, "kv_capacity": 2048}
+    opts.update(kw)
+    return compile_artifact(Artifact(path), CompileOptions(device=device, dtype=dtype, **opts))
+
+
+def _reference(path, dtype: str = "float32") -> Executor:
+    a = Artifact(path)
+    return Executor(_plan(path, "cpu", dtype), a)
+
+
+def _cuda(path, dtype="bfloat16", device="cuda", **kw) -> CudaExecutor:
+    return CudaExecutor(_plan(path, "cuda", dtype, **kw), Artifact(path), device)
+
+
+def _prompts(vocab: int, lens=(11, 5, 23)) -> list[list[int]]:
+    g = torch.Generator().manual_seed(7)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lens]
+
+
+class _Seqs:
+    """Drives several sequences through an executor: one prefill step (all prompts), then one
+    decode step of all rows at a time. Sequence i owns pages [16 i, 16 i + 16) and slot i."""
+
+    def __init__(self, ex, prompts: list[list[int]]):
+        self.ex, self.tokens = ex, [list(p) for p in prompts]
+        self.computed = [0] * len(prompts)
+
+    def _chunk(self, i: int, ids: list[int]) -> SeqChunk:
+        slot = i if self.ex.is_hybrid else None
+        return SeqChunk(i, tuple(ids), self.computed[i], tuple(range(16 * i, 16 * i + 16)), slot)
+
+    def step(self, feed: list[int] | None = None) -> torch.Tensor:
+        """Prefill (first call) or one decode token per sequence (`feed`, else the last token)."""
+        chunks = []
+        for i, toks in enumerate(self.tokens):
+            if feed is not None and self.computed[i] > 0:
+                toks.append(feed[i])
+            chunks.append(self._chunk(i, toks[self.computed[i] :]))
+        logits = self.ex.run(StepBatch(tuple(chunks)))
+        for i, toks in enumerate(self.tokens):
+            self.computed[i] = len(toks)
+        return logits.float().cpu()
+
+
+def _greedy(ex, prompts: list[list[int]], n: int) -> list[list[int]]:
+    seqs = _Seqs(ex, prompts)
+    out: list[list[int]] = [[] for _ in prompts]
+    nxt = seqs.step().argmax(-1).tolist()
+    for _ in range(n - 1):
+        for o, t in zip(out, nxt):
+            o.append(t)
+        nxt = seqs.step(nxt).argmax(-1).tolist()
+    for o, t in zip(out, nxt):
+        o.append(t)
+    return out
+
+
+def _teacher_forced(ex, prompts: list[list[int]], tokens: list[list[int]]) -> list[torch.Tensor]:
+    seqs = _Seqs(ex, prompts)
+    logits = [seqs.step()]
+    for j in range(len(tokens[0]) - 1):
+        logits.append(seqs.step([t[j] for t in tokens]))
+    return logits
+
+
+# -- CPU: the executor's code under the Triton interpreter -------------------------------------
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the gpu tests cover this on a GPU")
+def test_interpreted_kernels_match_reference(fixture_artifacts):
+    path = fixture_artifacts("qwen3_5_moe")  # MoE, Gated DeltaNet and gated attention
+    ref = _reference(path)
+    ex = _cuda(path, "float32", "cpu", kv_dtype="f32", max_concurrency=2)
+    prompts = _prompts(ref.vocab_size, (9, 4))
+    want = _teacher_forced(ref, prompts, [[5, 6, 7]] * 2)
+    got = _teacher_forced(ex, prompts, [[5, 6, 7]] * 2)
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+
+
+def test_make_executor_on_cpu_is_the_reference(fixture_artifacts):
+    path = fixture_artifacts("qwen3")
+    ex = make_executor(_plan(path, "cpu", "float32"), Artifact(path), "cpu")
+    assert isinstance(ex, Executor)
+
+
+# -- GPU ----------------------------------------------------------------------------------------
+
+
+@gpu
+@pytest.mark.parametrize("arch", ARCHS)
+def test_float32_greedy_equals_reference(fixture_artifacts, arch):
+    path = fixture_artifacts(arch)
+    ref = _reference(path)
+    ex = _cuda(path, "float32", kv_dtype="f32")
+    prompts = _prompts(ref.vocab_size)
+    want = _greedy(ref, prompts, 64)
+    got = _greedy(ex, prompts, 64)
+    assert got == want
+    assert sorted(ex._graphs) == [3], "decode steps of 3 rows replay graph 3"
+
+
+# qwen3_5_moe is left out: in bf16 its router top-k flips on near-ties, so bf16 changes its
+# function discretely -- the CPU reference run in bf16 itself picks token 41 instead of 197 for
+# the second prompt. Its float32 greedy test and graph-vs-eager test cover it.
+@gpu
+@pytest.mark.parametrize("arch", [a for a in ARCHS if a != "qwen3_5_moe"])
+def test_bfloat16_within_tolerance(fixture_artifacts, arch):
+    path = fixture_artifacts(arch)
+    ref = _reference(path)
+    ex = _cuda(path, "bfloat16")
+    prompts = _prompts(ref.vocab_size)
+    tokens = _greedy(ref, prompts, 12)
+    want = _teacher_forced(ref, prompts, tokens)
+    got = _teacher_forced(ex, prompts, tokens)
+    # the first greedy token agrees, or is a near-tie under the tolerance in the reference
+    w0, g0 = want[0], got[0]
+    picked = w0.gather(1, g0.argmax(-1, keepdim=True)).squeeze(1)  # [rows]
+    assert bool((w0.max(-1).values - picked <= BF16_TOL * w0.abs().max()).all())
+    for w, g in zip(want, got):
+        err = float((g - w).abs().max()) / float(w.abs().max())
+        assert err < BF16_TOL, err
+
+
+@gpu
+@pytest.mark.parametrize("weights", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+def test_quantised_weights_match_reference(fixture_hf_dir, tmp_path, arch, weights):
+    from ninfer.artifact.convert_hf import convert_hf
+
+    path = convert_hf(fixture_hf_dir(arch), tmp_path / f"{arch}-{weights}.ninfer", weights=weights)
+    ex = _cuda(path, "float32", kv_dtype="f32")
+    assert any(c.kernel == f"triton.gemm_{weights}" for c in ex.plan.calls)
+    ref = _reference(path)
+    prompts = _prompts(ref.vocab_size)
+    tokens = _greedy(ref, prompts, 6)
+    for w, g in zip(_teacher_forced(ref, prompts, tokens), _teacher_forced(ex, prompts, tokens)):
+        torch.testing.assert_close(g, w, atol=2e-3, rtol=2e-3)
+
+
+@gpu
+@pytest.mark.parametrize("kv_dtype", ["fp8", "int8", "k8v4"])
+def test_quantised_kv_within_tolerance(fixture_artifacts, kv_dtype):
+    path = fixture_artifacts("qwen3")
+    ref = _reference(path)
+    ex = _cuda(path, "float32", kv_dtype=kv_dtype)
+    prompts = _prompts(ref.vocab_size)
+    tokens = _greedy(ref, prompts, 8)
+    for w, g in zip(_teacher_forced(ref, prompts, tokens), _teacher_forced(ex, prompts, tokens)):
+        err = float((g - w).abs().max()) / float(w.abs().max())
+        assert err < QUANT_KV_TOL[kv_dtype], err
+
+
+@gpu
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5_moe"])
+def test_graph_replay_equals_eager(fixture_artifacts, arch):
+    path = fixture_artifacts(arch)
+    graphs = _cuda(path, "float32", kv_dtype="f32")
+    eager = _cuda(path, "float32", kv_dtype="f32", cuda_graphs=False)
+    prompts = _prompts(graphs.vocab_size, (6, 3))
+    tokens = _greedy(eager, prompts, 10)
+    for a, b in zip(
+        _teacher_forced(graphs, prompts, tokens), _teacher_forced(eager, prompts, tokens)
+    ):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    assert sorted(graphs._graphs) == [2] and not eager._graphs
+    # a batch that shrinks replays a smaller bucket, on the same KV
+    seqs = _Seqs(graphs, prompts[:1])
+    seqs.step()
+    seqs.step([4])
+    assert sorted(graphs._graphs) == [1, 2]
+
+
+@gpu
+def test_kv_capacity_auto_fills_free_memory(fixture_artifacts):
+    path = fixture_artifacts("qwen3")
+    free_before, _ = torch.cuda.mem_get_info()
+    ex = make_executor(
+        _plan(path, "cuda", "bfloat16", kv_capacity="auto", device_memory=1 << 34), Artifact(path)
+    )
+    assert isinstance(ex, CudaExecutor)
+    used = ex.num_pages * ex.plan.kv["bytes_per_page"]
+    assert used > 0.5 * (free_before - (2 << 30)), (used, free_before)
+    del ex
+    torch.cuda.empty_cache()
