@@ -27,7 +27,7 @@ from ninfer.artifact.format import Artifact
 from ninfer.errors import ConfigError
 from ninfer.passes.options import CompileOptions, parse_kv_capacity
 from ninfer.passes.pipeline import compile_artifact
-from ninfer.runtime.executor import Executor
+from ninfer.runtime.executors import make_executor
 from ninfer.runtime.request import RequestError, SamplingParams
 from ninfer.runtime.sampler import Sampler, SampleRow
 from ninfer.runtime.step import SeqChunk, StepBatch
@@ -87,7 +87,7 @@ class LLM:
             device=device, dtype=dtype, max_concurrency=max_concurrency, kv_capacity=parse_kv_capacity(kv_capacity), **opts
         )
         self.plan = compile_artifact(self.artifact, self.options)
-        self.executor = Executor(self.plan, self.artifact, device)
+        self.executor = make_executor(self.plan, self.artifact, device)
         self.tokenizer = Tokenizer(self.artifact.tokenizer_json, self.artifact.special_tokens)
         self.eos_token_ids = set(self.tokenizer.eos_token_ids)
         self._sampler = Sampler()
