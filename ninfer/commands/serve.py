@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -250,25 +251,13 @@ def listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _python_log_level(level: str) -> int:
-    return {
-        "trace": 5, "debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
-        "error": logging.ERROR, "critical": logging.CRITICAL, "off": logging.CRITICAL + 10,
-    }[level]  # fmt: skip
-
-
 def configure_logging(level: str) -> None:
     """Operational records on stderr, `YYYY-MM-DD HH:MM:SS.mmm LEVEL message`, for ninfer's
-    loggers and uvicorn's (whose own logging configuration is not installed)."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        logging.Formatter("%(asctime)s.%(msecs)03d %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S")
-    )
-    for name in ("ninfer", "uvicorn"):
-        logger = logging.getLogger(name)
-        logger.handlers[:] = [handler]
-        logger.setLevel(_python_log_level(level))
-        logger.propagate = False
+    loggers and uvicorn's (whose own logging configuration is not installed); control
+    characters escaped, so redirected stderr holds no terminal control sequences."""
+    from ninfer.api.oplog import configure_stderr
+
+    configure_stderr(level, sys.stderr)
 
 
 def open_artifact(config: ServeConfig) -> Any:
@@ -293,26 +282,39 @@ def run(args: argparse.Namespace) -> int:
     log = logging.getLogger("ninfer.serve")
     artifact = open_artifact(config)
     check_files(config, artifact.path)
+    # Observability: the request log opens before the engine starts (a bad path fails fast).
+    from ninfer.api import metrics
+    from ninfer.api.observability import Observability
+    from ninfer.api.request_log import RequestLog
+
+    request_log = None
+    if config.request_log_jsonl is not None:
+        request_log = RequestLog.open(config.request_log_jsonl, artifact.path)
     state = build_state(config, artifact)
+    observability = Observability.start(state, artifact, request_log=request_log)
     from ninfer.api.app import create_app
 
-    app = create_app(state)
+    app = create_app(state, extra_handlers=metrics.route_handlers(state))
     sock = listen_socket(config.host, config.port)
-    log.info(
-        "serving %s as %r on http://%s:%d",
-        artifact.path,
-        state.model_id,
-        config.host,
-        sock.getsockname()[1],
-    )
+    url = f"http://{config.host}:{sock.getsockname()[1]}"
+    log.info("serving %s as %r on %s", artifact.path, state.model_id, url)
+    app.on_startup.append(lambda: observability.ready(url))
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         serve_forever(app, sock, config)
     finally:
         engine = state.engine
         if engine is not None and hasattr(engine, "close"):
             engine.close()
+        observability.close()
         log.info("shutdown complete")
     return 0
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    """SIGTERM (uvicorn re-raises it after its graceful stop): unwind through `run`'s cleanup,
+    so the engine closes and the shutdown record is written, instead of dying silently."""
+    raise SystemExit(128 + signum)
 
 
 def build_state(config: ServeConfig, artifact: Any) -> Any:

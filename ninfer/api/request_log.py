@@ -1,0 +1,409 @@
+"""--request-log-jsonl FILE: the machine-readable measurement log (spec/serving.md, "Structured
+request log"; the schema is documented in docs/request-log.md).
+
+One JSON object per line, appended and flushed per event, every one carrying
+
+    {"schema": "ninfer_serve_request_log", "schema_version": 1, "event": ...,
+     "timestamp_unix_ms": ..., "server_instance_id": ..., ...}
+
+Events: server_start, request_start, request_rejected, request_scheduling, request_done,
+request_error, throughput. Seconds are unrounded floats. A started request gets exactly one
+terminal (request_done or request_error; ninfer.api.observe guarantees it). Nothing here writes
+a prompt, generated text, a stop string, tool arguments or the API key (argv shows <redacted>).
+Writes come from the HTTP event loop and the throughput reporter thread; a lock keeps lines whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import IO, Any
+
+from ninfer.api.errors import ApiError
+from ninfer.api.generation import Finished
+from ninfer.api.observe import RequestRecord, Sink
+from ninfer.errors import ConfigError
+
+SCHEMA = "ninfer_serve_request_log"
+SCHEMA_VERSION = 1
+REDACTED = "<redacted>"
+SECRET_FLAGS = ("--api-key",)
+
+log = logging.getLogger("ninfer.serve")
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """argv with the value of every secret flag (`--api-key KEY`, `--api-key=KEY`) replaced."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+        elif arg in SECRET_FLAGS:
+            out.append(arg)
+            hide_next = True
+        elif any(arg.startswith(flag + "=") for flag in SECRET_FLAGS):
+            out.append(arg.split("=", 1)[0] + "=" + REDACTED)
+        else:
+            out.append(arg)
+    return out
+
+
+class RequestLog:
+    """An open JSONL log. `write()` is thread-safe; each call appends one flushed line."""
+
+    def __init__(self, file: IO[str], path: Path) -> None:
+        self.path = path
+        self.server_instance_id = uuid.uuid4().hex
+        self._file = file
+        self._lock = threading.Lock()
+        self._failed = False
+
+    @classmethod
+    def open(
+        cls, path: str | os.PathLike[str], artifact_path: str | os.PathLike[str] | None = None
+    ) -> RequestLog:
+        """Open `path` for appending. Raises ConfigError (one line) when it cannot be opened,
+        when its directory does not exist, or when it resolves to the model artifact."""
+        p = Path(path)
+        if artifact_path is not None and p.resolve() == Path(artifact_path).resolve():
+            raise ConfigError(f"--request-log-jsonl {p}: refuses to write over the model artifact")
+        try:
+            file = open(p, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
+        except OSError as e:
+            raise ConfigError(
+                f"--request-log-jsonl {p}: cannot open for appending ({e.strerror})"
+            ) from None
+        return cls(file, p)
+
+    def write(self, event: str, fields: dict[str, Any]) -> None:
+        """Append one `event` record; I/O failures are reported once on stderr, not raised."""
+        record = {
+            "schema": SCHEMA,
+            "schema_version": SCHEMA_VERSION,
+            "event": event,
+            "timestamp_unix_ms": int(time.time() * 1000),
+            "server_instance_id": self.server_instance_id,
+            **fields,
+        }
+        line = (
+            json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=_jsonable) + "\n"
+        )
+        with self._lock:
+            if self._file.closed:
+                return
+            try:
+                self._file.write(line)
+                self._file.flush()
+            except OSError as e:
+                if not self._failed:
+                    self._failed = True
+                    log.error(
+                        "request log %s: write failed (%s); later records may be lost",
+                        self.path,
+                        e.strerror,
+                    )
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    return str(value)
+
+
+# -- request events ----------------------------------------------------------------------------
+
+
+class RequestLogSink(Sink):
+    """Writes the request events of ninfer.api.observe to `log`.
+
+    `default_thinking_budget`: --default-thinking-budget, inherited by thinking-mode requests.
+    """
+
+    def __init__(self, log: RequestLog, *, default_thinking_budget: int | None = None) -> None:
+        self.log = log
+        self.default_thinking_budget = default_thinking_budget
+
+    def request_start(self, rec: RequestRecord) -> None:
+        self.log.write("request_start", {
+            **_identity(rec),
+            **_options(rec),
+            "request_shape": _shape(rec),
+            "media_items": 0,
+            "prompt_tokens": rec.prompt_tokens,
+            "enable_thinking": rec.starts_in_thinking,
+            "thinking_budget": self._thinking_budget(rec),
+            "sampling": _sampling(rec),
+            "output_budget": _output_budget(rec),
+            "checkpoint_positions": list(rec.engine_request.checkpoint_positions) if rec.engine_request else [],
+            "timings_seconds": {"prepare": rec.prepare_s, "tokenizer": rec.prepare_s},
+        })  # fmt: skip
+
+    def request_rejected(self, rec: RequestRecord, err: ApiError) -> None:
+        self.log.write("request_rejected", {
+            **_identity(rec),
+            **_options(rec),
+            "request_shape": _shape(rec),
+            "media_items": 0,
+            "phase": "prepare",
+            "outcome": rec.outcome,
+            "error": _error(err),
+            "timings_seconds": {"prepare": rec.total_s, "total": rec.total_s},
+        })  # fmt: skip
+
+    def request_done(
+        self, rec: RequestRecord, finished: Finished | None, err: ApiError | None
+    ) -> None:
+        ev = rec.engine
+        usage = ev.usage if ev is not None else None
+        t = ev.timings if ev is not None else None
+        if usage is not None and usage.preemptions > 0:
+            self.log.write("request_scheduling", {
+                **_identity(rec),
+                "boundary": "terminal",
+                "preemption_index": usage.preemptions,
+                "route": "replay" if usage.replayed_tokens > 0 else None,
+                "elapsed_ns": int(rec.total_s * 1e9),
+                "progress": {"request": {"prefill_tokens": usage.prefill_tokens,
+                                         "decode_tokens": usage.completion_tokens,
+                                         "replayed_tokens": usage.replayed_tokens}},
+            })  # fmt: skip
+        cached = usage.cached_tokens if usage is not None else 0
+        self.log.write("request_done", {
+            **_identity(rec),
+            "finish_reason": _finish_reason(finished, err, ev),
+            "engine_finish_reason": ev.reason if ev is not None else None,
+            "outcome": rec.outcome,
+            "usage": {
+                "prompt_tokens": usage.prompt_tokens if usage else rec.prompt_tokens,
+                "completion_tokens": finished.usage.completion_tokens if finished else 0,
+                "cached_tokens": cached,
+                "reasoning_tokens": finished.usage.reasoning_tokens if finished else 0,
+            },
+            "prefix_cache_hit_tokens": cached,
+            "prefix_reuse_path": usage.reuse_path if usage is not None else "root",
+            "computed_prefill_tokens": usage.prefill_tokens if usage is not None else 0,
+            "result": {
+                "generated_token_ids": list(finished.generated_token_ids) if finished else [],
+                "tool_call_parse": dict(finished.tool_parse) if finished else {},
+                "tool_calls": len(finished.tool_calls) if finished else 0,
+                "stop_sequence_matched": finished is not None and finished.stop_sequence is not None,
+                "length_cause": finished.length_cause if finished else None,
+            },
+            "generation": {"scheduling": {
+                "preemptions": usage.preemptions if usage else 0,
+                "snapshot_restores": 0,
+                "replayed_tokens": usage.replayed_tokens if usage else 0,
+                "paused_seconds": t.paused_s if t else 0.0,
+                "transfer_bytes": 0,
+            }},
+            "timings_seconds": {
+                "prepare": rec.prepare_s,
+                "queue": rec.queue_s,
+                "ttft": rec.ttft_s,
+                "vision": 0.0,
+                "prefill": t.prefill_s if t else None,
+                "decode": t.decode_s if t else None,
+                "total": rec.total_s,
+            },
+            "engine_timing": {
+                "queue_wait_seconds": t.queue_s if t else None,
+                "paused_seconds": t.paused_s if t else 0.0,
+                "engine_total_seconds": t.total_s if t else None,
+            },
+            "speculative": {"backend": None, "draft_window": 0, "rounds": 0, "drafted_tokens": 0,
+                            "accepted_tokens": 0, "fallback_steps": 0, "accepted_per_position": []},
+            "error": _error(err) if err is not None else _engine_error(finished),
+        })  # fmt: skip
+
+    def request_error(self, rec: RequestRecord, kind: str, detail: str) -> None:
+        self.log.write("request_error", {
+            **_identity(rec),
+            **_options(rec),
+            "kind": kind,
+            "outcome": rec.outcome,
+            "message": detail,
+            "prompt_tokens": rec.prompt_tokens,
+            "first_token_seen": rec.first_token_s is not None,
+            "sampling": _sampling(rec),
+            "output_budget": _output_budget(rec),
+            "timings_seconds": {"prepare": rec.prepare_s, "ttft": rec.ttft_s, "total": rec.total_s},
+        })  # fmt: skip
+
+    def _thinking_budget(self, rec: RequestRecord) -> int | None:
+        if rec.request.thinking_budget is not None:
+            return rec.request.thinking_budget
+        return self.default_thinking_budget if rec.starts_in_thinking else None
+
+
+def _finish_reason(finished: Finished | None, err: ApiError | None, ev: Any) -> str:
+    if finished is not None:
+        return finished.reason
+    return ev.reason if err is None and ev is not None else "error"
+
+
+def _identity(rec: RequestRecord) -> dict[str, Any]:
+    return {
+        "request_id": rec.request_id,
+        "http_request_id": rec.http_request_id,
+        "protocol": rec.protocol,
+    }
+
+
+def _options(rec: RequestRecord) -> dict[str, Any]:
+    opts = rec.request.template_options
+    return {
+        "requested_reasoning_effort": opts.requested_reasoning_effort,
+        "preserve_thinking": opts.requested_preserve_thinking,
+    }
+
+
+def _shape(rec: RequestRecord) -> dict[str, Any]:
+    """Counts only: never message content, tool schemas or stop strings."""
+    req = rec.request
+    roles = Counter(str(m.get("role")) for m in req.messages)
+    return {
+        "messages": len(req.messages),
+        "roles": dict(sorted(roles.items())),
+        "tools": len(req.tools or []),
+        "parse_tools": req.parse_tools,
+        "continue_final_message": req.continue_final_message,
+        "stop_sequences": len(req.stop),
+        "cache_points": len(req.cache_points),
+        "session_chained": req.session_key is not None,
+        "requested_max_tokens": req.max_tokens,
+    }
+
+
+def _sampling(rec: RequestRecord) -> dict[str, Any] | None:
+    if rec.engine_request is None:
+        return None
+    s = rec.engine_request.sampling
+    return {
+        "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "min_p": s.min_p,
+        "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty,
+        "seed": s.seed, "greedy": s.greedy,
+    }  # fmt: skip
+
+
+def _output_budget(rec: RequestRecord) -> dict[str, Any]:
+    r = rec.engine_request
+    return {"requested": rec.request.max_tokens, "effective": r.sampling.max_tokens if r else None}
+
+
+def _error(err: ApiError) -> dict[str, Any]:
+    return {
+        "status": err.status,
+        "type": err.type,
+        "code": err.code,
+        "param": err.param,
+        "message": err.message,
+    }
+
+
+def _engine_error(finished: Finished | None) -> dict[str, Any] | None:
+    if finished is None or finished.error is None:
+        return None
+    e = finished.error
+    return {
+        "status": None,
+        "type": type(e).__name__,
+        "code": None,
+        "param": None,
+        "message": str(e),
+    }
+
+
+# -- server_start ------------------------------------------------------------------------------
+
+
+def server_start_fields(state: Any, artifact: Any, argv: list[str] | None = None) -> dict[str, Any]:
+    """The server_start record of `state` (after the engine started) serving `artifact`."""
+    cfg = state.config
+    engine = state.engine
+    snap = engine.snapshot() if engine is not None else None
+    engine_cfg = getattr(engine, "config", None)
+    service = state.extra.get("service")
+    tensors = getattr(artifact, "tensors", {}) or {}
+    return {
+        "artifact": {
+            "path": str(Path(artifact.path).resolve()),
+            "architecture": artifact.architecture,
+            "name": artifact.name,
+            "components": list(artifact.components),
+            "formats": sorted({info.format for info in tensors.values()}),
+        },
+        "public_model_id": state.model_id,
+        "engine": {
+            "device": cfg.device,
+            "dtype": cfg.dtype,
+            "kv_dtype": cfg.kv_dtype,
+            "max_concurrency": cfg.max_concurrency,
+            "max_pending_requests": cfg.max_pending_requests,
+            "pending_timeout_ms": cfg.pending_timeout_ms,
+            "max_context": cfg.max_context,
+            "prefill_chunk": cfg.prefill_chunk,
+            "page_size": getattr(engine_cfg, "page_size", None),
+            "kv_capacity_tokens": getattr(engine_cfg, "kv_capacity", None),
+            "kv_pages": snap.kv_pages_capacity if snap is not None else None,
+            "state_slots": snap.state_slots_capacity if snap is not None else None,
+            "prefix_reuse": cfg.prefix_reuse,
+            "cuda_graph": cfg.cuda_graph,
+            "spec": cfg.spec,
+            "draft_tokens": cfg.draft_tokens,
+            "vision": cfg.vision,
+        },
+        "sampler": {
+            "defaults": dataclasses.asdict(service.sampler_defaults)
+            if service is not None
+            else None,
+            "process_overrides": cfg.sampler_overrides(),
+            "greedy": cfg.greedy,
+        },
+        "thinking": {
+            "enabled_by_default": cfg.thinking,
+            "preserve_thinking": cfg.preserve_thinking,
+            "default_thinking_budget": cfg.default_thinking_budget,
+        },
+        "default_max_tokens": cfg.default_max_tokens,
+        "host_context": None,  # no host context backing in this engine yet
+        "environment": _environment(cfg),
+        "pid": os.getpid(),
+        "argv": redact_argv(list(sys.argv if argv is None else argv)),
+    }
+
+
+def _environment(cfg: Any) -> dict[str, Any]:
+    import platform
+
+    env: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform()}
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+        if cfg.device_type == "cuda" and torch.cuda.is_available():
+            env["gpu"] = torch.cuda.get_device_name(cfg.device_index or 0)
+            env["cuda"] = torch.version.cuda
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    try:
+        env["ninfer"] = version("ninfer")
+    except PackageNotFoundError:  # not installed as a distribution (a source checkout)
+        env["ninfer"] = None
+    return env

@@ -1,0 +1,229 @@
+"""GET /metrics on the real in-process server (tiny trained agent, CPU): every family of the spec,
+counters that move by exactly a request's tokens, histogram counts, authentication, and
+readability after the engine stopped."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from litestar.testing import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from ninfer.api import metrics
+from ninfer.api.app import create_app
+from ninfer.api.config import ServeConfig
+from ninfer.api.metrics import Histogram
+from ninfer.api.observability import Observability
+from ninfer.api.state import ServerState
+from ninfer.artifact import Artifact
+from ninfer.commands import serve
+
+KEY = "metrics-test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+GAUGES = {
+    "ninfer_model_info", "ninfer_max_concurrency", "ninfer_max_context_tokens", "ninfer_engine_ready",
+    "ninfer_requests_running", "ninfer_requests_waiting", "ninfer_requests_paused",
+    "ninfer_requests_prefilling", "ninfer_requests_decode_ready", "ninfer_requests_replaying",
+    "ninfer_requests_materializing", "ninfer_device_kv_used_pages", "ninfer_device_kv_capacity_pages",
+    "ninfer_device_state_used_slots", "ninfer_device_state_capacity_slots",
+    "ninfer_host_context_used_bytes", "ninfer_host_context_reserved_bytes",
+    "ninfer_host_context_capacity_bytes", "ninfer_host_context_peak_bytes",
+}  # fmt: skip
+COUNTERS = {  # as the parser names them (without _total)
+    "ninfer_prompt_tokens", "ninfer_prompt_tokens_cached", "ninfer_prefill_tokens",
+    "ninfer_replayed_tokens", "ninfer_generation_tokens", "ninfer_decode_tokens",
+    "ninfer_spec_decode_rounds", "ninfer_spec_decode_draft_tokens",
+    "ninfer_spec_decode_accepted_tokens", "ninfer_spec_decode_fallback_steps",
+    "ninfer_preemptions", "ninfer_snapshot_restores", "ninfer_replay_restores",
+    "ninfer_context_transfer_bytes", "ninfer_host_work_seconds", "ninfer_device_wait_seconds",
+    "ninfer_requests", "ninfer_response_failures",
+}  # fmt: skip
+HISTOGRAMS = {
+    "ninfer_time_to_first_token_seconds", "ninfer_request_duration_seconds", "ninfer_request_queue_seconds",
+}  # fmt: skip
+
+
+@dataclass
+class Scrape:
+    families: dict[str, Any]
+
+    def value(self, name: str, **labels: str) -> float:
+        fam = self.families[name]
+        suffix = {"counter": "_total"}.get(fam.type, "")
+        for s in fam.samples:
+            if s.name == name + suffix and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+        raise KeyError((name, labels))
+
+    def count(self, histogram: str) -> float:
+        return next(
+            s.value for s in self.families[histogram].samples if s.name == histogram + "_count"
+        )
+
+
+def scrape(client: TestClient) -> Scrape:
+    r = client.get("/metrics", headers=AUTH)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    return Scrape({f.name: f for f in text_string_to_metric_families(r.text)})
+
+
+@pytest.fixture(scope="module")
+def server(tiny_agent) -> Iterator[tuple[TestClient, ServerState, Scrape]]:
+    """(client, state, the first scrape, taken before any request)."""
+    config = ServeConfig(
+        artifact=str(tiny_agent), max_context=512, api_key=KEY, log_stats_interval_ms=0
+    )
+    artifact = Artifact(tiny_agent)
+    state = serve.build_state(config, artifact)
+    obs = Observability.start(state, artifact)
+    app = create_app(state, extra_handlers=metrics.route_handlers(state))
+    try:
+        with TestClient(app=app) as client:
+            yield client, state, scrape(client)
+    finally:
+        obs.close()
+        state.engine.close()
+
+
+def chat(client: TestClient, **kw: Any) -> Any:
+    body = {
+        "model": "tiny-agent",
+        "messages": [{"role": "user", "content": "Hi!"}],
+        "temperature": 0,
+        **kw,
+    }
+    return client.post("/v1/chat/completions", json=body, headers=AUTH)
+
+
+def test_every_family_is_present_and_counters_start_after_warmup(server):
+    _, state, m = server
+    types = {name: fam.type for name, fam in m.families.items()}
+    assert {n: types.get(n) for n in GAUGES} == dict.fromkeys(GAUGES, "gauge")
+    assert {n: types.get(n) for n in COUNTERS} == dict.fromkeys(COUNTERS, "counter")
+    assert {n: types.get(n) for n in HISTOGRAMS} == dict.fromkeys(HISTOGRAMS, "histogram")
+    assert m.value("ninfer_engine_ready") == 1
+    assert m.value("ninfer_max_context_tokens") == 512
+    assert m.value("ninfer_model_info", model="tiny-agent", architecture="qwen3", device="cpu") == 1
+    assert (
+        m.value("ninfer_device_kv_capacity_pages") == state.engine.snapshot().kv_pages_capacity > 0
+    )
+    # the warm-up generated tokens inside the engine, but metrics count from after it
+    assert state.engine.snapshot().generation_tokens_total > 0
+    for name in COUNTERS:
+        assert all(s.value == 0 for s in m.families[name].samples), name
+    for name in HISTOGRAMS:
+        assert m.count(name) == 0
+    assert {s.labels["phase"] for s in m.families["ninfer_host_work_seconds"].samples} == set(
+        metrics.HOST_WORK_PHASES
+    )
+    transfers = {
+        (s.labels["resource"], s.labels["direction"])
+        for s in m.families["ninfer_context_transfer_bytes"].samples
+    }
+    assert transfers == {
+        (r, d) for r in metrics.TRANSFER_RESOURCES for d in metrics.TRANSFER_DIRECTIONS
+    }
+
+
+def test_counters_move_by_exactly_the_tokens_of_a_request(server):
+    client, _, _ = server
+    before = scrape(client)
+    r = chat(client, max_tokens=7, ignore_eos=True)
+    assert r.status_code == 200, r.text
+    usage = r.json()["usage"]
+    after = scrape(client)
+
+    def delta(name: str, **labels: str) -> float:
+        return after.value(name, **labels) - before.value(name, **labels)
+
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    assert usage["completion_tokens"] == 7
+    assert delta("ninfer_prompt_tokens") == usage["prompt_tokens"]
+    assert delta("ninfer_prompt_tokens_cached") == cached
+    assert delta("ninfer_prefill_tokens") == usage["prompt_tokens"] - cached
+    assert delta("ninfer_generation_tokens") == 7
+    assert delta("ninfer_decode_tokens") == 6  # the first token belongs to prefill
+    assert delta("ninfer_replayed_tokens") == 0
+    assert delta("ninfer_requests", outcome="length") == 1
+    assert sum(delta("ninfer_requests", outcome=o) for o in metrics.OUTCOMES) == 1
+    for h in HISTOGRAMS:
+        assert after.count(h) - before.count(h) == 1, h
+    assert after.value("ninfer_requests_running") == 0
+
+
+def test_histogram_counts_equal_the_number_of_settled_requests(server):
+    client, _, _ = server
+    before = scrape(client)
+    for n in (1, 2, 3):
+        assert chat(client, max_tokens=n, ignore_eos=True).status_code == 200
+    after = scrape(client)
+    for h in HISTOGRAMS:
+        assert after.count(h) - before.count(h) == 3, h
+
+
+def test_rejections_are_counted_without_timings(server):
+    client, _, _ = server
+    before = scrape(client)
+    long = chat(client, messages=[{"role": "user", "content": "word " * 600}], max_tokens=4)
+    assert long.status_code == 400 and long.json()["error"]["code"] == "context_length_exceeded"
+    invalid = chat(client, temperature="hot")  # schema validation: not a measurement request
+    assert invalid.status_code == 400
+    after = scrape(client)
+    assert (
+        after.value("ninfer_requests", outcome="rejected")
+        - before.value("ninfer_requests", outcome="rejected")
+        == 1
+    )
+    assert (
+        sum(after.value("ninfer_requests", outcome=o) for o in metrics.OUTCOMES)
+        - sum(before.value("ninfer_requests", outcome=o) for o in metrics.OUTCOMES)
+        == 1
+    )
+    for h in HISTOGRAMS:
+        assert after.count(h) == before.count(h)
+
+
+def test_metrics_follow_the_api_key(server):
+    client, _, _ = server
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", headers={"x-api-key": KEY}).status_code == 200
+    assert client.get("/health").status_code == 200
+
+
+def test_histogram_buckets_are_cumulative_and_inclusive():
+    h = Histogram("t_seconds", "test", (0.1, 1.0))
+    for v in (0.05, 0.1, 0.5, 1.0, 7.0):
+        h.observe(v)
+    fam = h.family()
+    buckets = {s.labels["le"]: s.value for s in fam.samples if s.name == "t_seconds_bucket"}
+    assert buckets == {"0.1": 2, "1.0": 4, "+Inf": 5}
+    assert next(s.value for s in fam.samples if s.name == "t_seconds_sum") == pytest.approx(8.65)
+    assert h.count == 5
+
+
+def test_metrics_stay_readable_after_the_engine_stops(tiny_agent):
+    config = ServeConfig(artifact=str(tiny_agent), max_context=512, log_stats_interval_ms=0)
+    artifact = Artifact(tiny_agent)
+    state = serve.build_state(config, artifact)
+    Observability.start(state, artifact)
+    app = create_app(state, extra_handlers=metrics.route_handlers(state))
+    with TestClient(app=app) as client:
+        body = {
+            "model": "tiny-agent",
+            "messages": [{"role": "user", "content": "Hi!"}],
+            "max_tokens": 3,
+            "ignore_eos": True,
+        }
+        assert client.post("/v1/chat/completions", json=body).status_code == 200
+        state.engine.close()  # the worker is gone: the engine cannot accept work any more
+        r = client.get("/metrics")
+        assert r.status_code == 200
+        fams = {f.name: f for f in text_string_to_metric_families(r.text)}
+        assert fams["ninfer_engine_ready"].samples[0].value == 0
+        assert fams["ninfer_generation_tokens"].samples[0].value == 3  # the last snapshot survives
+        assert client.get("/health").status_code == 503

@@ -1,0 +1,110 @@
+"""stderr operational records (format, escaping, levels) and the throughput report's intervals."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+
+import pytest
+
+from ninfer.api import oplog
+from ninfer.api.request_log import RequestLog
+from ninfer.api.throughput import ThroughputReporter, interval
+from ninfer.runtime.engine import EngineStats
+
+RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} [A-Z]+ \S")
+
+
+@pytest.fixture
+def stderr():
+    stream = io.StringIO()
+    saved = {n: (logging.getLogger(n).handlers[:], logging.getLogger(n).level, logging.getLogger(n).propagate)
+             for n in oplog.LOGGERS}  # fmt: skip
+    yield stream
+    for name, (handlers, level, propagate) in saved.items():
+        logger = logging.getLogger(name)
+        logger.handlers[:], logger.level, logger.propagate = handlers, level, propagate
+
+
+def test_records_are_single_lines_without_control_sequences(stderr):
+    oplog.configure_stderr("trace", stderr)
+    log = logging.getLogger("ninfer.test")
+    log.info("name \x1b[31mred\x1b[0m\nsecond line\r")
+    log.log(oplog.TRACE, "fine detail")
+    lines = stderr.getvalue().splitlines()
+    assert len(lines) == 2 and all(RECORD.match(line) for line in lines)
+    assert (
+        "\x1b" not in stderr.getvalue() and "\\x1b[31mred\\x1b[0m\\x0asecond line\\x0d" in lines[0]
+    )
+    assert lines[0].split(" ")[2] == "INFO" and lines[1].split(" ")[2] == "TRACE"
+
+
+def test_levels_filter_and_off_silences(stderr):
+    oplog.configure_stderr("warning", stderr)
+    logging.getLogger("ninfer.x").info("hidden")
+    logging.getLogger("uvicorn.error").warning("shown")
+    assert "hidden" not in stderr.getvalue() and "WARNING shown" in stderr.getvalue()
+    oplog.configure_stderr("off", stderr)
+    logging.getLogger("ninfer.x").critical("silenced")
+    assert "silenced" not in stderr.getvalue()
+
+
+def test_readable_values():
+    assert oplog.count(1234567) == "1,234,567"
+    assert [oplog.rate(x) for x in (0.123, 12.34, 1234.5)] == ["0.12", "12.3", "1,234"]
+    assert [oplog.seconds(x) for x in (0.0123, 1.5, 1234.0, None)] == [
+        "12 ms",
+        "1.50 s",
+        "1,234 s",
+        "-",
+    ]
+    assert oplog.per_second(10, 0.0) == 0.0 and oplog.per_second(0, 1.0) == 0.0
+
+
+def stats(**kw) -> EngineStats:
+    return EngineStats(ready=True, max_concurrency=2, max_context=64, **kw)
+
+
+def test_interval_deltas_and_idle():
+    a = stats(prefill_tokens_total=100, decode_tokens_total=10, generation_tokens_total=12, steps_total=5,
+              decode_rounds_total=4, decode_rows_total=6, device_wait_seconds_total=1.0)  # fmt: skip
+    b = stats(prefill_tokens_total=140, decode_tokens_total=30, generation_tokens_total=33, steps_total=15,
+              decode_rounds_total=12, decode_rows_total=22, device_wait_seconds_total=1.5,
+              running=2, prefilling=1, decode_ready=1, waiting=3)  # fmt: skip
+    iv = interval(a, b, 2.0)
+    assert not iv.idle
+    f = iv.fields()
+    assert f["tokens"]["prefill_tokens"] == 40 and f["tokens"]["decode_tokens"] == 20
+    assert f["decode"] == {"rounds": 8, "row_rounds": 16, "average_size": 2.0}
+    assert f["scheduler"]["waiting"] == 3 and f["host_work"][
+        "device_wait_seconds"
+    ] == pytest.approx(0.5)
+    msg = iv.message()
+    assert msg.startswith(
+        "throughput 2.00 s: prefill 40 tok (20.0 tok/s), decode 20 tok (10.0 tok/s)"
+    )
+    assert "running 2 (prefill 1, decode 1)" in msg and "waiting 3" in msg and "batch 2.00" in msg
+    assert "paused" not in msg  # zero states are left out
+    quiet = stats(prefill_tokens_total=140, steps_total=15)
+    assert interval(quiet, quiet, 5.0).idle
+    stuck = stats(prefill_tokens_total=140, steps_total=15, waiting=1)  # no progress, but not idle
+    assert not interval(quiet, stuck, 5.0).idle
+
+
+def test_reporter_omits_idle_intervals(tmp_path, stderr):
+    oplog.configure_stderr("info", stderr)
+    snaps = iter(
+        [stats(), stats(), stats(decode_tokens_total=5, generation_tokens_total=5, steps_total=5)]
+    )
+    log = RequestLog.open(tmp_path / "log.jsonl")
+    times = iter([0.0, 5.0, 10.0])
+    reporter = ThroughputReporter(lambda: next(snaps), 5.0, log, clock=lambda: next(times))
+    assert reporter.tick() is None  # idle: nothing written
+    assert reporter.tick() is not None
+    log.close()
+    records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [r["event"] for r in records] == ["throughput"]
+    assert records[0]["tokens"]["decode_tokens"] == 5 and records[0]["interval_seconds"] == 5.0
+    assert stderr.getvalue().count(" INFO throughput 5.00 s: decode 5 tok (1.00 tok/s)") == 1

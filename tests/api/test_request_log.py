@@ -1,0 +1,252 @@
+"""--request-log-jsonl: the file contract (append, flushed lines, common fields, redaction, refusals)
+and the event sequence of real requests on the in-process server (tiny trained agent, CPU)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from litestar.testing import TestClient
+
+from ninfer.api import metrics
+from ninfer.api.app import create_app
+from ninfer.api.config import ServeConfig
+from ninfer.api.errors import ApiError
+from ninfer.api.generation import GenerationRequest
+from ninfer.api.observability import Observability
+from ninfer.api.observe import Observer
+from ninfer.api.request_log import SCHEMA, SCHEMA_VERSION, RequestLog, RequestLogSink, redact_argv
+from ninfer.api.service import Prepared
+from ninfer.artifact import Artifact
+from ninfer.commands import serve
+from ninfer.errors import ConfigError
+from ninfer.runtime.request import FinishEvent, QueueTimeout, Request, Timings, Usage
+
+KEY = "jsonl-test-secret-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+SECRET_PROMPT = "Zanzibar marmalade 4471 is my secret prompt"
+TERMINALS = ("request_done", "request_error")
+
+
+def read_log(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def by_request(records: list[dict[str, Any]]) -> dict[int, list[str]]:
+    out: dict[int, list[str]] = {}
+    for r in records:
+        if "request_id" in r:
+            out.setdefault(r["request_id"], []).append(r["event"])
+    return out
+
+
+# -- the file ----------------------------------------------------------------------------------
+
+
+def test_argv_redacts_the_api_key():
+    argv = ["ninfer", "serve", "m.ninfer", "--api-key", "s3cret", "--port", "1", "--api-key=other"]
+    assert redact_argv(argv) == [
+        "ninfer",
+        "serve",
+        "m.ninfer",
+        "--api-key",
+        "<redacted>",
+        "--port",
+        "1",
+        "--api-key=<redacted>",
+    ]
+
+
+def test_open_refuses_bad_paths_with_one_line(tmp_path, tiny_agent):
+    cases = [tmp_path / "missing" / "log.jsonl", tmp_path, tiny_agent]
+    for path in cases:
+        with pytest.raises(ConfigError) as e:
+            RequestLog.open(path, tiny_agent)
+        assert "--request-log-jsonl" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_open_appends_and_every_line_carries_the_common_fields(tmp_path):
+    path = tmp_path / "log.jsonl"
+    path.write_text('{"earlier": "campaign"}\n', encoding="utf-8")
+    first = RequestLog.open(path)
+    first.write("throughput", {"x": 0.1 + 0.2})
+    # flushed per event: readable before close
+    assert json.loads(path.read_text().splitlines()[1])["x"] == 0.1 + 0.2  # full precision
+    first.close()
+    second = RequestLog.open(path)
+    second.write("throughput", {})
+    second.close()
+    lines = read_log(path)
+    assert lines[0] == {"earlier": "campaign"}
+    for rec in lines[1:]:
+        assert rec["schema"] == SCHEMA and rec["schema_version"] == SCHEMA_VERSION
+        assert rec["event"] == "throughput" and isinstance(rec["timestamp_unix_ms"], int)
+        assert abs(rec["timestamp_unix_ms"] / 1000 - time.time()) < 60
+    assert lines[1]["server_instance_id"] != lines[2]["server_instance_id"]
+
+
+# -- the request lifecycle contract ------------------------------------------------------------
+
+
+def test_exactly_one_terminal_whatever_happens(tmp_path):
+    log = RequestLog.open(tmp_path / "log.jsonl")
+    observer = Observer([RequestLogSink(log)])
+    req = GenerationRequest(
+        messages=[{"role": "user", "content": SECRET_PROMPT}], protocol="responses"
+    )
+    prepared = Prepared([1, 2, 3], SECRET_PROMPT, False, ())
+    engine_req = Request((1, 2, 3), arrival_s=time.monotonic())
+
+    rejected = observer.track(req, "req_a")  # preparation failed: no start, one rejection
+    rejected.raised(ApiError(400, "too long", code="context_length_exceeded", param="messages"))
+    rejected.raised(GeneratorExit())
+
+    failed = observer.track(req, "req_b")  # an exception before any engine outcome
+    failed.started(prepared, engine_req)
+    failed.first_token()
+    failed.raised(RuntimeError("detokenizer broke"))
+    failed.raised(GeneratorExit())
+
+    timed_out = observer.track(req, "req_c")  # the engine's outcome was a queue timeout
+    timed_out.started(prepared, engine_req)
+    timed_out.engine_finished(
+        FinishEvent(
+            "error", Usage(3, 0), Timings(None, None, None, None, 0.5), (), QueueTimeout("late")
+        )
+    )
+    timed_out.raised(ApiError(503, "waited too long", code="request_queue_timeout"))
+    timed_out.raised(ValueError("rendering failed later"))  # a response failure, not a terminal
+
+    left = observer.track(req, "req_d")  # the engine finished, the client left meanwhile
+    left.started(prepared, engine_req)
+    left.engine_finished(FinishEvent("stop", Usage(3, 2), Timings(0.1, 0.2, 0.1, 0.1, 0.3), (7, 8)))
+    left.raised(GeneratorExit())
+    log.close()
+
+    records = read_log(tmp_path / "log.jsonl")
+    assert by_request(records) == {
+        1: ["request_rejected"],
+        2: ["request_start", "request_error"],
+        3: ["request_start", "request_done"],
+        4: ["request_start", "request_done"],
+    }
+    rej, _, err, _, done, _, left_done = records
+    assert left_done["finish_reason"] == "stop" and left_done["outcome"] == "stop"
+    assert left_done["error"] is None
+    assert rej["error"] == {"status": 400, "type": "invalid_request_error", "code": "context_length_exceeded",
+                            "param": "messages", "message": "too long"}  # fmt: skip
+    assert (
+        rej["phase"] == "prepare"
+        and rej["protocol"] == "responses"
+        and rej["http_request_id"] == "req_a"
+    )
+    assert err["kind"] == "error" and "RuntimeError" in err["message"] and err["first_token_seen"]
+    assert done["finish_reason"] == "error" and done["outcome"] == "timeout"
+    assert done["error"]["code"] == "request_queue_timeout"
+    assert SECRET_PROMPT not in (tmp_path / "log.jsonl").read_text()
+
+
+# -- real requests -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served(tiny_agent, tmp_path_factory) -> Iterator[tuple[TestClient, Path]]:
+    path = tmp_path_factory.mktemp("jsonl") / "requests.jsonl"
+    config = ServeConfig(artifact=str(tiny_agent), max_context=512, api_key=KEY, log_stats_interval_ms=0,
+                         request_log_jsonl=str(path))  # fmt: skip
+    artifact = Artifact(tiny_agent)
+    log = RequestLog.open(path, artifact.path)
+    state = serve.build_state(config, artifact)
+    obs = Observability.start(
+        state, artifact, request_log=log, argv=["ninfer", "serve", "--api-key", KEY]
+    )
+    app = create_app(state, extra_handlers=metrics.route_handlers(state))
+    try:
+        with TestClient(app=app) as client:
+            yield client, path
+    finally:
+        obs.close()
+        state.engine.close()
+
+
+def test_server_start_comes_first_and_hides_the_key(served):
+    _, path = served
+    first = read_log(path)[0]
+    assert first["event"] == "server_start"
+    assert first["artifact"]["architecture"] == "qwen3" and first["public_model_id"] == "tiny-agent"
+    assert first["engine"]["max_context"] == 512 and first["engine"]["kv_pages"] > 0
+    assert first["argv"] == ["ninfer", "serve", "--api-key", "<redacted>"]
+
+
+def test_requests_log_their_sequence_and_fields(served, tiny_agent_prompts):
+    client, path = served
+    n0 = len(read_log(path))
+    chat = {"model": "tiny-agent", "temperature": 0}
+    ok = client.post("/v1/chat/completions", headers=AUTH, json={
+        **chat, "messages": [{"role": "user", "content": SECRET_PROMPT}], "max_tokens": 5, "ignore_eos": True})  # fmt: skip
+    assert ok.status_code == 200
+    with client.stream("POST", "/v1/chat/completions", headers=AUTH, json={
+            **chat, "messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 4, "stream": True}) as s:  # fmt: skip
+        assert s.status_code == 200 and "[DONE]" in "".join(s.iter_text())
+    too_long = client.post("/v1/chat/completions", headers=AUTH, json={
+        **chat, "messages": [{"role": "user", "content": SECRET_PROMPT * 80}], "max_tokens": 5})  # fmt: skip
+    assert too_long.status_code == 400
+    invalid = client.post("/v1/chat/completions", headers=AUTH, json={**chat, "messages": "nope"})
+    assert invalid.status_code == 400  # validation before preparation: no record at all
+    tool = next(p for p in tiny_agent_prompts if p["name"] == "weather_paris")
+    called = client.post("/v1/chat/completions", headers=AUTH, json={
+        **chat, "messages": tool["messages"], "tools": tool["tools"], "max_tokens": 200,
+        "chat_template_kwargs": {"enable_thinking": tool["enable_thinking"]}})  # fmt: skip
+    assert (
+        called.status_code == 200 and called.json()["choices"][0]["finish_reason"] == "tool_calls"
+    )
+
+    records = read_log(path)[n0:]
+    seq = by_request(records)
+    ids = sorted(seq)
+    assert ids == list(range(ids[0], ids[0] + 4))  # monotonic, one id per measurement request
+    assert [seq[i] for i in ids] == [
+        ["request_start", "request_done"],
+        ["request_start", "request_done"],
+        ["request_rejected"],
+        ["request_start", "request_done"],
+    ]
+    start, done = records[0], records[1]
+    assert start["protocol"] == "chat" and start["prompt_tokens"] > 0
+    assert start["sampling"]["temperature"] == 0.0 and start["output_budget"] == {
+        "requested": 5,
+        "effective": 5,
+    }
+    assert start["http_request_id"] == ok.headers["x-request-id"]
+    usage = ok.json()["usage"]
+    assert (
+        done["usage"]["prompt_tokens"] == usage["prompt_tokens"]
+        and done["usage"]["completion_tokens"] == 5
+    )
+    assert len(done["result"]["generated_token_ids"]) == 5
+    assert done["prefix_reuse_path"] in ("root", "checkpoint")
+    assert (
+        done["prefix_cache_hit_tokens"] + done["computed_prefill_tokens"] == usage["prompt_tokens"]
+    )
+    t = done["timings_seconds"]
+    assert set(t) == {"prepare", "queue", "ttft", "vision", "prefill", "decode", "total"}
+    assert 0 < t["prepare"] <= t["ttft"] <= t["total"] and t["decode"] > 0
+    rejected = next(r for r in records if r["event"] == "request_rejected")
+    assert (
+        rejected["error"]["status"] == 400
+        and rejected["error"]["code"] == "context_length_exceeded"
+    )
+    tool_done = [r for r in records if r["event"] == "request_done"][-1]
+    parse = tool_done["result"]["tool_call_parse"]
+    assert parse["marker_seen"] and parse["calls"] >= 1 and parse["fallback_reason"] == "none"
+    assert (
+        tool_done["finish_reason"] == "tool_calls"
+        and tool_done["result"]["tool_calls"] == parse["calls"]
+    )
+    text = path.read_text(encoding="utf-8")
+    assert SECRET_PROMPT not in text and KEY not in text
+    assert tool["messages"][-1]["content"] not in text

@@ -1,0 +1,266 @@
+"""Observability of the real `ninfer serve` process: /metrics parsed with prometheus_client, the
+JSONL request log of completed, streamed, rejected, overloaded, timed-out and cancelled requests,
+and the stderr records (format, no control sequences, no prompts or keys).
+
+One server, one lane and one pending slot, so that a long streamed request makes a second one
+wait (and time out) and a third one overload.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.e2e.conftest import TINY_AGENT
+
+KEY = "e2e-observability-key-9931"
+SECRET = "Quokka lanterns 5123 are a private prompt"
+RECORD = re.compile(
+    r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} (TRACE|DEBUG|INFO|WARNING|ERROR|CRITICAL) \S"
+)
+FAMILIES = {
+    "gauge": {
+        "ninfer_model_info", "ninfer_max_concurrency", "ninfer_max_context_tokens", "ninfer_engine_ready",
+        "ninfer_requests_running", "ninfer_requests_waiting", "ninfer_requests_paused",
+        "ninfer_requests_prefilling", "ninfer_requests_decode_ready", "ninfer_requests_replaying",
+        "ninfer_requests_materializing", "ninfer_device_kv_used_pages", "ninfer_device_kv_capacity_pages",
+        "ninfer_device_state_used_slots", "ninfer_device_state_capacity_slots",
+        "ninfer_host_context_used_bytes", "ninfer_host_context_reserved_bytes",
+        "ninfer_host_context_capacity_bytes", "ninfer_host_context_peak_bytes",
+    },
+    "counter": {
+        "ninfer_prompt_tokens", "ninfer_prompt_tokens_cached", "ninfer_prefill_tokens",
+        "ninfer_replayed_tokens", "ninfer_generation_tokens", "ninfer_decode_tokens",
+        "ninfer_spec_decode_rounds", "ninfer_spec_decode_draft_tokens",
+        "ninfer_spec_decode_accepted_tokens", "ninfer_spec_decode_fallback_steps",
+        "ninfer_preemptions", "ninfer_snapshot_restores", "ninfer_replay_restores",
+        "ninfer_context_transfer_bytes", "ninfer_host_work_seconds", "ninfer_device_wait_seconds",
+        "ninfer_requests", "ninfer_response_failures",
+    },
+    "histogram": {
+        "ninfer_time_to_first_token_seconds", "ninfer_request_duration_seconds", "ninfer_request_queue_seconds",
+    },
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def server(server_factory, tmp_path_factory):
+    log = tmp_path_factory.mktemp("obs") / "requests.jsonl"
+    s = server_factory(
+        "--max-context", "2048", "--max-concurrency", "1", "--max-pending-requests", "1",
+        "--pending-timeout-ms", "1500", "--log-stats-interval-ms", "300",
+        "--request-log-jsonl", str(log), api_key=KEY,
+    )  # fmt: skip
+    s.request_log = log
+    return s
+
+
+def metrics(server) -> dict[str, Any]:
+    r = httpx.get(server.base_url + "/metrics", headers=server.headers)
+    assert r.status_code == 200 and r.headers["content-type"].startswith(
+        "text/plain; version=0.0.4"
+    )
+    return {f.name: f for f in text_string_to_metric_families(r.text)}
+
+
+def sample(fams: dict[str, Any], name: str, suffix: str = "", **labels: str) -> float:
+    for s in fams[name].samples:
+        if s.name == name + suffix and all(s.labels.get(k) == v for k, v in labels.items()):
+            return s.value
+    raise KeyError(name)
+
+
+def chat(server, content: str, **kw: Any) -> httpx.Response:
+    body = {
+        "model": "tiny-agent",
+        "messages": [{"role": "user", "content": content}],
+        "temperature": 0,
+        **kw,
+    }
+    return httpx.post(
+        server.base_url + "/v1/chat/completions", json=body, headers=server.headers, timeout=60
+    )
+
+
+def read_log(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def wait_for(what: str, pred, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_observability_end_to_end(server):
+    # -- /metrics: every family, authenticated, counters from zero -----------------------------
+    assert httpx.get(server.base_url + "/metrics").status_code == 401
+    m0 = metrics(server)
+    for kind, names in FAMILIES.items():
+        assert {n: m0[n].type for n in names if n in m0} == dict.fromkeys(names, kind)
+    assert sample(m0, "ninfer_engine_ready") == 1
+    assert sample(m0, "ninfer_generation_tokens", "_total") == 0
+
+    # -- a known request moves the token counters by exactly its tokens ------------------------
+    known = chat(server, SECRET, max_tokens=6, ignore_eos=True)
+    assert known.status_code == 200, known.text
+    usage = known.json()["usage"]
+    m1 = metrics(server)
+    assert sample(m1, "ninfer_prompt_tokens", "_total") == usage["prompt_tokens"]
+    assert (
+        sample(m1, "ninfer_prefill_tokens", "_total")
+        + sample(m1, "ninfer_prompt_tokens_cached", "_total")
+        == usage["prompt_tokens"]
+    )
+    assert sample(m1, "ninfer_generation_tokens", "_total") == 6
+    assert sample(m1, "ninfer_decode_tokens", "_total") == 5
+    assert sample(m1, "ninfer_requests", "_total", outcome="length") == 1
+
+    # -- streamed; rejected; then a long stream that holds the lane --------------------------------
+    with httpx.stream("POST", server.base_url + "/v1/chat/completions", headers=server.headers, timeout=60,
+                      json={"model": "tiny-agent", "messages": [{"role": "user", "content": "Hi!"}],
+                            "max_tokens": 5, "ignore_eos": True, "stream": True,
+                            "stream_options": {"include_usage": True}}) as s:  # fmt: skip
+        assert "data: [DONE]" in s.read().decode()
+    too_long = chat(server, SECRET + " " + "word " * 2100, max_tokens=4)
+    assert (
+        too_long.status_code == 400
+        and too_long.json()["error"]["code"] == "context_length_exceeded"
+    )
+
+    holder = httpx.stream("POST", server.base_url + "/v1/chat/completions", headers=server.headers, timeout=60,
+                          json={"model": "tiny-agent", "messages": [{"role": "user", "content": "Hello"}],
+                                "max_tokens": 2000, "ignore_eos": True, "stream": True})  # fmt: skip
+    resp = holder.__enter__()
+    lines = resp.iter_lines()
+    assert next(line for line in lines if line.startswith("data: "))  # the lane is busy now
+    waited: dict[str, httpx.Response] = {}
+    waiter = threading.Thread(
+        target=lambda: waited.setdefault("r", chat(server, "Hi!", max_tokens=3))
+    )
+    waiter.start()
+    wait_for("a waiting request", lambda: sample(metrics(server), "ninfer_requests_waiting") == 1)
+    overloaded = chat(server, "Hi!", max_tokens=3)
+    assert (
+        overloaded.status_code == 429 and overloaded.json()["error"]["code"] == "server_overloaded"
+    )
+    waiter.join(30)
+    assert (
+        waited["r"].status_code == 503
+        and waited["r"].json()["error"]["code"] == "request_queue_timeout"
+    )
+    holder.__exit__(
+        None, None, None
+    )  # the client goes away mid-stream: the generation is cancelled
+
+    log_path: Path = server.request_log
+    wait_for(
+        "the cancellation record",
+        lambda: any(r["event"] == "request_error" for r in read_log(log_path)),
+    )
+    wait_for("an idle engine", lambda: sample(metrics(server), "ninfer_requests_running") == 0)
+
+    # -- the JSONL log ---------------------------------------------------------------------------
+    records = read_log(log_path)
+    assert records[0]["event"] == "server_start"
+    assert records[0]["argv"][records[0]["argv"].index("--api-key") + 1] == "<redacted>"
+    assert {r["server_instance_id"] for r in records} == {records[0]["server_instance_id"]}
+    assert all(r["schema"] == "ninfer_serve_request_log" and isinstance(r["schema_version"], int)
+               and isinstance(r["timestamp_unix_ms"], int) for r in records)  # fmt: skip
+    seq: dict[int, list[dict[str, Any]]] = {}
+    for r in records:
+        if "request_id" in r:
+            seq.setdefault(r["request_id"], []).append(r)
+    events = [[r["event"] for r in seq[i]] for i in sorted(seq)]
+    assert events == [
+        ["request_start", "request_done"],  # known
+        ["request_start", "request_done"],  # streamed
+        ["request_rejected"],  # context too long
+        ["request_start", "request_error"],  # the holder, cancelled (its terminal comes last)
+        ["request_start", "request_done"],  # timed out waiting
+        ["request_rejected"],  # overloaded
+    ]
+    ids = sorted(seq)
+    known_done, streamed_done = seq[ids[0]][1], seq[ids[1]][1]
+    assert (
+        known_done["result"]["generated_token_ids"]
+        and len(known_done["result"]["generated_token_ids"]) == 6
+    )
+    assert (
+        streamed_done["usage"]["completion_tokens"] == 5
+        and streamed_done["finish_reason"] == "length"
+    )
+    assert streamed_done["timings_seconds"]["ttft"] > 0
+    assert seq[ids[2]][0]["error"]["code"] == "context_length_exceeded"
+    assert seq[ids[3]][1]["kind"] == "cancelled" and seq[ids[3]][1]["first_token_seen"]
+    assert (
+        seq[ids[4]][1]["error"]["code"] == "request_queue_timeout"
+        and seq[ids[4]][1]["outcome"] == "timeout"
+    )
+    assert seq[ids[5]][0]["error"]["status"] == 429 and seq[ids[5]][0]["outcome"] == "overloaded"
+    assert any(r["event"] == "throughput" and r["tokens"]["decode_tokens"] > 0 for r in records)
+    text = log_path.read_text(encoding="utf-8")
+    assert SECRET not in text and KEY not in text
+
+    # -- metrics after N requests: histogram counts equal the settled requests -----------------
+    m2 = metrics(server)
+    outcomes = {o: sample(m2, "ninfer_requests", "_total", outcome=o) for o in
+                ("stop", "length", "cancelled", "timeout", "rejected", "overloaded", "error")}  # fmt: skip
+    assert outcomes == {
+        "stop": 0,
+        "length": 2,
+        "cancelled": 1,
+        "timeout": 1,
+        "rejected": 1,
+        "overloaded": 1,
+        "error": 0,
+    }
+    settled = 4  # two completed, one cancelled, one timed out
+    assert sample(m2, "ninfer_request_duration_seconds", "_count") == settled
+    assert sample(m2, "ninfer_request_queue_seconds", "_count") == settled
+    assert (
+        sample(m2, "ninfer_time_to_first_token_seconds", "_count") == 3
+    )  # the timed-out one had none
+
+    # -- stderr ------------------------------------------------------------------------------------
+    err = server.stderr()
+    assert "\x1b" not in err and SECRET not in err and KEY not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert all(RECORD.match(line) for line in lines), [
+        line for line in lines if not RECORD.match(line)
+    ]
+    assert any(" INFO ready: accepting requests" in line for line in lines)
+    done = [
+        line
+        for line in lines
+        if re.search(r"request \d+ chat length: .*cache \d+ \(\d+%, [a-z ]+\)", line)
+    ]
+    assert len(done) == 2
+    assert any(" INFO throughput " in line and "tok/s" in line for line in lines)
+    assert any("rejected: 429 server_overloaded" in line for line in lines)
+    assert any(
+        re.search(r"request \d+ chat cancelled by the client after .*first token seen", line)
+        for line in lines
+    )
+
+
+def test_an_unopenable_request_log_aborts_startup_with_one_line(tmp_path):
+    proc = subprocess.run(  # a directory cannot be opened for appending
+        [sys.executable, "-m", "ninfer.cli", "serve", str(TINY_AGENT), "--port", "0", "--request-log-jsonl", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, cwd=TINY_AGENT.parents[2], check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert len(lines) == 1 and "--request-log-jsonl" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
