@@ -33,7 +33,6 @@ from ninfer.api.generation import (
     ReasoningText,
     SamplingOptions,
     ToolCallArgs,
-    ToolCallDone,
     ToolCallStart,
 )
 from ninfer.api.openai_chat_models import ChatRequest, parse_chat_request
@@ -140,9 +139,7 @@ class ChatCompletion:
     async def stream(self, first: GenerationEvent, events: AsyncIterator[GenerationEvent]) -> AsyncIterator[dict[str, Any]]:
         """Chunks of one streamed completion; closing it cancels the generation."""
         yield self.chunk({"role": "assistant", "content": ""})
-        self._admitted: Admitted | None = None
-        self._t_admit = time.monotonic()
-        self._progress_done = False
+        self._processed = -1  # the last prompt_progress sent: they never move backwards
         try:
             for out in self._on_event(first):
                 yield out
@@ -156,18 +153,15 @@ class ChatCompletion:
         chat = self.chat
         out: list[dict[str, Any]] = []
         if isinstance(e, Admitted):
-            self._admitted = e
-            if chat.return_progress:
-                out.append(self.chunk(None, prompt_progress=_progress(e, e.cached_tokens, self._t_admit)))
             return out
         if isinstance(e, PromptProgress):
-            if chat.return_progress:
-                out.append(self.chunk(None, prompt_progress={"total": e.total, "cache": e.cache, "processed": e.processed, "time_ms": e.time_ms}))
+            # The engine's committed prefill progress: processed == cache at admission, then
+            # once per committed chunk up to processed == total before the first output token.
+            if chat.return_progress and e.processed >= self._processed:
+                self._processed = e.processed
+                progress = {"total": e.total, "cache": e.cache, "processed": e.processed, "time_ms": e.time_ms}
+                out.append(self.chunk(None, prompt_progress=progress))
             return out
-        if chat.return_progress and not self._progress_done and self._admitted is not None:
-            self._progress_done = True
-            a = self._admitted
-            out.append(self.chunk(None, prompt_progress=_progress(a, a.prompt_tokens, self._t_admit)))
         extra = {"timings": e.timings.as_dict()} if chat.timings_per_token and getattr(e, "timings", None) else {}
         if isinstance(e, ReasoningText):
             out.append(self.chunk({"reasoning_content": e.text}, **extra))
@@ -188,10 +182,6 @@ class ChatCompletion:
             else:
                 out.append(self.chunk({}, _finish_reason(e), timings=timings))
         return out
-
-
-def _progress(a: Admitted, processed: int, t0: float) -> dict[str, Any]:
-    return {"total": a.prompt_tokens, "cache": a.cached_tokens, "processed": processed, "time_ms": (time.monotonic() - t0) * 1000.0}
 
 
 async def _sse(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:

@@ -13,13 +13,14 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from ninfer.api.sampling import SamplerPolicy
 from ninfer.api.service import ModelService, SamplerDefaults
 from ninfer.api.state import ServerState
 from ninfer.api.template import ChatTemplate, chat_template_for, load_builtin_template, control_token_spellings
 from ninfer.artifact import Artifact
 from ninfer.runtime.config import EngineConfig
 from ninfer.runtime.engine import Engine
-from ninfer.runtime.executor import Executor
+from ninfer.runtime.executors import make_executor
 from ninfer.runtime.request import Request, SamplingParams
 from ninfer.runtime.sampler import Sampler
 
@@ -58,7 +59,7 @@ def start_engine(state: ServerState, artifact: Artifact) -> None:
     config = state.config
     t0 = time.monotonic()
     plan = compile_artifact(artifact, config.compile_options())
-    executor = Executor(plan, artifact, device=config.device)
+    executor = make_executor(plan, artifact, device=config.device)
     log.info("plan compiled and weights loaded in %.1f s", time.monotonic() - t0)
     names = {f.name for f in dataclasses.fields(EngineConfig)}
     options = config.engine_options(names)
@@ -77,6 +78,9 @@ def start_engine(state: ServerState, artifact: Artifact) -> None:
         max_context=config.max_context,
         default_max_tokens=config.default_max_tokens,
         sampler_defaults=SamplerDefaults.resolve(artifact.generation, dict(config.sampler_overrides(), greedy=config.greedy)),
+        sampler_policy=SamplerPolicy(
+            artifact.architecture, dict(artifact.generation), config.sampler_overrides(), config.greedy
+        ),
         default_thinking_budget=config.default_thinking_budget,
     )
     # Warm-up: one real prefill + decode step so the first request pays no first-call costs.

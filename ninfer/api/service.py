@@ -11,6 +11,7 @@ runs on the HTTP event loop; the engine's worker thread does the model work.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from ninfer.api import errors
+from ninfer.api import errors, toolcalls
 from ninfer.api.detokenize import IncrementalDetokenizer
 from ninfer.api.errors import ApiError
 from ninfer.api.generation import (
@@ -35,14 +36,23 @@ from ninfer.api.generation import (
     ToolCallStart,
     Usage,
 )
-from ninfer.api.reasoning import ReasoningParser, prompt_starts_in_thinking
+from ninfer.api.observe import NO_TRACK, Observer, RequestTrack
+from ninfer.api.reasoning import (
+    THINK_CLOSE,
+    ReasoningParser,
+    prompt_starts_in_thinking,
+    resolve_thinking_budget,
+    thinking_budget_suffix_ids,
+)
+from ninfer.api.sampling import FIELDS, SamplerPolicy
 from ninfer.api.stops import StopMatcher
 from ninfer.api.template import ChatTemplate, PromptEncoder
-from ninfer.api import toolcalls
 from ninfer.runtime.request import (
+    AdmittedEvent,
     EngineError,
     EngineOverloaded,
     FinishEvent,
+    PromptProgressEvent,
     QueueTimeout,
     Request,
     RequestError,
@@ -101,9 +111,12 @@ class ModelService:
         max_context: int,
         default_max_tokens: int,
         sampler_defaults: SamplerDefaults = SamplerDefaults(),
+        sampler_policy: SamplerPolicy | None = None,
         default_thinking_budget: int | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.engine = engine
+        self.observer = observer  # request lifecycle records (metrics, request log, stderr)
         self.tokenizer = tokenizer
         self.template = template
         self.encoder = PromptEncoder(tokenizer, template.control_tokens)
@@ -111,6 +124,9 @@ class ModelService:
         self.max_context = max_context
         self.default_max_tokens = default_max_tokens
         self.sampler_defaults = sampler_defaults
+        self.sampler_policy = sampler_policy or SamplerPolicy(
+            "", overrides={k: getattr(sampler_defaults, k) for k in (*FIELDS, "seed")}, greedy=sampler_defaults.greedy
+        )
         self.default_thinking_budget = default_thinking_budget
 
     # -- preparation ---------------------------------------------------------------------------
@@ -163,31 +179,72 @@ class ModelService:
     def count_tokens(self, req: GenerationRequest) -> int:
         return len(self.prepare(req).prompt_ids)
 
-    def sampling_params(self, req: GenerationRequest, max_tokens: int) -> SamplingParams:
-        d, s = self.sampler_defaults, req.sampling
-
-        def pick(name: str) -> Any:
-            v = getattr(s, name)
-            return getattr(d, name) if v is None else v
-
-        temperature = 0.0 if d.greedy else pick("temperature")
+    def sampling_params(self, req: GenerationRequest, max_tokens: int, thinking: bool = False) -> SamplingParams:
+        """The engine sampler for `req`: preset or artifact defaults for the resolved thinking
+        mode, then process flags, then request fields, then --greedy (ninfer.api.sampling)."""
+        fields = {name: getattr(req.sampling, name) for name in (*FIELDS, "seed")}
+        r = self.sampler_policy.resolve(thinking, fields)
         return SamplingParams(
             max_tokens=max_tokens,
-            temperature=float(temperature),
-            top_p=float(pick("top_p")),
-            top_k=int(pick("top_k") or 0),
-            min_p=float(pick("min_p")),
-            presence_penalty=float(pick("presence_penalty")),
-            frequency_penalty=float(pick("frequency_penalty")),
-            seed=pick("seed"),
+            temperature=float(r["temperature"]),
+            top_p=float(r["top_p"]),
+            top_k=int(r["top_k"]),
+            min_p=float(r["min_p"]),
+            presence_penalty=float(r["presence_penalty"]),
+            frequency_penalty=float(r["frequency_penalty"]),
+            seed=r["seed"],
             ignore_eos=req.ignore_eos,
         )
+
+    @functools.cached_property
+    def thinking_control_ids(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(close ids, suffix ids): the `</think>` control token (empty when the tokenizer has
+        no single token for it) and the early-close guidance + `</think>` (reasoning.py)."""
+        close = self.encoder.encode(THINK_CLOSE, ((0, len(THINK_CLOSE)),))
+        suffix = thinking_budget_suffix_ids(self.tokenizer)
+        return (tuple(close) if len(close) == 1 else ()), tuple(suffix)
+
+    def thinking_fields(self, req: GenerationRequest, prepared: Prepared, capacity: int) -> dict[str, Any]:
+        """The engine Request's thinking-budget fields for a generation of at most `capacity`
+        output tokens ({} when the prompt does not start in thinking or has no budget). Raises
+        ApiError thinking_budget_capacity_insufficient when the capacity extends past the cap
+        but cannot hold the whole suffix plus one token after it."""
+        budget = resolve_thinking_budget(prepared.starts_in_thinking, req.thinking_budget, self.default_thinking_budget)
+        if budget is None:
+            return {}
+        close, suffix = self.thinking_control_ids
+        if budget < capacity < budget + len(suffix) + 1:
+            raise ApiError(
+                400,
+                f"the output capacity of {capacity} tokens passes the thinking budget of {budget} but cannot hold"
+                f" the {len(suffix)}-token early-close suffix plus one answer token (needs {budget + len(suffix) + 1});"
+                " raise max_tokens or lower the thinking budget",
+                code="thinking_budget_capacity_insufficient",
+                param="max_tokens",
+            )
+        return {"thinking_budget": budget, "thinking_close_ids": close, "thinking_suffix_ids": suffix}
 
     # -- generation ------------------------------------------------------------------------------
 
     async def generate(self, req: GenerationRequest, *, request_id: str = "") -> AsyncIterator[GenerationEvent]:
         """Run one generation. Preparation and admission failures raise ApiError before the first
-        event; once `Admitted` is yielded, failures end the stream with Finished(reason=error)."""
+        event; once `Admitted` is yielded, failures end the stream with Finished(reason=error).
+        With an `observer`, the request's lifecycle is reported to it (ninfer.api.observe);
+        closing this generator early cancels the generation."""
+        track = self.observer.track(req, request_id) if self.observer is not None else NO_TRACK
+        events = self._generate(req, track)
+        try:
+            async for event in events:
+                if isinstance(event, Finished):
+                    track.finished(event)
+                yield event
+        except BaseException as e:
+            track.raised(e)
+            raise
+        finally:
+            await events.aclose()
+
+    async def _generate(self, req: GenerationRequest, track: RequestTrack) -> AsyncIterator[GenerationEvent]:
         prepared = await asyncio.to_thread(self.prepare, req)
         prompt_len = len(prepared.prompt_ids)
         room = self.max_context - prompt_len
@@ -195,13 +252,15 @@ class ModelService:
         prompt_only = wanted == 0
         max_tokens = max(1, min(wanted, room))
         length_cause = "max_tokens" if wanted <= room else "context"
+        thinking = {} if prompt_only else self.thinking_fields(req, prepared, max_tokens)
         try:
             request = Request(
                 tuple(prepared.prompt_ids),
-                self.sampling_params(req, max_tokens),
+                self.sampling_params(req, max_tokens, prepared.starts_in_thinking),
                 checkpoint_positions=prepared.checkpoint_positions,
                 session_key=req.session_key,
                 arrival_s=time.monotonic(),
+                **thinking,
             )
             handle = self.engine.submit(request)
         except EngineOverloaded as e:
@@ -210,15 +269,24 @@ class ModelService:
             raise ApiError(400, str(e), code="invalid_request") from None
         except EngineError as e:
             raise ApiError(503, f"the engine is unavailable: {e}", type=errors.SERVER_ERROR, code="engine_unavailable") from None
+        track.started(prepared, request)
 
         post = _PostProcessor(self, req, prepared, t_submit=time.monotonic())
-        admitted = False
+        admitted = first_token = False
         try:
             async for event in handle:
-                if isinstance(event, TokensEvent):
-                    if not admitted:
-                        admitted = True
-                        yield Admitted(prompt_len, 0, "root")
+                if isinstance(event, AdmittedEvent):  # the exact reused prefix is committed
+                    admitted = True
+                    track.admitted()
+                    post.t_admit, post.cached = time.monotonic(), event.cached_tokens
+                    yield Admitted(event.prompt_tokens, event.cached_tokens, event.reuse_path)
+                    yield PromptProgress(event.prompt_tokens, event.cached_tokens, event.cached_tokens, 0.0)
+                elif isinstance(event, PromptProgressEvent):
+                    yield PromptProgress(event.total, event.cache, event.processed, event.elapsed_s * 1000.0)
+                elif isinstance(event, TokensEvent):
+                    if not first_token:
+                        first_token = True
+                        track.first_token()
                     if prompt_only:
                         self.engine.finish(handle, "length", keep_tokens=0)
                         continue
@@ -228,6 +296,7 @@ class ModelService:
                         post.finish_sent = True
                         self.engine.finish(handle, "stop", keep_tokens=post.kept_tokens)
                 elif isinstance(event, FinishEvent):
+                    track.engine_finished(event)
                     if not admitted:
                         if isinstance(event.error, QueueTimeout):
                             raise ApiError(503, str(event.error), type=errors.SERVER_ERROR, code="request_queue_timeout")
@@ -252,9 +321,10 @@ class _PostProcessor:
         self.service = service
         self.prompt_len = len(prepared.prompt_ids)
         self.t_submit = t_submit
+        self.t_admit: float | None = None  # when the engine's AdmittedEvent arrived
         self.t_first: float | None = None
         self.t_last: float | None = None
-        self.cached = 0
+        self.cached = 0  # exact reused prompt tokens, from the AdmittedEvent
         self.detok = IncrementalDetokenizer(service.tokenizer)
         self.stops = StopMatcher(req.stop) if req.stop else None
         self.reasoning = ReasoningParser(prepared.starts_in_thinking)
@@ -338,7 +408,8 @@ class _PostProcessor:
     def snapshot(self) -> Timings:
         """Cumulative timings at the committed frontier (timings_per_token)."""
         first, last = self.t_first, self.t_last
-        prompt_ms = 0.0 if first is None else (first - self.t_submit) * 1000.0
+        start = self.t_submit if self.t_admit is None else self.t_admit  # prompt time starts at admission
+        prompt_ms = 0.0 if first is None else (first - start) * 1000.0
         predicted_ms = 0.0 if first is None or last is None else (last - first) * 1000.0
         return Timings(self.cached, self.prompt_len - self.cached, prompt_ms, self.kept_tokens, predicted_ms)
 

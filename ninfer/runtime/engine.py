@@ -1,7 +1,8 @@
 """The engine: one worker thread that owns the executor and runs the step loop.
 
     submit ─▶ inbox ─▶ ┌──────────── worker thread ────────────┐ ─▶ RequestHandle events
-    cancel ─▶          │ admit → schedule → execute → sample → │    (TokensEvent…, FinishEvent)
+    cancel ─▶          │ admit → schedule → execute → sample → │    (AdmittedEvent, progress…,
+                       │                                       │     TokensEvent…, FinishEvent)
     finish ─▶          │ commit → publish → snapshot           │
                        └───────────────────────────────────────┘
 
@@ -29,6 +30,7 @@ from ninfer.runtime.request import (
     EngineError,
     EngineOverloaded,
     FinishEvent,
+    PromptProgressEvent,
     Request,
     RequestEvent,
     RequestOutput,
@@ -84,11 +86,13 @@ class EngineStats:
 
 
 class RequestHandle:
-    """The event stream of one submitted request: `TokensEvent`s, then one `FinishEvent`.
+    """The event stream of one submitted request: `AdmittedEvent`, `PromptProgressEvent`s,
+    `TokensEvent`s, then one `FinishEvent` (see ninfer.runtime.request).
 
     Iterate it with `async for` on an event loop or with a plain `for` on any thread (one
-    consumer). Consecutive token events waiting to be read are merged into one. `result()`
-    blocks until the request finishes and returns everything.
+    consumer). Consecutive token events waiting to be read are merged into one, consecutive
+    progress events into the latest; no other events are merged. `result()` blocks until the
+    request finishes and returns everything.
     """
 
     def __init__(self, engine: Engine, seq_id: int, request: Request) -> None:
@@ -128,7 +132,7 @@ class RequestHandle:
         self._engine.cancel(self)
 
     def _pop(self) -> RequestEvent | None:
-        """Under the lock: the next event with queued token events merged, or None."""
+        """Under the lock: the next event with queued token (progress) events merged, or None."""
         if not self._events:
             return None
         event = self._events.popleft()
@@ -137,7 +141,10 @@ class RequestHandle:
             while self._events and isinstance(self._events[0], TokensEvent):
                 ids += self._events.popleft().token_ids  # type: ignore[union-attr]
             event = TokensEvent(tuple(ids))
-        else:
+        elif isinstance(event, PromptProgressEvent):
+            while self._events and isinstance(self._events[0], PromptProgressEvent):
+                event = self._events.popleft()  # type: ignore[assignment]
+        elif isinstance(event, FinishEvent):
             self._delivered_finish = True
         return event
 
@@ -370,10 +377,12 @@ class Engine:
         self._sched.commit(plan, sampled, self._clock())
 
     def _publish(self) -> None:
-        for seq, tokens, finished in self._sched.drain_updates():
+        for seq, tokens, finished, notice in self._sched.drain_updates():
             handle = self._handles.get(seq.seq_id)
             if handle is None:
                 continue
+            if notice is not None:
+                handle._push(notice)
             if tokens:
                 handle._push(TokensEvent(tokens))
             if finished:

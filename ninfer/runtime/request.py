@@ -1,9 +1,15 @@
 """Plain data that crosses the engine's request interface.
 
 A caller (the HTTP layer, `ninfer.LLM`) builds a `Request` of token ids and `SamplingParams`,
-submits it, and reads back `TokensEvent`s followed by exactly one `FinishEvent`. Nothing here
-holds a tensor or a reference into the engine, so the engine core can later move into another
-process without changing this contract.
+submits it, and reads back its events::
+
+    AdmittedEvent → PromptProgressEvent… → TokensEvent… → FinishEvent
+
+`AdmittedEvent` and the progress events come only once the request was admitted; a request
+that never was (queue timeout, cancelled while waiting) sees only its `FinishEvent`.
+
+Nothing here holds a tensor or a reference into the engine, so the engine core can later move
+into another process without changing this contract.
 
 No torch import.
 """
@@ -106,6 +112,16 @@ class Request:
 
     `arrival_s`: `time.monotonic()` when the caller began preparing the request; the pending
     timeout counts from it. None means the moment of submission.
+
+    Thinking budget: with `thinking_budget` set, the output starts inside an open thinking block.
+    The engine counts output tokens while thinking is open; a sampled token in
+    `thinking_close_ids` (`</think>`) closes it naturally. When `thinking_budget` tokens were
+    written and thinking is still open (and the request did not just finish), the engine appends
+    `thinking_suffix_ids` (the early-close guidance ending with `</think>`) to the sequence
+    without sampling, publishes them as ordinary output tokens (they count in usage and in
+    max_tokens) and generation continues after them. When the suffix plus one more token no
+    longer fits max_tokens or the context, the request finishes with 'length' instead of
+    inserting part of it (callers check that capacity up front).
     """
 
     prompt_token_ids: tuple[int, ...]
@@ -113,6 +129,9 @@ class Request:
     checkpoint_positions: tuple[int, ...] = ()
     session_key: str | None = None
     arrival_s: float | None = None
+    thinking_budget: int | None = None
+    thinking_close_ids: tuple[int, ...] = ()
+    thinking_suffix_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_token_ids", tuple(int(t) for t in self.prompt_token_ids))
@@ -123,6 +142,14 @@ class Request:
             raise RequestError("the prompt is empty; send at least one token")
         if min(self.prompt_token_ids) < 0:
             raise RequestError("prompt token ids must be non-negative")
+        for name in ("thinking_close_ids", "thinking_suffix_ids"):
+            object.__setattr__(self, name, tuple(int(t) for t in getattr(self, name)))
+        budget = self.thinking_budget
+        if budget is not None:
+            if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+                raise RequestError(f"thinking_budget must be a positive integer, got {budget!r}")
+            if not self.thinking_suffix_ids:
+                raise RequestError("a thinking budget needs the suffix that closes thinking")
 
 
 @dataclass(frozen=True)
@@ -163,9 +190,36 @@ class Timings:
 
 
 @dataclass(frozen=True)
+class AdmittedEvent:
+    """Initial binding committed: the exact reused prompt prefix is known. Published once,
+    before any progress or token event. `cached_tokens` + the tokens the prefill computes =
+    `prompt_tokens`; `reuse_path` as in `Usage`."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    reuse_path: ReusePath
+
+
+@dataclass(frozen=True)
+class PromptProgressEvent:
+    """A prefill chunk of the initial prefill committed (never sent for replay after a pause).
+
+    `processed` (prompt tokens whose KV exist, counting the `cache` reused ones) only grows; the
+    last event has processed == total and precedes the first TokensEvent. `elapsed_s`: engine
+    clock seconds from admission to this commit. Consecutive unread progress events are
+    coalesced into the latest one."""
+
+    total: int
+    cache: int
+    processed: int
+    elapsed_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class TokensEvent:
     """Newly committed output token ids, in order. Never republished (replay after a pause
-    rebuilds state without emitting). May include EOS; the caller withholds it from text."""
+    rebuilds state without emitting). May include EOS; the caller withholds it from text.
+    Includes a thinking-budget suffix the engine committed without sampling."""
 
     token_ids: tuple[int, ...]
 
@@ -183,7 +237,7 @@ class FinishEvent:
     error: BaseException | None = None
 
 
-RequestEvent = TokensEvent | FinishEvent
+RequestEvent = AdmittedEvent | PromptProgressEvent | TokensEvent | FinishEvent
 
 
 def _check_float(name: str, value: object, lo: float, hi: float) -> None:

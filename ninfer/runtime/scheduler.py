@@ -13,7 +13,12 @@ One step, in order (`schedule`)::
 
 and after the executor ran and the sampler chose a token for each logits row (`commit`):
 advance `computed`, hand newly full pages and checkpoints to the prefix cache (retention.py),
-append the sampled tokens, apply stop conditions (EOS, max_tokens, max_context).
+append the sampled tokens, apply stop conditions (EOS, max_tokens, max_context), and append a
+thinking-budget suffix without sampling where the budget ran out (thinking.py).
+
+Published per request, in order: `AdmittedEvent` when initial binding commits (the reused
+prefix is exact), a `PromptProgressEvent` after each committed chunk of the initial prefill,
+then the committed tokens, then the finish.
 
 A paused request gives back its lane and pages and keeps its tokens; it is rebuilt by replaying
 prompt + committed output (the prefix cache usually makes that cheap). Replay never resamples
@@ -33,10 +38,18 @@ from typing import NamedTuple
 from ninfer.runtime.config import EngineConfig
 from ninfer.runtime.pages import PagePool
 from ninfer.runtime.prefix_cache import PrefixCache, PrefixMatch
-from ninfer.runtime.request import EngineOverloaded, QueueTimeout, Request, RequestError
+from ninfer.runtime.request import (
+    AdmittedEvent,
+    EngineOverloaded,
+    PromptProgressEvent,
+    QueueTimeout,
+    Request,
+    RequestError,
+)
 from ninfer.runtime.retention import Retention
 from ninfer.runtime.sequence import SeqStatus, Sequence
 from ninfer.runtime.step import SeqChunk, StateCopy, StepBatch
+from ninfer.runtime.thinking import ThinkingBudget
 
 
 class StepPlan(NamedTuple):
@@ -52,11 +65,13 @@ class StepPlan(NamedTuple):
 
 
 class SeqUpdate(NamedTuple):
-    """Something to publish: newly committed tokens, or (finished=True) the end."""
+    """Something to publish: a `notice` (admission, prompt progress), newly committed tokens,
+    or (finished=True) the end."""
 
     seq: Sequence
     new_tokens: tuple[int, ...]
     finished: bool
+    notice: AdmittedEvent | PromptProgressEvent | None = None
 
 
 @dataclass
@@ -170,6 +185,7 @@ class Scheduler:
             tokens=list(request.prompt_token_ids),
             num_prompt=len(request.prompt_token_ids),
             capture_at=[],
+            thinking=ThinkingBudget.of(request),
         )
         self._seqs[seq_id] = seq
         self.waiting.append(seq)
@@ -247,7 +263,8 @@ class Scheduler:
         row = 0
         for seq, chunk in zip(plan.chunk_seqs, plan.batch.chunks):
             assert seq.status is SeqStatus.RUNNING and seq.computed == chunk.start_pos
-            self._advance(seq, len(chunk.token_ids))
+            if self._advance(seq, len(chunk.token_ids)):
+                self._progress(seq, now)
             self.retention.retain_full_pages(seq)
             self.retention.capture(seq, self._copies)
             if chunk.want_logits:
@@ -325,6 +342,8 @@ class Scheduler:
             seq.reuse_path = "checkpoint" if seq.computed else "root"
             self.counters.prompt_tokens += seq.num_prompt
             self.counters.cached_tokens += seq.computed
+            admitted = AdmittedEvent(seq.num_prompt, seq.cached_tokens, seq.reuse_path)
+            self._updates.append(SeqUpdate(seq, (), False, admitted))
         seq.status = SeqStatus.RUNNING
         bisect.insort(self.running, seq, key=lambda s: s.seq_id)
 
@@ -392,7 +411,9 @@ class Scheduler:
 
     # -- commit -----------------------------------------------------------------------------
 
-    def _advance(self, seq: Sequence, n: int) -> None:
+    def _advance(self, seq: Sequence, n: int) -> int:
+        """Account `n` computed tokens; returns how many were prompt tokens computed for the
+        first time (initial prefill, not replay)."""
         start, end = seq.computed, seq.computed + n
         replayed = max(0, min(end, seq.high_water) - start)
         fresh_prompt = max(0, min(end, seq.num_prompt) - max(start, seq.high_water))
@@ -402,6 +423,13 @@ class Scheduler:
         self.counters.prefill_tokens += fresh_prompt
         seq.computed = end
         seq.high_water = max(seq.high_water, end)
+        return fresh_prompt
+
+    def _progress(self, seq: Sequence, now: float) -> None:
+        assert seq.admitted_s is not None
+        done, total = min(seq.computed, seq.num_prompt), seq.num_prompt
+        event = PromptProgressEvent(total, seq.cached_tokens, done, now - seq.admitted_s)
+        self._updates.append(SeqUpdate(seq, (), False, event))
 
     def _append_token(self, seq: Sequence, token: int, now: float) -> None:
         seq.tokens.append(token)
@@ -415,6 +443,23 @@ class Scheduler:
             self._finish(seq, "stop", now)
         elif seq.num_output >= seq.max_tokens or seq.known >= self.config.max_context:
             self._finish(seq, "length", now)
+        elif seq.thinking is not None and seq.thinking.observe(token):
+            self._force_thinking_close(seq, now)
+
+    def _force_thinking_close(self, seq: Sequence, now: float) -> None:
+        """The thinking budget ran out with the block open: commit the suffix unsampled (the
+        next step computes it like prompt tokens), or end with 'length' when the suffix and one
+        more token do not fit, rather than insert part of it."""
+        assert seq.thinking is not None
+        suffix = seq.thinking.take_suffix()
+        room = min(seq.max_tokens - seq.num_output, self.config.max_context - seq.known)
+        if len(suffix) + 1 > room:
+            self._finish(seq, "length", now)
+            return
+        seq.tokens.extend(suffix)
+        self.counters.generation_tokens += len(suffix)
+        self.counters.decode_tokens += len(suffix)
+        self._updates.append(SeqUpdate(seq, suffix, False))
 
     # -- leaving residence ------------------------------------------------------------------
 

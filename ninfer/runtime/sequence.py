@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from ninfer.runtime.prefix_cache import CacheNode
 from ninfer.runtime.request import Request, ReusePath
+from ninfer.runtime.thinking import ThinkingBudget
 
 
 class SeqStatus(enum.Enum):
@@ -51,6 +52,7 @@ class Sequence:
     rolling_slot: int | None = None  # private checkpoint of the latest page boundary (hybrid)
     rolling_pos: int = 0
     bypassed: int = 0  # times a later request was admitted ahead of this one while it waited
+    thinking: ThinkingBudget | None = None  # thinking-budget state (Request.thinking_budget)
     # usage and timing
     bound_once: bool = False
     cached_tokens: int = 0

@@ -161,6 +161,7 @@ class SchedulerHarness:
         self.sampler = Sampler()
         self.now = 0.0
         self.published: dict[int, list[int]] = {}
+        self.notices: dict[int, list] = {}  # AdmittedEvent / PromptProgressEvent, in order
         self.finished: dict[int, object] = {}
         self.plans: list = []
 
@@ -169,10 +170,12 @@ class SchedulerHarness:
 
         checkpoints = params.pop("checkpoint_positions", ())
         session = params.pop("session_key", None)
+        thinking = {k: params.pop(k) for k in list(params) if k.startswith("thinking_")}
         params.setdefault("temperature", 0.0)
-        req = Request(tuple(prompt), SamplingParams(**params), checkpoints, session)
+        req = Request(tuple(prompt), SamplingParams(**params), checkpoints, session, **thinking)
         seq = self.sched.add(req, self.now)
         self.published[seq.seq_id] = []
+        self.notices[seq.seq_id] = []
         return seq
 
     def step(self):
@@ -209,8 +212,11 @@ class SchedulerHarness:
                 assert state[seq.rolling_slot] == (len(history), digest(history)), "bad rolling"
 
     def collect(self):
-        for seq, tokens, finished in self.sched.drain_updates():
+        for seq, tokens, finished, notice in self.sched.drain_updates():
             assert seq.seq_id not in self.finished, "update after finish"
+            if notice is not None:
+                assert not self.published[seq.seq_id], "a notice after the first token"
+                self.notices[seq.seq_id].append(notice)
             self.published[seq.seq_id].extend(tokens)
             if finished:
                 self.finished[seq.seq_id] = seq

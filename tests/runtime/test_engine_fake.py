@@ -12,9 +12,11 @@ from ninfer.errors import ConfigError
 from ninfer.runtime.config import EngineConfig
 from ninfer.runtime.engine import Engine
 from ninfer.runtime.request import (
+    AdmittedEvent,
     EngineError,
     EngineOverloaded,
     FinishEvent,
+    PromptProgressEvent,
     QueueTimeout,
     Request,
     SamplingParams,
@@ -108,9 +110,10 @@ def test_async_stream_publishes_each_token_once_then_finishes():
         return req, events
 
     req, events = asyncio.run(main())
-    assert isinstance(events[-1], FinishEvent)
-    assert all(isinstance(e, TokensEvent) for e in events[:-1])
-    streamed = [t for e in events[:-1] for t in e.token_ids]
+    assert isinstance(events[0], AdmittedEvent) and isinstance(events[-1], FinishEvent)
+    assert isinstance(events[1], PromptProgressEvent) and events[1].processed == 6
+    assert all(isinstance(e, TokensEvent) for e in events[2:-1])
+    streamed = [t for e in events[2:-1] for t in e.token_ids]
     assert streamed == list(events[-1].token_ids) == ref(req)
     assert events[-1].reason == "length"
 
@@ -124,7 +127,9 @@ def test_sync_iteration_and_prefix_reuse_usage():
     fin = events[-1]
     assert fin.usage.cached_tokens == 20 and fin.usage.reuse_path == "checkpoint"
     assert fin.usage.prefill_tokens == 1
-    assert [t for e in events[:-1] for t in e.token_ids] == list(fin.token_ids) == ref(first)
+    assert events[0] == AdmittedEvent(21, 20, "checkpoint")
+    tokens = [t for e in events if isinstance(e, TokensEvent) for t in e.token_ids]
+    assert tokens == list(fin.token_ids) == ref(first)
 
 
 def test_cancel_a_running_and_a_waiting_request():
@@ -135,7 +140,9 @@ def test_cancel_a_running_and_a_waiting_request():
     assert eng._executor.entered.wait(T)
     eng.cancel(queued)
     eng._executor.gate.set()
-    first = next(iter(long))
+    stream = iter(long)
+    assert isinstance(next(stream), AdmittedEvent)
+    first = next(e for e in stream if not isinstance(e, PromptProgressEvent))
     assert isinstance(first, TokensEvent)
     long.cancel()
     out_long = long.result(timeout=T)
