@@ -7,6 +7,7 @@ Protocol (what the engine relies on; see ninfer/runtime/step.py):
     ex.num_pages, ex.page_size, ex.num_state_slots, ex.is_hybrid
     logits = ex.run(batch)          # [rows with want_logits, vocab] float32, in chunk order
     ex.copy_state(src_slot, dst_slot)
+    ex.tokens_computed              # tokens run through the model since construction
 
 `run` first applies `batch.state_copies` in order, then resets the state slot of every chunk
 that starts at position 0 (a fresh sequence), then runs every call of the plan once over all
@@ -50,6 +51,9 @@ class Executor:
         self._rope: dict[str, torch.Tensor] = {}
         self._last_use = self._liveness()
         self.last_step_seconds = 0.0
+        # positions computed by `run` since construction (every chunk token, prefill or decode;
+        # state copies excluded): tests read deltas of it to prove prefix reuse skipped work
+        self.tokens_computed = 0
 
     @property
     def num_pages(self) -> int:
@@ -131,6 +135,7 @@ class Executor:
             for name in self._last_use.get(i, ()):
                 env.pop(name, None)
         self.last_step_seconds = time.perf_counter() - t0
+        self.tokens_computed += batch.num_tokens
         return env[self.plan.outputs[0]]
 
 
