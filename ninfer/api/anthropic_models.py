@@ -35,14 +35,15 @@ from ninfer.api.fields import (
     get_bool,
     get_enum,
     get_int,
-    get_number,
     get_object,
+    get_sampling,
     get_str,
     require_object,
 )
 from ninfer.api.generation import GenerationRequest, SamplingOptions
 from ninfer.api.stops import validate_stops
 from ninfer.api.template import TemplateOptions, ThinkingDefaults, resolve_template_options
+from ninfer.api.tool_fields import function_template_dict, reject_defer_loading, reject_strict
 
 MIN_THINKING_BUDGET = 1024
 MAX_BREAKPOINTS = 4
@@ -183,14 +184,8 @@ def _parse_tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[tuple
             if kind.startswith("mcp"):
                 what = "MCP toolsets"
             raise errors.unsupported_value(f"{param}.type", kind, what)
-        if get_bool(tool, "strict", f"{param}.strict"):
-            raise errors.unsupported_value(
-                f"{param}.strict", True, "strict schema adherence (no constrained decoding)"
-            )
-        if get_bool(tool, "defer_loading", f"{param}.defer_loading"):
-            raise errors.unsupported_value(
-                f"{param}.defer_loading", True, "deferred tool loading (no tool search)"
-            )
+        reject_strict(tool, param)
+        reject_defer_loading(tool, param)
         callers = get_array(tool, "allowed_callers", f"{param}.allowed_callers")
         if callers is not None and "direct" not in callers:
             raise errors.unsupported_value(
@@ -203,21 +198,18 @@ def _parse_tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[tuple
         schema = get_object(tool, "input_schema", f"{param}.input_schema", required=True)
         if schema.get("type") != "object":  # type: ignore[union-attr]
             raise errors.invalid_value(f"{param}.input_schema.type", "must be 'object'")
-        fn: dict[str, Any] = {"name": name}
         description = get_str(tool, "description", f"{param}.description")
-        if description is not None:
-            fn["description"] = description
-        fn["parameters"] = schema
+        declared = function_template_dict(name, description, schema)  # type: ignore[arg-type]
         examples = get_array(tool, "input_examples", f"{param}.input_examples")
         if examples:
             for j, ex in enumerate(examples):
                 require_object(ex, f"{param}.input_examples[{j}]")
-            fn["input_examples"] = examples
+            declared["function"]["input_examples"] = examples
         get_bool(tool, "eager_input_streaming", f"{param}.eager_input_streaming")
         ttl = parse_cache_control(tool, param)
         if ttl is not None:
             marks.append((i, ttl, param))
-        tools.append({"type": "function", "function": fn})
+        tools.append(declared)
     return tools, marks
 
 
@@ -251,11 +243,8 @@ def _parse_max_tokens(body: dict[str, Any], default: int) -> int:
 
 
 def _parse_sampling(body: dict[str, Any]) -> SamplingOptions:
-    return SamplingOptions(
-        temperature=get_number(body, "temperature", lo=0.0, hi=1.0),
-        top_p=get_number(body, "top_p", lo=0.0, hi=1.0),
-        top_k=get_int(body, "top_k", lo=0),
-    )
+    names = ("temperature", "top_p", "top_k")
+    return SamplingOptions(**get_sampling(body, names, temperature=(0.0, 1.0), top_k=(0, None)))
 
 
 def _parse_stop(body: dict[str, Any]) -> tuple[str, ...]:

@@ -74,22 +74,19 @@ def invalid_json(detail: str) -> ApiError:
 
 def missing(param: str) -> ApiError:
     """A required field is absent or null."""
-    return ApiError(400, f"'{param}' is required", code="missing_required_parameter", param=param)
+    return _field_error("missing_required_parameter", param, f"'{param}' is required")
 
 
 def invalid_type(param: str, expected: str, value: object) -> ApiError:
     """A field has the wrong JSON type."""
-    return ApiError(
-        400,
-        f"'{param}' must be {expected}, got {_json_type(value)}",
-        code="invalid_type",
-        param=param,
+    return _field_error(
+        "invalid_type", param, f"'{param}' must be {expected}, got {_json_type(value)}"
     )
 
 
 def invalid_value(param: str, message: str) -> ApiError:
     """A field has the right type but an impossible value (out of range, unknown enum member)."""
-    return ApiError(400, f"'{param}': {message}", code="invalid_value", param=param)
+    return _field_error("invalid_value", param, f"'{param}': {message}")
 
 
 def unsupported_parameter(param: str, guarantee: str) -> ApiError:
@@ -97,42 +94,33 @@ def unsupported_parameter(param: str, guarantee: str) -> ApiError:
 
     `guarantee` names what cannot be honoured, e.g. "grammar-constrained decoding".
     """
-    return ApiError(
-        400,
-        f"'{param}' is not supported: ninfer cannot provide {guarantee}",
-        code="unsupported_parameter",
-        param=param,
-    )
+    return _field_error("unsupported_parameter", param, f"'{param}' {_cannot(guarantee)}")
 
 
 def unsupported_value(param: str, value: object, guarantee: str) -> ApiError:
     """A supported field given a value whose behaviour NInfer cannot provide."""
-    return ApiError(
-        400,
-        f"'{param}' = {_short(value)} is not supported: ninfer cannot provide {guarantee}",
-        code="unsupported_value",
-        param=param,
+    return _field_error(
+        "unsupported_value", param, f"'{param}' = {_short(value)} {_cannot(guarantee)}"
     )
 
 
 def vision_disabled(param: str) -> ApiError:
     """Media input on a server started without --vision."""
-    return ApiError(
-        400,
+    return _field_error(
+        "vision_disabled",
+        param,
         "image and video input is disabled on this server; start `ninfer serve` with --vision",
-        code="vision_disabled",
-        param=param,
     )
 
 
 def invalid_media(param: str, message: str) -> ApiError:
     """An invalid media source, bytes or decoded content."""
-    return ApiError(400, f"'{param}': {message}", code="invalid_media", param=param)
+    return _field_error("invalid_media", param, f"'{param}': {message}")
 
 
 def conflicting_template_option(param: str, message: str) -> ApiError:
     """Two request fields (typed and chat_template_kwargs, or thinking and effort) disagree."""
-    return ApiError(400, message, code="conflicting_template_option", param=param)
+    return _field_error("conflicting_template_option", param, message)
 
 
 def context_length_exceeded(
@@ -224,6 +212,15 @@ def internal_error() -> ApiError:
 
 
 # -- formatting ----------------------------------------------------------------------------------
+
+
+def _field_error(code: str, param: str, message: str) -> ApiError:
+    """A 400 invalid_request_error blaming one request field."""
+    return ApiError(400, message, code=code, param=param)
+
+
+def _cannot(guarantee: str) -> str:
+    return f"is not supported: ninfer cannot provide {guarantee}"
 
 
 def _json_type(value: object) -> str:

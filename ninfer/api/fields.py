@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ninfer.api import errors
@@ -164,6 +164,35 @@ def require_object(value: Any, param: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise errors.invalid_type(param, "an object", value)
     return value
+
+
+INT64 = (-(1 << 63), (1 << 63) - 1)
+# The sampler request fields in validation order: name -> (reader, lo, hi), OpenAI ranges.
+SAMPLING_FIELDS: dict[str, tuple[Callable[..., Any], float | None, float | None]] = {
+    "temperature": (get_number, 0.0, 2.0),
+    "top_p": (get_number, 0.0, 1.0),
+    "top_k": (get_int, 0, 20),
+    "min_p": (get_number, 0.0, 1.0),
+    "presence_penalty": (get_number, -2.0, 2.0),
+    "frequency_penalty": (get_number, -2.0, 2.0),
+    "seed": (get_int, INT64[0], INT64[1]),
+}
+
+
+def get_sampling(
+    obj: Mapping[str, Any],
+    names: tuple[str, ...] = tuple(SAMPLING_FIELDS),
+    **ranges: tuple[float | None, float | None],
+) -> dict[str, Any]:
+    """The sampler fields `names` of a request body, each read (in SAMPLING_FIELDS order) with
+    its reader and range; `ranges` overrides a field's (lo, hi) for a protocol that differs.
+    Returns {name: value or None}, ready for `SamplingOptions(**...)`."""
+    out: dict[str, Any] = {}
+    for name, (reader, lo, hi) in SAMPLING_FIELDS.items():
+        if name in names:
+            lo, hi = ranges.get(name, (lo, hi))
+            out[name] = reader(obj, name, lo=lo, hi=hi)
+    return out
 
 
 def _range(lo: int | None, hi: int | None) -> str:

@@ -18,7 +18,18 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ninfer.api.template import TemplateOptions
-from ninfer.api.toolcalls import ToolCall
+
+# The tool-call events are the parser's own (toolcalls.py is their source); the generation
+# contract names them ToolCallStart / ToolCallArgs / ToolCallDone.
+from ninfer.api.toolcalls import ToolCall, ToolCallStart
+from ninfer.api.toolcalls import ToolCallArgumentsDelta as ToolCallArgs
+from ninfer.api.toolcalls import ToolCallEnd as ToolCallDone
+
+__all__ = [
+    "Admitted", "ContentText", "FinishReason", "Finished", "GenerationEvent", "GenerationRequest",
+    "PromptProgress", "ReasoningText", "SamplingOptions", "Timings", "ToolCall", "ToolCallArgs",
+    "ToolCallDone", "ToolCallStart", "Usage",
+]  # fmt: skip
 
 FinishReason = Literal["stop", "length", "tool_calls", "cancelled", "error"]
 
@@ -130,25 +141,6 @@ class ReasoningText:
 class ContentText:
     text: str
     timings: Timings | None = None
-
-
-@dataclass(frozen=True)
-class ToolCallStart:
-    index: int
-    id: str
-    name: str
-
-
-@dataclass(frozen=True)
-class ToolCallArgs:
-    index: int
-    text: str
-
-
-@dataclass(frozen=True)
-class ToolCallDone:
-    index: int
-    call: ToolCall
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ admission, so 429/503/400 are real statuses, not in-stream events.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -31,7 +32,6 @@ from ninfer.api.generation import (
     GenerationRequest,
     PromptProgress,
     ReasoningText,
-    SamplingOptions,
     ToolCallArgs,
     ToolCallStart,
 )
@@ -61,15 +61,7 @@ def to_generation_request(chat: ChatRequest, state: ServerState) -> GenerationRe
         tools=chat.template_tools(),
         parse_tools=bool(callable_tools),
         template_options=options,
-        sampling=SamplingOptions(
-            temperature=temperature,
-            top_p=top_p,
-            top_k=s.top_k,
-            min_p=s.min_p,
-            presence_penalty=s.presence_penalty,
-            frequency_penalty=s.frequency_penalty,
-            seed=s.seed,
-        ),
+        sampling=dataclasses.replace(s, temperature=temperature, top_p=top_p),
         max_tokens=chat.max_tokens,
         stop=chat.stop,
         cache_points=chat.explicit_cache_messages,

@@ -32,9 +32,11 @@ from ninfer.api.fields import (
     get_int,
     get_number,
     get_object,
+    get_sampling,
     get_str,
     require_object,
 )
+from ninfer.api.generation import SamplingOptions as ChatSampling  # sampler fields as requested
 from ninfer.api.openai_chat_messages import (
     ChatMessage,
     ContentPart,
@@ -45,6 +47,7 @@ from ninfer.api.openai_chat_messages import (
     parse_message,
 )
 from ninfer.api.stops import validate_stops
+from ninfer.api.tool_fields import function_template_dict, reject_strict
 
 __all__ = [
     "ChatMessage", "ChatRequest", "ChatSampling", "ContentPart", "FunctionTool", "MediaPart",
@@ -54,7 +57,6 @@ __all__ = [
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 TOP_K_MAX = 20
 MAX_CACHE_WRITES = 4  # prompt-cache write candidates per request
-INT64 = (-(1 << 63), (1 << 63) - 1)
 # Known constrained-decoding aliases from other servers: rejected explicitly, never ignored.
 CONSTRAINED_ALIASES = (
     "grammar", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
@@ -71,25 +73,7 @@ class FunctionTool:
     parameters: dict[str, Any] | None = None
 
     def template_dict(self) -> dict[str, Any]:
-        fn: dict[str, Any] = {"name": self.name}
-        if self.description is not None:
-            fn["description"] = self.description
-        if self.parameters is not None:
-            fn["parameters"] = self.parameters
-        return {"type": "function", "function": fn}
-
-
-@dataclass(frozen=True)
-class ChatSampling:
-    """Sampler fields as requested; None = not given (server/preset defaults apply)."""
-
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    seed: int | None = None
+        return function_template_dict(self.name, self.description, self.parameters)
 
 
 @dataclass(frozen=True)
@@ -288,10 +272,7 @@ def _parse_tools(body: dict[str, Any]) -> tuple[FunctionTool, ...]:
             )
         fn = get_object(tool, "function", f"{param}.function", required=True)
         fparam = f"{param}.function"
-        if get_bool(fn, "strict", f"{fparam}.strict"):
-            raise errors.unsupported_value(
-                f"{fparam}.strict", True, "strict schema adherence (no constrained decoding)"
-            )
+        reject_strict(fn, fparam)  # type: ignore[arg-type]
         name = get_str(fn, "name", f"{fparam}.name", required=True, nonempty=True)
         if name in seen:
             raise errors.invalid_value(f"{fparam}.name", f"tool {name!r} is declared twice")
@@ -375,15 +356,7 @@ def _parse_tool_choice(
 
 
 def _parse_sampling(body: dict[str, Any]) -> ChatSampling:
-    return ChatSampling(
-        temperature=get_number(body, "temperature", lo=0.0, hi=2.0),
-        top_p=get_number(body, "top_p", lo=0.0, hi=1.0),
-        top_k=get_int(body, "top_k", lo=0, hi=TOP_K_MAX),
-        min_p=get_number(body, "min_p", lo=0.0, hi=1.0),
-        presence_penalty=get_number(body, "presence_penalty", lo=-2.0, hi=2.0),
-        frequency_penalty=get_number(body, "frequency_penalty", lo=-2.0, hi=2.0),
-        seed=get_int(body, "seed", lo=INT64[0], hi=INT64[1]),
-    )
+    return ChatSampling(**get_sampling(body, top_k=(0, TOP_K_MAX)))
 
 
 def _parse_max_tokens(body: dict[str, Any]) -> int | None:

@@ -28,8 +28,8 @@ from ninfer.api.fields import (
     get_bool,
     get_enum,
     get_int,
-    get_number,
     get_object,
+    get_sampling,
     get_str,
 )
 from ninfer.api.openai_chat_models import CONSTRAINED, REASONING_EFFORTS
@@ -167,8 +167,7 @@ def _parse(
         max_output_tokens=None if count else get_int(body, "max_output_tokens", lo=0),
         stream=False if count else bool(get_bool(body, "stream")),
         store=True if count else get_bool(body, "store") is not False,
-        temperature=None if count else get_number(body, "temperature", lo=0.0, hi=2.0),
-        top_p=None if count else get_number(body, "top_p", lo=0.0, hi=1.0),
+        **({} if count else get_sampling(body, ("temperature", "top_p"))),
         metadata={} if count else _parse_metadata(body),
         reasoning_effort=effort,
         reasoning_summary=summary,

@@ -24,6 +24,7 @@ from typing import Any
 
 from ninfer.api import errors
 from ninfer.api.fields import get_array, get_bool, get_object, get_str, require_object
+from ninfer.api.tool_fields import function_template_dict, reject_defer_loading, reject_strict
 
 NS_SEPARATOR = "__"
 HOSTED = "hosted, MCP or custom tools (ninfer executes no tools; declare client functions)"
@@ -42,12 +43,7 @@ class FunctionDef:
 
     def template_dict(self) -> dict[str, Any]:
         """The OpenAI-style definition the chat template renders (under the internal name)."""
-        fn: dict[str, Any] = {"name": self.internal}
-        if self.description is not None:
-            fn["description"] = self.description
-        if self.parameters is not None:
-            fn["parameters"] = self.parameters
-        return {"type": "function", "function": fn}
+        return function_template_dict(self.internal, self.description, self.parameters)
 
 
 @dataclass(frozen=True)
@@ -141,14 +137,8 @@ def _parse_function(
     name = get_str(fn, "name", f"{param}.name", required=True, nonempty=True)
     desc = get_str(fn, "description", f"{param}.description")
     params = get_object(fn, "parameters", f"{param}.parameters")
-    if get_bool(fn, "strict", f"{param}.strict"):
-        raise errors.unsupported_value(
-            f"{param}.strict", True, "strict schema adherence (no constrained decoding)"
-        )
-    if get_bool(fn, "defer_loading", f"{param}.defer_loading"):
-        raise errors.unsupported_value(
-            f"{param}.defer_loading", True, "deferred tool loading (no tool search)"
-        )
+    reject_strict(fn, param)
+    reject_defer_loading(fn, param)
     if fn.get("output_schema") is not None:
         raise errors.unsupported_parameter(f"{param}.output_schema", "tool output schemas")
     callers = get_array(fn, "allowed_callers", f"{param}.allowed_callers")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer
@@ -16,7 +17,12 @@ from tokenizers import Tokenizer
 from ninfer.api.sampling import SamplerPolicy
 from ninfer.api.service import ModelService, SamplerDefaults
 from ninfer.api.state import ServerState
-from ninfer.api.template import ChatTemplate, chat_template_for, load_builtin_template, control_token_spellings
+from ninfer.api.template import (
+    ChatTemplate,
+    chat_template_for,
+    control_token_spellings,
+    load_builtin_template,
+)
 from ninfer.artifact import Artifact
 from ninfer.runtime.config import EngineConfig
 from ninfer.runtime.engine import Engine
@@ -32,7 +38,7 @@ def load_template(config: Any, artifact: Artifact, tokenizer: Tokenizer) -> Chat
         k: v for k, v in (("bos_token", artifact.special_tokens.get("bos_token")), ("eos_token", artifact.special_tokens.get("eos_token"))) if isinstance(v, str)
     }
     if config.chat_template:
-        source = open(config.chat_template, encoding="utf-8").read()
+        source = Path(config.chat_template).read_text(encoding="utf-8")
         return chat_template_for(source, tokenizer, special_tokens=specials)
     if artifact.chat_template:
         return chat_template_for(artifact.chat_template, tokenizer, special_tokens=specials)

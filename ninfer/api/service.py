@@ -384,13 +384,11 @@ class _PostProcessor:
                 if e.text:
                     self.content.append(e.text)
                     out.append(ContentText(e.text, self.snapshot()))
-            elif isinstance(e, toolcalls.ToolCallStart):
-                out.append(ToolCallStart(e.index, e.id, e.name))
-            elif isinstance(e, toolcalls.ToolCallArgumentsDelta):
-                out.append(ToolCallArgs(e.index, e.text))
-            elif isinstance(e, toolcalls.ToolCallEnd):
-                self.calls.append(e.call)
-                out.append(ToolCallDone(e.index, e.call))
+            elif isinstance(e, (ToolCallStart, ToolCallArgs, ToolCallDone)):
+                # the parser's tool-call events are generation events as they are
+                if isinstance(e, ToolCallDone):
+                    self.calls.append(e.call)
+                out.append(e)
         return out
 
     def finish(self) -> list[GenerationEvent]:

@@ -29,6 +29,32 @@ QWEN_MARKUP = (
     "</tool_response>",
 )
 
+# The metric families the serving spec requires, by Prometheus type, as
+# prometheus_client's parser names them (counters without _total). Shared with the e2e suite.
+METRIC_FAMILIES: dict[str, set[str]] = {
+    "gauge": {
+        "ninfer_model_info", "ninfer_max_concurrency", "ninfer_max_context_tokens", "ninfer_engine_ready",
+        "ninfer_requests_running", "ninfer_requests_waiting", "ninfer_requests_paused",
+        "ninfer_requests_prefilling", "ninfer_requests_decode_ready", "ninfer_requests_replaying",
+        "ninfer_requests_materializing", "ninfer_device_kv_used_pages", "ninfer_device_kv_capacity_pages",
+        "ninfer_device_state_used_slots", "ninfer_device_state_capacity_slots",
+        "ninfer_host_context_used_bytes", "ninfer_host_context_reserved_bytes",
+        "ninfer_host_context_capacity_bytes", "ninfer_host_context_peak_bytes",
+    },
+    "counter": {
+        "ninfer_prompt_tokens", "ninfer_prompt_tokens_cached", "ninfer_prefill_tokens",
+        "ninfer_replayed_tokens", "ninfer_generation_tokens", "ninfer_decode_tokens",
+        "ninfer_spec_decode_rounds", "ninfer_spec_decode_draft_tokens",
+        "ninfer_spec_decode_accepted_tokens", "ninfer_spec_decode_fallback_steps",
+        "ninfer_preemptions", "ninfer_snapshot_restores", "ninfer_replay_restores",
+        "ninfer_context_transfer_bytes", "ninfer_host_work_seconds", "ninfer_device_wait_seconds",
+        "ninfer_requests", "ninfer_response_failures",
+    },
+    "histogram": {
+        "ninfer_time_to_first_token_seconds", "ninfer_request_duration_seconds", "ninfer_request_queue_seconds",
+    },
+}  # fmt: skip
+
 CORPUS = [
     "The quick brown fox jumps over the lazy dog. Hello, how are you today?",
     "You are a helpful assistant. What is the weather in Paris? It is sunny and warm.",

@@ -20,31 +20,14 @@ from ninfer.api.observability import Observability
 from ninfer.api.state import ServerState
 from ninfer.artifact import Artifact
 from ninfer.commands import serve
+from tests.api.conftest import METRIC_FAMILIES
 
 KEY = "metrics-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
-GAUGES = {
-    "ninfer_model_info", "ninfer_max_concurrency", "ninfer_max_context_tokens", "ninfer_engine_ready",
-    "ninfer_requests_running", "ninfer_requests_waiting", "ninfer_requests_paused",
-    "ninfer_requests_prefilling", "ninfer_requests_decode_ready", "ninfer_requests_replaying",
-    "ninfer_requests_materializing", "ninfer_device_kv_used_pages", "ninfer_device_kv_capacity_pages",
-    "ninfer_device_state_used_slots", "ninfer_device_state_capacity_slots",
-    "ninfer_host_context_used_bytes", "ninfer_host_context_reserved_bytes",
-    "ninfer_host_context_capacity_bytes", "ninfer_host_context_peak_bytes",
-}  # fmt: skip
-COUNTERS = {  # as the parser names them (without _total)
-    "ninfer_prompt_tokens", "ninfer_prompt_tokens_cached", "ninfer_prefill_tokens",
-    "ninfer_replayed_tokens", "ninfer_generation_tokens", "ninfer_decode_tokens",
-    "ninfer_spec_decode_rounds", "ninfer_spec_decode_draft_tokens",
-    "ninfer_spec_decode_accepted_tokens", "ninfer_spec_decode_fallback_steps",
-    "ninfer_preemptions", "ninfer_snapshot_restores", "ninfer_replay_restores",
-    "ninfer_context_transfer_bytes", "ninfer_host_work_seconds", "ninfer_device_wait_seconds",
-    "ninfer_requests", "ninfer_response_failures",
-}  # fmt: skip
-HISTOGRAMS = {
-    "ninfer_time_to_first_token_seconds", "ninfer_request_duration_seconds", "ninfer_request_queue_seconds",
-}  # fmt: skip
+GAUGES = METRIC_FAMILIES["gauge"]
+COUNTERS = METRIC_FAMILIES["counter"]  # as the parser names them (without _total)
+HISTOGRAMS = METRIC_FAMILIES["histogram"]
 
 
 @dataclass

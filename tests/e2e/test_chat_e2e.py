@@ -34,7 +34,13 @@ def client(live_server) -> openai.OpenAI:
 
 def create(client, p, **kw):
     extra = {"chat_template_kwargs": {"enable_thinking": p["enable_thinking"]}}
-    args = dict(model="tiny-agent", messages=p["messages"], temperature=0, max_tokens=200, extra_body=extra)
+    args = {
+        "model": "tiny-agent",
+        "messages": p["messages"],
+        "temperature": 0,
+        "max_tokens": 200,
+        "extra_body": extra,
+    }
     if p["tools"]:
         args["tools"] = p["tools"]
     args.update(kw)

@@ -56,7 +56,7 @@ def test_spec_curl_example(demo_server):
 
 
 def test_stream_equals_aggregate_and_usage(client):
-    args = dict(model="SmolLM2-135M-Instruct", messages=SPEC_MESSAGES, max_tokens=12, temperature=0)
+    args = {"model": "SmolLM2-135M-Instruct", "messages": SPEC_MESSAGES, "max_tokens": 12, "temperature": 0}
     full = client.chat.completions.create(**args)
     text, finishes, usage = [], [], []
     for chunk in client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True}):

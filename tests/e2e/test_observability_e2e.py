@@ -21,6 +21,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.api.conftest import METRIC_FAMILIES as FAMILIES
 from tests.e2e.conftest import TINY_AGENT
 
 KEY = "e2e-observability-key-9931"
@@ -28,29 +29,6 @@ SECRET = "Quokka lanterns 5123 are a private prompt"
 RECORD = re.compile(
     r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} (TRACE|DEBUG|INFO|WARNING|ERROR|CRITICAL) \S"
 )
-FAMILIES = {
-    "gauge": {
-        "ninfer_model_info", "ninfer_max_concurrency", "ninfer_max_context_tokens", "ninfer_engine_ready",
-        "ninfer_requests_running", "ninfer_requests_waiting", "ninfer_requests_paused",
-        "ninfer_requests_prefilling", "ninfer_requests_decode_ready", "ninfer_requests_replaying",
-        "ninfer_requests_materializing", "ninfer_device_kv_used_pages", "ninfer_device_kv_capacity_pages",
-        "ninfer_device_state_used_slots", "ninfer_device_state_capacity_slots",
-        "ninfer_host_context_used_bytes", "ninfer_host_context_reserved_bytes",
-        "ninfer_host_context_capacity_bytes", "ninfer_host_context_peak_bytes",
-    },
-    "counter": {
-        "ninfer_prompt_tokens", "ninfer_prompt_tokens_cached", "ninfer_prefill_tokens",
-        "ninfer_replayed_tokens", "ninfer_generation_tokens", "ninfer_decode_tokens",
-        "ninfer_spec_decode_rounds", "ninfer_spec_decode_draft_tokens",
-        "ninfer_spec_decode_accepted_tokens", "ninfer_spec_decode_fallback_steps",
-        "ninfer_preemptions", "ninfer_snapshot_restores", "ninfer_replay_restores",
-        "ninfer_context_transfer_bytes", "ninfer_host_work_seconds", "ninfer_device_wait_seconds",
-        "ninfer_requests", "ninfer_response_failures",
-    },
-    "histogram": {
-        "ninfer_time_to_first_token_seconds", "ninfer_request_duration_seconds", "ninfer_request_queue_seconds",
-    },
-}  # fmt: skip
 
 
 @pytest.fixture(scope="module")

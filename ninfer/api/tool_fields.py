@@ -1,0 +1,44 @@
+"""Pieces of function-tool declarations shared by every protocol's tool parsing.
+
+Chat Completions (`tools[i].function`), Responses (`tools[i]`, namespace members) and Anthropic
+Messages (`tools[i]`) each declare client functions in their own wire shape; all of them lower
+a function to the one OpenAI-style definition the chat template renders, and refuse the same
+flags that need constrained decoding or tool search.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ninfer.api import errors
+from ninfer.api.fields import get_bool
+
+
+def function_template_dict(
+    name: str, description: str | None, parameters: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The OpenAI-style definition the chat template renders: {"type": "function", "function":
+    {"name", "description"?, "parameters"?}}; None members are left out."""
+    fn: dict[str, Any] = {"name": name}
+    if description is not None:
+        fn["description"] = description
+    if parameters is not None:
+        fn["parameters"] = parameters
+    return {"type": "function", "function": fn}
+
+
+def reject_strict(fn: Mapping[str, Any], param: str) -> None:
+    """`strict: true` (schema adherence) needs constrained decoding: 400 unsupported_value."""
+    if get_bool(fn, "strict", f"{param}.strict"):
+        raise errors.unsupported_value(
+            f"{param}.strict", True, "strict schema adherence (no constrained decoding)"
+        )
+
+
+def reject_defer_loading(fn: Mapping[str, Any], param: str) -> None:
+    """`defer_loading: true` needs tool search: 400 unsupported_value."""
+    if get_bool(fn, "defer_loading", f"{param}.defer_loading"):
+        raise errors.unsupported_value(
+            f"{param}.defer_loading", True, "deferred tool loading (no tool search)"
+        )
