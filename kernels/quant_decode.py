@@ -47,6 +47,54 @@ def e2m1_to_f32(n):
     return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
 
 
+# Four packed bytes (8 e2m1 nibbles) -> e4m3 bytes of the low and the high nibbles, then the
+# hardware e4m3x2 -> f16x2 conversion (sm_89+). e2m1 (s, e1 e0, m) placed as e4m3 (s, 0 0 e1 e0,
+# m 0 0) keeps its bits and subnormals, and reads as value · 2^-6, so the results are e2m1 / 64.
+_E2M1X8_TO_F16_ASM = tl.constexpr(
+    """
+{
+.reg .b32 t, u, l, h;
+.reg .b16 l0, l1, h0, h1;
+shl.b32 t, $4, 4;
+shl.b32 u, $4, 2;
+and.b32 t, t, 0x80808080;
+and.b32 u, u, 0x1C1C1C1C;
+or.b32 l, t, u;
+shr.b32 u, $4, 2;
+and.b32 t, $4, 0x80808080;
+and.b32 u, u, 0x1C1C1C1C;
+or.b32 h, t, u;
+mov.b32 {l0, l1}, l;
+mov.b32 {h0, h1}, h;
+cvt.rn.f16x2.e4m3x2 $0, l0;
+cvt.rn.f16x2.e4m3x2 $1, l1;
+cvt.rn.f16x2.e4m3x2 $2, h0;
+cvt.rn.f16x2.e4m3x2 $3, h1;
+}
+"""
+)
+
+
+@triton.jit
+def e2m1_pairs_to_f32(raw, HW: tl.constexpr):
+    """raw: uint8 tensor of packed e2m1 pairs -> (low nibbles, high nibbles) as float32
+    **divided by 64** (exact). HW: decode four bytes at a time with the hardware e4m3
+    conversion (CUDA sm_89+, inline PTX); else the portable bit trick (interpreter)."""
+    if HW:
+        lo, hi = tl.inline_asm_elementwise(
+            _E2M1X8_TO_F16_ASM,
+            "=r,=r,=r,=r,r",
+            [raw],
+            dtype=(tl.float16, tl.float16),
+            is_pure=True,
+            pack=4,
+        )
+        return lo.to(tl.float32), hi.to(tl.float32)
+    else:
+        b = raw.to(tl.int32)
+        return e2m1_to_f32(b & 0xF) * 0.015625, e2m1_to_f32(b >> 4) * 0.015625
+
+
 def fp8_bytes(t: torch.Tensor) -> torch.Tensor:
     """View a float8_e4m3fn (or uint8) tensor as its raw bytes (uint8), no copy."""
     if t.dtype == torch.float8_e4m3fn:

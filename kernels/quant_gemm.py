@@ -1,39 +1,259 @@
-"""Weight-only quantised GEMM / GEMV: y = x @ Wᵀ with W dequantised in registers.
+"""Weight-only quantised GEMM / GEMV: y = x @ Wᵀ with W dequantised on the fly.
 
 Weight formats (N output channels, K input features):
 
 - ``fp8``:   w [N, K] uint8 or float8_e4m3fn (e4m3 bytes), scale [N] fp32;
              W[n, k] = e4m3(w[n, k]) * scale[n]
 - ``nvfp4``: w [N, K/2] uint8, element 2i in the low nibble (e2m1, sign bit 3),
-             scale [N, K/16] uint8 or float8_e4m3fn (e4m3 bytes), global_scale fp32 scalar;
-             W[n, k] = e2m1(w[n, k // 2] nibble k % 2) * e4m3(scale[n, k // 16]) * global_scale
+             scale [N, K/16] uint8 or float8_e4m3fn (e4m3 bytes), global_scale an fp32 scalar
+             (float or one-element tensor) or an fp32 tensor [N] (one per output row, so that
+             fused projections whose sources carry different global scales stay one GEMM);
+             W[n, k] = e2m1(w[n, k // 2] nibble k % 2) * e4m3(scale[n, k // 16]) * global_scale[n]
 
-x [M, K] bf16/fp16/fp32 (last dim contiguous) -> y [M, N] in x.dtype, fp32 accumulation.
+x [M, K] bf16/fp16/fp32 (last dim contiguous) -> y [M, N] in x.dtype.
 
-e2m1 × e4m3 has at most 6 significant bits, so the dequantised nvfp4 tile is exact in bf16 and
-tensor cores take it directly; the per-channel / global scale is applied once in the epilogue.
-Small M (decode, 1..16 rows) is memory bound: tiles are 16 rows (the tl.dot minimum) and K is
-split across programs (fp32 atomics) so the whole GPU streams the weight once.
+Three paths, chosen from M (``quant_linear(path=...)`` forces one):
+
+- ``gemv`` (decode, M <= GEMV_MAX_M[fmt]): CUDA-core kernel. Each program owns BN weight rows and
+  up to 4 rows of x and streams K; a thread holds 8 consecutive K of every one of its BN rows
+  (one 16-byte load of x, reused across the rows; 8 fp8 / 4 nvfp4 bytes of W per row), decodes
+  in registers (fp8: hardware e4m3 conversion; nvfp4: four bytes at a time through e4m3, see
+  quant_decode.e2m1_pairs_to_f32), multiplies in fp32 and accumulates in fp32; nvfp4 sums each
+  8-value half block before its e4m3 block scale. No atomics, no second pass.
+- ``tiled`` (small batches): tensor-core tiles (tl.dot) of the in-register dequantised weight,
+  split-K with fp32 atomics when the tile grid is small.
+- ``dense`` (prefill, M >= DENSE_MIN_M[fmt]): dequantise W once into an x.dtype scratch
+  (fp8 bytes and nvfp4 values times block scale are exact in bf16; the row scale rounds once)
+  and call torch's matmul (cuBLAS).
 """
 
 from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels.launch import f32_dot, hw_fp8
+from kernels.launch import f32_dot, hw_fp8, interpreting
 from kernels.quant_decode import (
     E2M1_MAX,
     FP8_E4M3_MAX,
     decode_e2m1,
     decode_fp8,
-    e2m1_to_f32,
+    e2m1_pairs_to_f32,
     encode_e2m1,
     encode_fp8,
     fp8_bytes,
     fp8_raw_to_f32,
 )
+
+# Path crossovers measured on the H200 (bench/results/gemv_h200.md, N = K = 8192 and
+# N = 24576, K = 4096): the GEMV's FMA work grows with M, the tiled path's nvfp4 decode per
+# M-tile makes it slow past a few tiles, the dense path pays one dequantisation pass.
+GEMV_MAX_M = {"fp8": 2, "nvfp4": 4}  # largest M that takes the CUDA-core GEMV
+DENSE_MIN_M = {"fp8": 1024, "nvfp4": 32}  # smallest M that dequantises once + torch matmul
+GEMV_VEC = 8  # K elements a GEMV thread holds per chunk: one 16-byte load of bf16 x
+
+
+@triton.jit
+def _gemv_load_w(w_rows, k0, kw, nmask, K, FMT: tl.constexpr, EVEN: tl.constexpr):
+    """Raw weight bytes [BN, BK] (fp8) or [BN, BK/2] (nvfp4) of the K chunk starting at k0;
+    zero outside the matrix."""
+    if FMT == 0:
+        kb = k0 + kw
+        kmax = K
+    else:
+        kb = k0 // 2 + kw
+        kmax = K // 2
+    if EVEN:
+        return tl.load(w_rows + kb, mask=kw * 0 + k0 < K, other=0)
+    return tl.load(w_rows + kb, mask=nmask[:, None] & (kb < kmax), other=0)
+
+
+@triton.jit
+def _gemv_row(
+    x_row,
+    k0,
+    kk,
+    row_ok,
+    K,
+    w,
+    sc,
+    acc,
+    FMT: tl.constexpr,
+    EVEN: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    V: tl.constexpr,
+    ELEMWISE: tl.constexpr,
+):
+    """acc + one x row's contribution of this K chunk; w [BN, BK] fp32 decoded weight.
+    acc is [BN, BK] (fp8, one x row per program: a bare FMA per element) or [BN, BK/V]
+    (sums of V consecutive products; nvfp4 scales them by their block scale sc)."""
+    if EVEN:
+        x = tl.load(x_row + k0 + kk, mask=row_ok, other=0.0).to(tl.float32)
+    else:
+        x = tl.load(x_row + k0 + kk, mask=row_ok & (k0 + kk < K), other=0.0).to(tl.float32)
+    if ELEMWISE:
+        out = acc + w * x  # [BN, BK]
+    else:
+        part = tl.sum(tl.reshape(w * x, [BN, BK // V, V]), axis=2)  # [BN, BK/V]
+        if FMT == 1:
+            part = part * sc  # e4m3 block scale of each half block
+        out = acc + part
+    return out
+
+
+@triton.jit
+def _wq_gemv_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    rs_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    gscale,
+    stride_xm,
+    stride_wn,
+    stride_sn,
+    stride_ym,
+    FMT: tl.constexpr,
+    HAS_RS: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    EVEN: tl.constexpr,
+    ELEMWISE: tl.constexpr,
+    HW: tl.constexpr,
+):
+    # grid (cdiv(N, BN), cdiv(M, BM)); BK = V * 32 * num_warps so that x [1, BK] and the weight
+    # tile [BN, BK] get the same register layout: thread t holds K [8t, 8t + 8) of all BN rows
+    V: tl.constexpr = 8
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    n = pid_n * BN + tl.arange(0, BN)
+    nmask = n < N
+    w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
+    m0 = pid_m * BM
+    x_row0 = x_ptr + m0.to(tl.int64) * stride_xm
+    kk = tl.arange(0, BK)[None, :]
+    if FMT == 0:
+        kw = tl.max_contiguous(tl.arange(0, BK), V)[None, :]
+        if ELEMWISE:
+            acc0 = tl.zeros([BN, BK], dtype=tl.float32)
+        else:
+            acc0 = tl.zeros([BN, BK // V], dtype=tl.float32)
+    else:
+        kw = tl.max_contiguous(tl.arange(0, BK // 2), V // 2)[None, :]
+        kv = tl.arange(0, BK // V)[None, :] // 2  # half block -> block within the chunk
+        acc0 = tl.zeros([BN, BK // V], dtype=tl.float32)
+    acc1 = acc0
+    acc2 = acc0
+    acc3 = acc0
+    raw = _gemv_load_w(w_rows, 0, kw, nmask, K, FMT, EVEN)
+    for k0 in range(0, K, BK):
+        if PREFETCH:
+            nxt = _gemv_load_w(w_rows, k0 + BK, kw, nmask, K, FMT, EVEN)
+        else:
+            raw = _gemv_load_w(w_rows, k0, kw, nmask, K, FMT, EVEN)
+        if FMT == 0:
+            w = fp8_raw_to_f32(raw, HW)  # [BN, BK]
+            sc = w  # unused
+        else:
+            lo, hi = e2m1_pairs_to_f32(raw, HW)  # [BN, BK/2] each, values / 64
+            w = tl.reshape(tl.join(lo, hi), [BN, BK])  # natural K order
+            sidx = k0 // 16 + kv
+            sp = s_ptr + n.to(tl.int64)[:, None] * stride_sn + sidx
+            if EVEN:
+                sraw = tl.load(sp)
+            else:
+                sraw = tl.load(sp, mask=nmask[:, None] & (sidx < K // 16), other=0)
+            sc = fp8_raw_to_f32(sraw, HW)  # [BN, BK/V]
+        acc0 = _gemv_row(
+            x_row0, k0, kk, kk * 0 + m0 < M, K, w, sc, acc0, FMT, EVEN, BN, BK, V, ELEMWISE
+        )
+        if BM > 1:
+            acc1 = _gemv_row(
+                x_row0 + stride_xm,
+                k0,
+                kk,
+                kk * 0 + m0 + 1 < M,
+                K,
+                w,
+                sc,
+                acc1,
+                FMT,
+                EVEN,
+                BN,
+                BK,
+                V,
+                ELEMWISE,
+            )
+        if BM > 2:
+            acc2 = _gemv_row(
+                x_row0 + 2 * stride_xm,
+                k0,
+                kk,
+                kk * 0 + m0 + 2 < M,
+                K,
+                w,
+                sc,
+                acc2,
+                FMT,
+                EVEN,
+                BN,
+                BK,
+                V,
+                ELEMWISE,
+            )
+            acc3 = _gemv_row(
+                x_row0 + 3 * stride_xm,
+                k0,
+                kk,
+                kk * 0 + m0 + 3 < M,
+                K,
+                w,
+                sc,
+                acc3,
+                FMT,
+                EVEN,
+                BN,
+                BK,
+                V,
+                ELEMWISE,
+            )
+        if PREFETCH:
+            raw = nxt
+    if HAS_RS:
+        rs = tl.load(rs_ptr + n, mask=nmask, other=0.0) * gscale
+    else:
+        rs = gscale
+    y_row0 = y_ptr + m0.to(tl.int64) * stride_ym + n
+    out_ty = y_ptr.dtype.element_ty
+    tl.store(y_row0, (tl.sum(acc0, axis=1) * rs).to(out_ty), mask=nmask & (n * 0 + m0 < M))
+    if BM > 1:
+        tl.store(
+            y_row0 + stride_ym,
+            (tl.sum(acc1, axis=1) * rs).to(out_ty),
+            mask=nmask & (n * 0 + m0 + 1 < M),
+        )
+    if BM > 2:
+        tl.store(
+            y_row0 + 2 * stride_ym,
+            (tl.sum(acc2, axis=1) * rs).to(out_ty),
+            mask=nmask & (n * 0 + m0 + 2 < M),
+        )
+        tl.store(
+            y_row0 + 3 * stride_ym,
+            (tl.sum(acc3, axis=1) * rs).to(out_ty),
+            mask=nmask & (n * 0 + m0 + 3 < M),
+        )
 
 
 @triton.jit
@@ -41,16 +261,18 @@ def _wq_gemm_kernel(
     x_ptr,
     w_ptr,
     s_ptr,
+    rs_ptr,
     y_ptr,
     M,
     N,
     K,
-    global_scale,
+    gscale,
     stride_xm,
     stride_wn,
     stride_sn,
     stride_ym,
     FMT: tl.constexpr,
+    HAS_RS: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
@@ -93,9 +315,7 @@ def _wq_gemm_kernel(
             xmask = mmask[:, None] & bmask[None, :]
             x_even = tl.load(x_rows + (2 * kb)[None, :], mask=xmask, other=0.0)
             x_odd = tl.load(x_rows + (2 * kb + 1)[None, :], mask=xmask, other=0.0)
-            byte = tl.load(w_rows + kb[None, :], mask=nmask[:, None] & bmask[None, :], other=0).to(
-                tl.int32
-            )  # [BN, HALF]
+            raw = tl.load(w_rows + kb[None, :], mask=nmask[:, None] & bmask[None, :], other=0)
             sidx = k0 // 16 + jb
             sraw = tl.load(
                 s_ptr + n.to(tl.int64)[:, None] * stride_sn + sidx[None, :],
@@ -104,18 +324,19 @@ def _wq_gemm_kernel(
             )
             sc = fp8_raw_to_f32(sraw, HW_FP8)  # [BN, NB]
             sc = tl.reshape(tl.broadcast_to(sc[:, :, None], [BN, NB, 8]), [BN, HALF])
-            w_lo = e2m1_to_f32(byte & 0xF) * sc
-            w_hi = e2m1_to_f32(byte >> 4) * sc
+            w_lo, w_hi = e2m1_pairs_to_f32(raw, HW_FP8)  # values / 64
+            w_lo = w_lo * sc
+            w_hi = w_hi * sc
             if F32_DOT:
                 acc += tl.dot(x_even.to(tl.float32), tl.trans(w_lo), input_precision="ieee")
                 acc += tl.dot(x_odd.to(tl.float32), tl.trans(w_hi), input_precision="ieee")
             else:
                 acc += tl.dot(x_even, tl.trans(w_lo.to(x_even.dtype)))
                 acc += tl.dot(x_odd, tl.trans(w_hi.to(x_odd.dtype)))
-    if FMT == 0:
-        acc = acc * tl.load(s_ptr + n, mask=nmask, other=0.0)[None, :]
+    if HAS_RS:
+        acc = acc * (tl.load(rs_ptr + n, mask=nmask, other=0.0) * gscale)[None, :]
     else:
-        acc = acc * global_scale
+        acc = acc * gscale
     y_ptrs = y_ptr + m.to(tl.int64)[:, None] * stride_ym + n[None, :]
     ymask = mmask[:, None] & nmask[None, :]
     if SPLIT_K == 1:
@@ -124,10 +345,111 @@ def _wq_gemm_kernel(
         tl.atomic_add(y_ptrs, acc, mask=ymask)
 
 
-def _config(
-    M: int, N: int, K: int, fmt: str, device: torch.device
-) -> tuple[int, int, int, int, int, int]:
-    """(BM, BN, BK, SPLIT_K, num_warps, num_stages) from the shapes."""
+@triton.jit
+def _dequant_kernel(
+    w_ptr,
+    s_ptr,
+    rs_ptr,
+    out_ptr,
+    N,
+    K,
+    gscale,
+    stride_wn,
+    stride_sn,
+    stride_on,
+    FMT: tl.constexpr,
+    HAS_RS: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    HW: tl.constexpr,
+):
+    """out [N, K] (out dtype) = the full dequantised weight, row scales included."""
+    n = tl.program_id(0) * BN + tl.arange(0, BN)
+    nmask = n < N
+    if HAS_RS:
+        rs = (tl.load(rs_ptr + n, mask=nmask, other=0.0) * gscale)[:, None]
+    else:
+        rs = gscale
+    o_rows = out_ptr + n.to(tl.int64)[:, None] * stride_on
+    w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
+    k0 = tl.program_id(1) * BK
+    if FMT == 0:
+        k = k0 + tl.arange(0, BK)[None, :]
+        mask = nmask[:, None] & (k < K)
+        w = fp8_raw_to_f32(tl.load(w_rows + k, mask=mask, other=0), HW)
+        tl.store(o_rows + k, (w * rs).to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        kb = k0 // 2 + tl.arange(0, BK // 2)[None, :]
+        bmask = nmask[:, None] & (kb < K // 2)
+        lo, hi = e2m1_pairs_to_f32(tl.load(w_rows + kb, mask=bmask, other=0), HW)
+        sidx = k0 // 16 + tl.arange(0, BK // 16)[None, :]
+        sraw = tl.load(
+            s_ptr + n.to(tl.int64)[:, None] * stride_sn + sidx,
+            mask=nmask[:, None] & (sidx < K // 16),
+            other=0,
+        )
+        sc = fp8_raw_to_f32(sraw, HW)  # [BN, BK/16]
+        w = tl.reshape(tl.join(lo, hi), [BN, BK // 16, 16]) * sc[:, :, None]
+        w = tl.reshape(w, [BN, BK]) * rs
+        k = k0 + tl.arange(0, BK)[None, :]
+        tl.store(o_rows + k, w.to(out_ptr.dtype.element_ty), mask=nmask[:, None] & (k < K))
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """Launch shape of the GEMV kernel: BN weight rows per program, num_warps (K chunk =
+    8 * 32 * warps), software prefetch of the next chunk's weight bytes."""
+
+    bn: int
+    warps: int
+    prefetch: bool = False
+
+    @property
+    def bk(self) -> int:
+        return GEMV_VEC * 32 * self.warps
+
+
+GEMV_TABLE_PATH = Path(__file__).with_name("quant_gemm_table.json")
+
+
+def load_gemv_table(path: Path = GEMV_TABLE_PATH) -> dict[tuple[str, int, int], GemvConfig]:
+    """{(fmt, N, K): GemvConfig} measured on the H200 by ``bench/gemv_bench.py --write-table``
+    (bench/results/gemv_h200.md) for the projection shapes of the models we serve; shapes not in
+    it use _gemv_default. File format: {"fmt:N:K": [bn, warps, prefetch]}."""
+    if not path.exists():
+        return {}
+    raw = json.loads(path.read_text())
+    table = {}
+    for key, (bn, warps, prefetch) in raw.items():
+        fmt, n, k = key.split(":")
+        table[(fmt, int(n), int(k))] = GemvConfig(int(bn), int(warps), bool(prefetch))
+    return table
+
+
+GEMV_TABLE = load_gemv_table()  # read once at import
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _gemv_default(fmt: str, N: int, K: int, sms: int) -> GemvConfig:
+    """8 (fp8) or 4 (nvfp4) weight rows per program (the best of the H200 sweep for most
+    shapes), fewer when that would leave fewer than two programs per multiprocessor."""
+    bn = 8 if fmt == "fp8" else 4  # nvfp4 is issue-bound: more, smaller programs win
+    while bn > 1 and triton.cdiv(N, bn) < 2 * sms:
+        bn //= 2
+    return GemvConfig(bn, 4)
+
+
+def gemv_config(fmt: str, N: int, K: int, device: torch.device) -> GemvConfig:
+    return GEMV_TABLE.get((fmt, N, K)) or _gemv_default(fmt, N, K, _sm_count(device))
+
+
+def _tiled_config(M: int, N: int, K: int, device: torch.device) -> tuple[int, ...]:
+    """(BM, BN, BK, SPLIT_K, num_warps, num_stages) of the tensor-core path."""
     if M <= 16:
         bm, bn, bk, warps, stages = 16, 64, 256, 4, 4
     elif M <= 64:
@@ -136,10 +458,15 @@ def _config(
         bm, bn, bk, warps, stages = 128, 128, 64, 8, 3
     split = 1
     if device.type == "cuda" and M <= 64:
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
         tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-        split = max(1, min(triton.cdiv(2 * sms, tiles), triton.cdiv(K, 4 * bk), 16))
+        split = max(1, min(triton.cdiv(2 * _sm_count(device), tiles), triton.cdiv(K, 4 * bk), 16))
     return bm, bn, bk, split, warps, stages
+
+
+def _choose_path(M: int, fmt: str) -> str:
+    if M <= GEMV_MAX_M[fmt]:
+        return "gemv"
+    return "dense" if M >= DENSE_MIN_M[fmt] else "tiled"
 
 
 def quant_linear(
@@ -150,49 +477,108 @@ def quant_linear(
     global_scale: float | torch.Tensor = 1.0,
     *,
     split_k: int | None = None,
+    path: str | None = None,
+    config: GemvConfig | None = None,
 ) -> torch.Tensor:
-    """y [M, N] = x [M, K] @ dequant(W)ᵀ for ``fmt`` in {"fp8", "nvfp4"}; see module docstring."""
+    """y [M, N] = x [M, K] @ dequant(W)ᵀ for ``fmt`` in {"fp8", "nvfp4"}; see module docstring.
+
+    ``path`` forces "gemv", "tiled" or "dense" (default: from M); ``split_k`` forces the tiled
+    path's K split; ``config`` the GEMV launch shape. No host synchronisation unless
+    ``global_scale`` is a one-element tensor (read once; pass a float or a [N] tensor)."""
     assert x.dim() == 2 and x.stride(-1) == 1
     M, K = x.shape
     N = w.shape[0]
     w = fp8_bytes(w) if fmt == "fp8" else w
+    gscale = 1.0
+    row_scale: torch.Tensor | None
     if fmt == "fp8":
         assert w.shape == (N, K) and scale.shape == (N,), "fp8 weight: w [N, K], scale [N]"
-        scale = scale.to(torch.float32)
+        row_scale = scale.to(torch.float32)
     elif fmt == "nvfp4":
         assert K % 16 == 0 and w.shape == (N, K // 2) and scale.shape == (N, K // 16), (
             "nvfp4 weight: w [N, K/2], scale [N, K/16]"
         )
         scale = fp8_bytes(scale)
+        row_scale = None
+        if isinstance(global_scale, torch.Tensor) and global_scale.numel() == N and N > 1:
+            row_scale = global_scale.reshape(N).to(torch.float32)
+        elif isinstance(global_scale, torch.Tensor):
+            gscale = float(global_scale)  # a load-time constant; read once
+        else:
+            gscale = float(global_scale)
     else:
         raise ValueError(f"unknown weight format {fmt!r}; expected 'fp8' or 'nvfp4'")
     assert w.stride(-1) == 1 and scale.stride(-1) == 1
-    if isinstance(global_scale, torch.Tensor):
-        global_scale = float(global_scale)  # a load-time constant; read once
-    bm, bn, bk, split, warps, stages = _config(M, N, K, fmt, x.device)
+    has_rs = row_scale is not None
+    rs = row_scale if has_rs else scale  # a valid pointer either way
+    stride_sn = scale.stride(0) if scale.dim() == 2 else 0
+    if path is None:
+        path = "tiled" if split_k is not None else _choose_path(M, fmt)
+    if M == 0:
+        return torch.empty((0, N), dtype=x.dtype, device=x.device)
+    if path == "gemv":
+        cfg = config or gemv_config(fmt, N, K, x.device)
+        bm = 1 if M == 1 else 2 if M == 2 else 4
+        if config is None and bm > 1 and (cfg.bn > 8 or cfg.prefetch):
+            cfg = GemvConfig(min(cfg.bn, 8), cfg.warps)  # registers for 2-4 accumulators
+        y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+        even = K % cfg.bk == 0 and N % cfg.bn == 0
+        _wq_gemv_kernel[(triton.cdiv(N, cfg.bn), triton.cdiv(M, bm))](
+            x,
+            w,
+            scale,
+            rs,
+            y,
+            M,
+            N,
+            K,
+            gscale * (64.0 if fmt == "nvfp4" else 1.0),
+            x.stride(0),
+            w.stride(0),
+            stride_sn,
+            y.stride(0),
+            FMT=0 if fmt == "fp8" else 1,
+            HAS_RS=has_rs,
+            BM=bm,
+            BN=cfg.bn,
+            BK=cfg.bk,
+            PREFETCH=cfg.prefetch,
+            EVEN=even,
+            ELEMWISE=fmt == "fp8" and bm == 1,
+            HW=hw_fp8(),
+            num_warps=cfg.warps,
+            num_stages=1,
+        )
+        return y
+    if path == "dense":
+        wd = dequantize_weight_into(w, scale, fmt, gscale, row_scale, x.dtype)
+        return torch.nn.functional.linear(x, wd)
+    if path != "tiled":
+        raise ValueError(f"unknown quant_linear path {path!r}; expected gemv, tiled or dense")
+    bm, bn, bk, split, warps, stages = _tiled_config(M, N, K, x.device)
     if split_k is not None:
         split = split_k
     if split > 1:
         y = torch.zeros((M, N), dtype=torch.float32, device=x.device)
     else:
         y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    if M == 0:
-        return y.to(x.dtype)
     grid = (triton.cdiv(M, bm), triton.cdiv(N, bn), split)
     _wq_gemm_kernel[grid](
         x,
         w,
         scale,
+        rs,
         y,
         M,
         N,
         K,
-        global_scale,
+        gscale * (64.0 if fmt == "nvfp4" else 1.0),
         x.stride(0),
         w.stride(0),
-        scale.stride(0) if scale.dim() == 2 else 0,
+        stride_sn,
         y.stride(0),
         FMT=0 if fmt == "fp8" else 1,
+        HAS_RS=has_rs,
         BM=bm,
         BN=bn,
         BK=bk,
@@ -205,6 +591,42 @@ def quant_linear(
     return y if split == 1 else y.to(x.dtype)
 
 
+def dequantize_weight_into(
+    w: torch.Tensor,
+    scale: torch.Tensor,
+    fmt: str,
+    gscale: float,
+    row_scale: torch.Tensor | None,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """The dequantised weight [N, K] in ``dtype``, computed on w's device by one kernel
+    (W[n, k] rounded once); w, scale as raw bytes (see quant_linear)."""
+    N = w.shape[0]
+    K = w.shape[1] * (2 if fmt == "nvfp4" else 1)
+    out = torch.empty((N, K), dtype=dtype, device=w.device)
+    has_rs = row_scale is not None
+    bn, bk = (16, 256) if interpreting() else (32, 512)
+    _dequant_kernel[(triton.cdiv(N, bn), triton.cdiv(K, bk))](
+        w,
+        scale,
+        row_scale if has_rs else scale,
+        out,
+        N,
+        K,
+        gscale * (64.0 if fmt == "nvfp4" else 1.0),
+        w.stride(0),
+        scale.stride(0) if scale.dim() == 2 else 0,
+        out.stride(0),
+        FMT=0 if fmt == "fp8" else 1,
+        HAS_RS=has_rs or fmt == "fp8",
+        BN=bn,
+        BK=bk,
+        HW=hw_fp8(),
+        num_warps=4,
+    )
+    return out
+
+
 def dequantize_weight(
     w: torch.Tensor, scale: torch.Tensor, fmt: str, global_scale: float | torch.Tensor = 1.0
 ) -> torch.Tensor:
@@ -214,6 +636,8 @@ def dequantize_weight(
     if fmt == "nvfp4":
         vals = decode_e2m1(w)  # [N, K]
         s = decode_fp8(scale).repeat_interleave(16, dim=1)
+        if isinstance(global_scale, torch.Tensor) and global_scale.numel() > 1:
+            return vals * s * global_scale.to(torch.float32).reshape(-1, 1)
         return vals * s * float(global_scale)
     raise ValueError(f"unknown weight format {fmt!r}; expected 'fp8' or 'nvfp4'")
 

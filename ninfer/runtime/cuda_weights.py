@@ -3,10 +3,9 @@
     weights of `triton.gemm_fp8` / `triton.gemm_nvfp4` calls   kept packed (QuantWeight)
     everything else                                            dense, in the compute dtype
 
-A packed weight holds one segment per group of sources that share a scale convention: fp8's
-per-row scales concatenate, so a fused fp8 GEMM is one segment; nvfp4 sources each carry a
-global scale, so a fused nvfp4 GEMM is one segment per distinct global scale, and the GEMM
-concatenates their outputs. Layouts (plain, concat, stack, stack_concat) are those of
+A packed weight is one segment: fp8's per-row scales concatenate; nvfp4 sources each carry a
+global scale, which stays a float when the fused sources share it and becomes a per-row fp32
+tensor [N] otherwise (quant_linear takes either), so a fused GEMM is one launch. Layouts (plain, concat, stack, stack_concat) are those of
 ninfer.runtime.weights.
 
 The source is an `ninfer.artifact.Artifact`, or any object with `info(name)` (format, shape) and
@@ -32,7 +31,7 @@ QUANT_GEMMS = {"triton.gemm_fp8": "fp8", "triton.gemm_nvfp4": "nvfp4"}
 class QuantSegment:
     data: torch.Tensor  # fp8 [N, K] uint8 | nvfp4 [N, K/2] uint8
     scale: torch.Tensor  # fp8 [N] f32 | nvfp4 [N, K/16] e4m3 bytes
-    global_scale: float  # nvfp4 only (1.0 for fp8)
+    global_scale: float | torch.Tensor  # nvfp4: float, or fp32 [N] per row; 1.0 for fp8
 
 
 @dataclass
@@ -47,7 +46,12 @@ class QuantWeight:
         return sum(s.data.shape[0] for s in self.segments)
 
     def nbytes(self) -> int:
-        return sum(s.data.numel() + s.scale.numel() * s.scale.element_size() for s in self.segments)
+        return sum(
+            s.data.numel()
+            + s.scale.numel() * s.scale.element_size()
+            + (s.global_scale.numel() * 4 if isinstance(s.global_scale, torch.Tensor) else 0)
+            for s in self.segments
+        )
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] (last dim contiguous) -> [M, N] in x.dtype."""
@@ -105,20 +109,23 @@ def _arrange(spec: BufferSpec, srcs: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _packed(fmt: str, parts: list[dict[str, torch.Tensor]]) -> QuantWeight:
-    segs: list[QuantSegment] = []
-    for p in parts:
-        gs = float(p["global_scale"].reshape(-1)[0]) if fmt == "nvfp4" else 1.0
-        data, scale = p["data"].contiguous(), p["scale"].contiguous()
-        if fmt == "fp8":
-            scale = scale.float()
-        if segs and (fmt == "fp8" or segs[-1].global_scale == gs):
-            last = segs[-1]
-            segs[-1] = QuantSegment(
-                torch.cat([last.data, data]), torch.cat([last.scale, scale]), gs
-            )
-        else:
-            segs.append(QuantSegment(data, scale, gs))
-    return QuantWeight(fmt, segs)
+    datas = [p["data"].contiguous() for p in parts]
+    scales = [p["scale"].contiguous() for p in parts]
+    data = datas[0] if len(datas) == 1 else torch.cat(datas)
+    if fmt == "fp8":
+        scale = torch.cat([s.float() for s in scales])
+        return QuantWeight(fmt, [QuantSegment(data, scale, 1.0)])
+    scale = scales[0] if len(scales) == 1 else torch.cat(scales)
+    gss = [float(p["global_scale"].reshape(-1)[0]) for p in parts]
+    gs: float | torch.Tensor = gss[0]
+    if any(g != gss[0] for g in gss):
+        gs = torch.cat(
+            [
+                torch.full((d.shape[0],), g, dtype=torch.float32, device=d.device)
+                for d, g in zip(datas, gss)
+            ]
+        )
+    return QuantWeight(fmt, [QuantSegment(data, scale, gs)])
 
 
 def load_device_weights(

@@ -5,6 +5,7 @@ import torch
 
 from kernels.quant_decode import E2M1_VALUES
 from kernels.quant_gemm import (
+    GemvConfig,
     dequantize_weight,
     quant_linear,
     quant_linear_reference,
@@ -79,6 +80,94 @@ def test_quant_linear_split_k(device, fmt) -> None:
         rtol=1e-4,
         atol=1e-3,
     )
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 6])
+@pytest.mark.parametrize(
+    "cfg", [GemvConfig(4, 1), GemvConfig(16, 1, prefetch=True)], ids=["bn4", "bn16-prefetch"]
+)
+def test_gemv_path_matches_reference(device, fmt, M, cfg) -> None:
+    # N, K ragged against the tiles (masked path); M = 3, 6: rows of x past M are masked
+    N, K = 37, 400
+    q, s, g = _make(fmt, N, K, device)
+    x = torch.randn(M, K, device=device)
+    y = quant_linear(x, q, s, fmt, g, path="gemv", config=cfg)
+    torch.testing.assert_close(y, quant_linear_reference(x, q, s, fmt, g), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("M", [1, 2])
+def test_gemv_even_tiles(device, fmt, M) -> None:
+    # N a multiple of the rows per program, K of the chunk (8 * 32 * warps): unmasked loads
+    cfg = GemvConfig(8, 1)
+    N, K = 16, 2 * cfg.bk
+    q, s, g = _make(fmt, N, K, device)
+    x = torch.randn(M, K, device=device)
+    y = quant_linear(x, q, s, fmt, g, path="gemv", config=cfg)
+    torch.testing.assert_close(y, quant_linear_reference(x, q, s, fmt, g), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("path", ["gemv", "tiled", "dense"])
+def test_nvfp4_per_row_global_scale(device, path) -> None:
+    # a fused projection whose two sources carry different global scales is one GEMM
+    qa, sa, ga = _make("nvfp4", 24, 64, device)
+    qb, sb, gb = _make("nvfp4", 16, 64, device)
+    gb = gb * 3.0
+    q, s = torch.cat([qa, qb]), torch.cat([sa, sb])
+    rows = torch.tensor([ga] * 24 + [gb] * 16, dtype=torch.float32, device=device)
+    x = torch.randn(3, 64, device=device)
+    y = quant_linear(x, q, s, "nvfp4", rows, path=path)
+    want = torch.cat(
+        [
+            quant_linear_reference(x, qa, sa, "nvfp4", ga),
+            quant_linear_reference(x, qb, sb, "nvfp4", gb),
+        ],
+        dim=1,
+    )
+    torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(quant_linear_reference(x, q, s, "nvfp4", rows), want)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_dense_path_matches_reference(device, fmt) -> None:
+    q, s, g = _make(fmt, 40, 96, device)
+    x = torch.randn(7, 96, device=device)
+    y = quant_linear(x, q, s, fmt, g, path="dense")
+    torch.testing.assert_close(y, quant_linear_reference(x, q, s, fmt, g), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("M", [1, 3, 8, 40, 300])
+@pytest.mark.parametrize("NK", [(6144, 4096), (4096, 12288)])
+def test_quant_linear_real_shapes_gpu(device, fmt, M, NK) -> None:
+    # Qwen3-8B qkv and down projections through the default path for M, bf16 activations
+    N, K = NK
+    q, s, g = _make(fmt, N, K, device)
+    x = torch.randn(M, K, device=device, dtype=torch.bfloat16)
+    y = quant_linear(x, q, s, fmt, g)
+    ref = quant_linear_reference(x, q, s, fmt, g).float()
+    err = (y.float() - ref).abs().max() / ref.abs().max()
+    assert err < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_gemv_sweep_configs_gpu(device, fmt) -> None:
+    # every launch shape the benchmark sweeps computes the same function
+    N, K = 4096, 4096
+    q, s, g = _make(fmt, N, K, device)
+    x = torch.randn(2, K, device=device, dtype=torch.bfloat16)
+    ref = quant_linear_reference(x, q, s, fmt, g).float()
+    for bn in (4, 8, 16):
+        for warps in (4, 8):
+            for prefetch in (False, True):
+                cfg = GemvConfig(bn, warps, prefetch)
+                for m in (1, 2):
+                    y = quant_linear(x[:m], q, s, fmt, g, path="gemv", config=cfg).float()
+                    err = (y - ref[:m]).abs().max() / ref[:m].abs().max()
+                    assert err < 1e-2, (cfg, m, float(err))
 
 
 @pytest.mark.gpu
