@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from ninfer.errors import ConfigError
 
 MAX_LANES = 8  # --max-concurrency is 1..8 by contract
+MIB = 1 << 20
+DEFAULT_HOST_CONTEXT_MIB = 8192  # --host-context-mib default: 8192 MiB ...
+DEFAULT_HOST_STATE_IMAGES = 8  # ... plus this many recurrent-state images
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,7 @@ class EngineConfig:
     prefix_reuse: bool = True  # cross-request prefix reuse (--no-prefix-reuse turns it off)
     default_max_tokens: int = 8192  # output limit when a request gives none
     admission_bypass: int = 4  # fresh requests that may pass a waiting head that cannot fit
+    host_context_mib: int | None = None  # pause-snapshot host budget; None: default; 0: off
 
     def __post_init__(self) -> None:
         _check_range("max_concurrency", self.max_concurrency, 1, MAX_LANES)
@@ -48,6 +52,8 @@ class EngineConfig:
             _check_range("kv_capacity", self.kv_capacity, self.page_size, 1 << 30)
         if self.device_state_slots is not None:
             _check_range("device_state_slots", self.device_state_slots, 0, 1024)
+        if self.host_context_mib is not None:
+            _check_range("host_context_mib", self.host_context_mib, 0, 1 << 30)
         if not isinstance(self.prefix_reuse, bool):
             raise ConfigError(f"prefix_reuse must be true or false, got {self.prefix_reuse!r}")
 
@@ -70,6 +76,13 @@ class EngineConfig:
     def num_state_slots(self) -> int:
         """Total recurrent-state slots a hybrid model needs: one per lane plus the extras."""
         return self.max_concurrency + self.extra_state_slots
+
+    def host_context_bytes(self, state_bytes: int) -> int:
+        """The host budget in bytes for an executor whose state image is `state_bytes` bytes:
+        `host_context_mib` MiB, or by default 8192 MiB plus eight state images."""
+        if self.host_context_mib is None:
+            return DEFAULT_HOST_CONTEXT_MIB * MIB + DEFAULT_HOST_STATE_IMAGES * state_bytes
+        return self.host_context_mib * MIB
 
 
 def _flag(name: str) -> str:

@@ -68,6 +68,17 @@ class CudaKVCache:
             if t is not None
         )
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Every storage tensor [num_pages + 1, ...] (data, then scales when the format has
+        them; K then V; by layer) in a fixed order: what a host snapshot copies per page."""
+        out = []
+        for layer in sorted(self.k):
+            for data, scale in (self.k[layer], self.v[layer]):
+                out.append(data)
+                if scale is not None:
+                    out.append(scale)
+        return out
+
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         """Store k, v [T, kv_heads, head_dim] at flat slots [T] (int32/int64)."""
         slots = slots.to(torch.long)
@@ -142,6 +153,10 @@ class CudaStateSlots:
     def copy(self, src: int, dst: int) -> None:
         for t in (*self.conv.values(), *self.ssm.values()):
             t[dst].copy_(t[src])
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every state tensor [num_slots + 1, ...] in a fixed order (conv tails, then S)."""
+        return [self.conv[i] for i in sorted(self.conv)] + [self.ssm[i] for i in sorted(self.ssm)]
 
     def reset(self, slots: list[int]) -> None:
         if not slots:

@@ -67,6 +67,11 @@ class EngineStats:
     kv_pages_capacity: int = 0
     state_slots_used: int = 0
     state_slots_capacity: int = 0
+    # gauges: host snapshot budget, bytes (reserved = copies in flight, included in used)
+    host_context_used_bytes: int = 0
+    host_context_reserved_bytes: int = 0
+    host_context_capacity_bytes: int = 0
+    host_context_peak_bytes: int = 0
     # counters
     prompt_tokens_total: int = 0
     prompt_tokens_cached_total: int = 0
@@ -76,13 +81,15 @@ class EngineStats:
     decode_tokens_total: int = 0
     preemptions_total: int = 0
     replay_restores_total: int = 0
-    snapshot_restores_total: int = 0  # host snapshots are not implemented: always 0
+    snapshot_restores_total: int = 0
     steps_total: int = 0
     decode_rounds_total: int = 0
     decode_rows_total: int = 0
     step_failures_total: int = 0
     device_wait_seconds_total: float = 0.0
     requests_by_outcome: dict[str, int] = field(default_factory=dict)
+    # bytes copied by (resource "main_kv" | "state", direction "device_to_host" | "host_to_device")
+    context_transfer_bytes: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 class RequestHandle:
@@ -222,6 +229,10 @@ class Engine:
         self._executor = executor
         self._sampler = sampler
         self._clock = clock
+        # an executor without snapshot/restore (a wrapper, an old fake) pauses by replay only
+        snapshots = callable(getattr(executor, "snapshot", None)) and callable(
+            getattr(executor, "restore", None)
+        )
         self._sched = Scheduler(
             config,
             num_pages=executor.num_pages,
@@ -229,6 +240,9 @@ class Engine:
             num_state_slots=executor.num_state_slots,
             is_hybrid=executor.is_hybrid,
             eos_ids=frozenset(eos_ids),
+            host_snapshots=snapshots,
+            kv_bytes_per_page=int(getattr(executor, "kv_bytes_per_page", 0)) if snapshots else 0,
+            state_bytes=int(getattr(executor, "state_bytes", 0)) if snapshots else 0,
         )
         self._wake = threading.Condition()
         self._inbox: list[tuple] = []  # guarded by _wake
@@ -364,6 +378,7 @@ class Engine:
         seqs = plan.logit_seqs
         t0 = self._clock()
         try:
+            self._sched.run_transfers(plan, self._executor)  # pause snapshots and restores
             logits = self._executor.run(plan.batch)  # [len(seqs), vocab]
             rows = [SampleRow(s.seq_id, s.request.sampling, s.output_ids) for s in seqs]
             sampled = self._sampler.sample(logits, rows) if rows else []
@@ -400,7 +415,7 @@ class Engine:
 
     def _build_stats(self) -> EngineStats:
         s, c = self._sched, self._sched.counters
-        running = s.running
+        running, host = s.running, s.preemption.budget
         return EngineStats(
             ready=self._ready,
             max_concurrency=self.config.max_concurrency,
@@ -415,6 +430,10 @@ class Engine:
             kv_pages_capacity=s.pool.num_pages,
             state_slots_used=s.state_slots_used,
             state_slots_capacity=s.num_state_slots,
+            host_context_used_bytes=host.used,
+            host_context_reserved_bytes=host.reserved,
+            host_context_capacity_bytes=host.capacity,
+            host_context_peak_bytes=host.peak,
             prompt_tokens_total=c.prompt_tokens,
             prompt_tokens_cached_total=c.cached_tokens,
             prefill_tokens_total=c.prefill_tokens,
@@ -423,12 +442,14 @@ class Engine:
             decode_tokens_total=c.decode_tokens,
             preemptions_total=c.preemptions,
             replay_restores_total=c.replay_restores,
+            snapshot_restores_total=c.snapshot_restores,
             steps_total=c.steps,
             decode_rounds_total=c.decode_rounds,
             decode_rows_total=c.decode_rows,
             step_failures_total=self._step_failures,
             device_wait_seconds_total=self._device_s,
             requests_by_outcome=dict(c.outcomes),
+            context_transfer_bytes=dict(s.preemption.transfer_bytes),
         )
 
 

@@ -6,9 +6,31 @@ sampler looks inside.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from ninfer.runtime.step import StepBatch
+
+
+class HostSnapshot(Protocol):
+    """An executor's host-memory copy of some KV pages and (optionally) one recurrent-state
+    slot, made by `Executor.snapshot`. Opaque to the engine except for its sizes; dropping the
+    last reference frees its host memory.
+
+      num_pages     pages saved, in the order given to `snapshot`
+      has_state     whether a state slot was saved
+      kv_nbytes     host bytes of the KV part (num_pages * kv_bytes_per_page)
+      state_nbytes  host bytes of the state part (state_bytes, or 0)
+      nbytes        kv_nbytes + state_nbytes
+    """
+
+    num_pages: int
+    has_state: bool
+    kv_nbytes: int
+    state_nbytes: int
+
+    @property
+    def nbytes(self) -> int: ...
 
 
 @runtime_checkable
@@ -32,16 +54,39 @@ class Executor(Protocol):
          logits of each such chunk's last position.
     Pages before start_pos are read-only to the chunk (they may be shared by other
     sequences). Raising fails the step's requests; the engine keeps running.
+
+    Host snapshots (pausing a request without losing its computed state):
+      kv_bytes_per_page  host bytes one page takes in a snapshot (every layer, K and V, scales)
+      state_bytes        host bytes of one state slot in a snapshot (0 without recurrent state)
+      snapshot(page_ids, state_slot) copies those pages (and slot) to host memory and returns
+          the handle; restore(snapshot, page_ids, state_slot) copies it back into other pages
+          (as many, in the same order) and another slot. Both are ordered with `run`: a
+          snapshot sees every step run before it, a restore is visible to every step after it,
+          and the pages and slot may be reused (overwritten) right after `snapshot` returns.
     """
 
     num_pages: int
     page_size: int
     num_state_slots: int
     is_hybrid: bool
+    kv_bytes_per_page: int
+    state_bytes: int
 
     def run(self, batch: StepBatch) -> Any:  # logits: [n_rows_with_want_logits, vocab]
         ...
 
     def copy_state(self, src_slot: int, dst_slot: int) -> None:
         """Copy one recurrent-state slot to another now (outside a step)."""
+        ...
+
+    def snapshot(self, page_ids: Sequence[int], state_slot: int | None) -> HostSnapshot:
+        """Copy KV pages `page_ids` and (not None) recurrent-state slot `state_slot` to host
+        memory; mutates nothing on the device."""
+        ...
+
+    def restore(
+        self, snapshot: HostSnapshot, page_ids: Sequence[int], state_slot: int | None
+    ) -> None:
+        """Copy `snapshot` into pages `page_ids` (len == snapshot.num_pages, page i of the
+        snapshot into page_ids[i]) and, when it holds state, into slot `state_slot`."""
         ...

@@ -81,6 +81,10 @@ class PagedKVCache:
         self.k[layer][pages, rows] = fake_quant(k, self.k_fmt)
         self.v[layer][pages, rows] = fake_quant(v, self.v_fmt)
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Every storage tensor [num_pages, ...] in a fixed order (K then V, by layer)."""
+        return [t for layer in sorted(self.k) for t in (self.k[layer], self.v[layer])]
+
     def read(self, layer: int, block_table: tuple[int, ...], length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v [length, kv_heads, head_dim] of positions 0..length-1."""
         pages, rows = self._slots(block_table, 0, length, self.k[layer].device)
@@ -102,6 +106,10 @@ class StateSlots:
     def copy(self, src: int, dst: int) -> None:
         for t in (*self.conv.values(), *self.ssm.values()):
             t[dst] = t[src]
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every state tensor [num_slots, ...] in a fixed order (conv tails, then S, by layer)."""
+        return [self.conv[i] for i in sorted(self.conv)] + [self.ssm[i] for i in sorted(self.ssm)]
 
     def reset(self, slot: int) -> None:
         for t in (*self.conv.values(), *self.ssm.values()):

@@ -10,17 +10,22 @@
                   the sequence finishes (or pauses) that slot becomes a cache checkpoint: the
                   retained endpoint a continuation resumes from.
 
-Captures are `StateCopy(lane -> slot)` entries appended to the scheduler's list of copies owed
-to the next batch, which runs them before any chunk, so they see the lane's state exactly at
-the boundary. No torch import.
+Captures are `StateCopy(lane -> slot)` entries appended to the scheduler's ordered list of
+device operations owed to the next step, which runs them before any chunk, so they see the
+lane's state exactly at the boundary. No torch import.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from ninfer.runtime.pages import PagePool
 from ninfer.runtime.prefix_cache import PrefixCache
 from ninfer.runtime.sequence import Sequence
 from ninfer.runtime.step import StateCopy
+
+if TYPE_CHECKING:
+    from ninfer.runtime.preemption import DeviceOp
 
 
 class Retention:
@@ -59,7 +64,7 @@ class Retention:
                 seq.pages[i] = node.page
             seq.nodes.append(node)
 
-    def capture(self, seq: Sequence, copies: list[StateCopy]) -> None:
+    def capture(self, seq: Sequence, copies: list[DeviceOp]) -> None:
         """After `seq` advanced: checkpoint its lane's state if it stands on a page boundary
         (a marked one into a cache slot, any other into its rolling slot)."""
         if not self.checkpoints:

@@ -5,11 +5,13 @@ One step, in order (`schedule`)::
     expire   waiting requests past their pending deadline fail with QueueTimeout
     copies   recurrent-state captures from the last commit (lane -> checkpoint slot) go first
     admit    paused requests (original order), then fresh ones (FIFO, bounded bypass), bind a
-             free lane while their frontier fits; a prefix-cache hit skips computed pages
+             free lane while their frontier fits; a prefix-cache hit skips computed pages, a
+             host snapshot is copied back
     plan     oldest resident first: a decode row, or a prefill/replay chunk from the step's
              prefill budget; reserve its pages, reclaiming cached pages and then pausing the
              youngest resident when the pool is short
-    emit     one StepBatch: decode rows, then prefill chunks
+    emit     one StepPlan: the host transfers to run first, then one StepBatch (decode rows,
+             then prefill chunks)
 
 and after the executor ran and the sampler chose a token for each logits row (`commit`):
 advance `computed`, hand newly full pages and checkpoints to the prefix cache (retention.py),
@@ -20,9 +22,10 @@ Published per request, in order: `AdmittedEvent` when initial binding commits (t
 prefix is exact), a `PromptProgressEvent` after each committed chunk of the initial prefill,
 then the committed tokens, then the finish.
 
-A paused request gives back its lane and pages and keeps its tokens; it is rebuilt by replaying
-prompt + committed output (the prefix cache usually makes that cheap). Replay never resamples
-or republishes: only the last unit of the replay returns logits, and they sample a new token.
+A paused request gives back its lane and pages and keeps its tokens. It comes back from a host
+snapshot when the host budget held one, else by replaying prompt + committed output
+(preemption.py). Neither resamples or republishes: only the last unit of a replay returns
+logits, and they sample a new token.
 
 The scheduler is single-threaded and never imports torch; state changes that callers must
 publish accumulate as `SeqUpdate`s (`drain_updates`).
@@ -30,14 +33,12 @@ publish accumulate as `SeqUpdate`s (`drain_updates`).
 
 from __future__ import annotations
 
-import bisect
 from collections import deque
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ninfer.runtime.config import EngineConfig
-from ninfer.runtime.pages import PagePool
-from ninfer.runtime.prefix_cache import PrefixCache, PrefixMatch
+from ninfer.runtime.executor_api import Executor
+from ninfer.runtime.preemption import DeviceOp, SnapshotIn, SnapshotOut
 from ninfer.runtime.request import (
     AdmittedEvent,
     EngineOverloaded,
@@ -46,17 +47,19 @@ from ninfer.runtime.request import (
     Request,
     RequestError,
 )
-from ninfer.runtime.retention import Retention
+from ninfer.runtime.residency import Residency
 from ninfer.runtime.sequence import SeqStatus, Sequence
 from ninfer.runtime.step import SeqChunk, StateCopy, StepBatch
 from ninfer.runtime.thinking import ThinkingBudget
 
 
 class StepPlan(NamedTuple):
-    """A batch to run plus the sequence of each chunk (same order)."""
+    """A batch to run plus the sequence of each chunk (same order). `transfers` must run
+    before the batch (`Scheduler.run_transfers`)."""
 
     batch: StepBatch
     chunk_seqs: tuple[Sequence, ...]
+    transfers: tuple[DeviceOp, ...] = ()
 
     @property
     def logit_seqs(self) -> tuple[Sequence, ...]:
@@ -74,30 +77,9 @@ class SeqUpdate(NamedTuple):
     notice: AdmittedEvent | PromptProgressEvent | None = None
 
 
-@dataclass
-class SchedulerCounters:
-    """Monotonic totals since start (units: tokens, events)."""
-
-    prompt_tokens: int = 0  # full prompts, counted once at initial binding
-    cached_tokens: int = 0  # prompt tokens reused at initial binding
-    prefill_tokens: int = 0  # prompt tokens computed for the first time
-    replayed_tokens: int = 0  # tokens recomputed after pauses
-    generation_tokens: int = 0  # committed outputs
-    decode_tokens: int = 0  # committed outputs except each request's first
-    preemptions: int = 0
-    replay_restores: int = 0
-    steps: int = 0
-    decode_rounds: int = 0  # steps with at least one decode row
-    decode_rows: int = 0  # decode rows summed over steps
-    outcomes: dict[str, int] = field(default_factory=dict)
-
-
-class Scheduler:
-    """Owns every sequence, the KV page pool, the lanes and the prefix cache.
-
-    `num_pages`/`page_size`/`num_state_slots`/`is_hybrid` describe the executor's memory. On a
-    hybrid model lane i uses state slot i and slots max_concurrency.. hold checkpoints.
-    """
+class Scheduler(Residency):
+    """Owns every sequence; lanes, pages, prefix cache and pauses come from `Residency`
+    (residency.py, where the constructor's memory arguments are described)."""
 
     def __init__(
         self,
@@ -108,29 +90,23 @@ class Scheduler:
         num_state_slots: int = 0,
         is_hybrid: bool = False,
         eos_ids: frozenset[int] | set[int] | tuple[int, ...] = (),
+        host_snapshots: bool = False,
+        kv_bytes_per_page: int = 0,
+        state_bytes: int = 0,
     ) -> None:
-        lanes = config.max_concurrency
-        assert not is_hybrid or num_state_slots >= lanes, "a hybrid model needs a slot per lane"
-        self.config = config
-        self.page_size = page_size
-        self.is_hybrid = is_hybrid
-        self.num_state_slots = num_state_slots if is_hybrid else 0
+        super().__init__(
+            config,
+            num_pages=num_pages,
+            page_size=page_size,
+            num_state_slots=num_state_slots,
+            is_hybrid=is_hybrid,
+            host_snapshots=host_snapshots,
+            kv_bytes_per_page=kv_bytes_per_page,
+            state_bytes=state_bytes,
+        )
         self.eos_ids = frozenset(eos_ids)
-        self.pool = PagePool(num_pages)
-        self.cache: PrefixCache | None = None
-        if config.prefix_reuse:
-            slots = range(lanes, num_state_slots) if is_hybrid else range(0)
-            self.cache = PrefixCache(
-                self.pool, page_size, needs_checkpoint=is_hybrid, checkpoint_slots=slots
-            )
-        self.retention = Retention(self.cache, self.pool, page_size, is_hybrid)
-        self.counters = SchedulerCounters()
         self.waiting: deque[Sequence] = deque()  # fresh, FIFO
-        self.paused: list[Sequence] = []  # by seq_id (= arrival order)
-        self.running: list[Sequence] = []  # by seq_id: oldest first
-        self._free_lanes = list(range(lanes - 1, -1, -1))
         self._seqs: dict[int, Sequence] = {}
-        self._copies: list[StateCopy] = []  # state copies owed to the next batch, in order
         self._updates: list[SeqUpdate] = []
         self._next_id = 0
         self._step = 0
@@ -249,14 +225,24 @@ class Scheduler:
         decode = [(s, n) for s, n in units if s.decode_ready]
         prefill = [(s, n) for s, n in units if not s.decode_ready]
         chunks = tuple(self._chunk(s, n) for s, n in decode + prefill)
-        batch = StepBatch(chunks=chunks, state_copies=tuple(self._copies), step_index=self._step)
-        self._copies = []
+        # the batch carries the state copies after the last transfer; the caller runs the rest
+        k = max(
+            (i + 1 for i, op in enumerate(self._ops) if not isinstance(op, StateCopy)), default=0
+        )
+        copies = tuple(op for op in self._ops[k:] if isinstance(op, StateCopy))
+        transfers = tuple(self._ops[:k])
+        batch = StepBatch(chunks=chunks, state_copies=copies, step_index=self._step)
+        self._ops = []
         self._step += 1
         self.counters.steps += 1
         if decode:
             self.counters.decode_rounds += 1
             self.counters.decode_rows += len(decode)
-        return StepPlan(batch, tuple(s for s, _ in decode + prefill))
+        return StepPlan(batch, tuple(s for s, _ in decode + prefill), transfers)
+
+    def run_transfers(self, plan: StepPlan, executor: Executor) -> None:
+        """Run `plan.transfers` through `executor` (call right before `executor.run`)."""
+        self.preemption.run(plan.transfers, executor)
 
     def commit(self, plan: StepPlan, sampled: list[int] | tuple[int, ...], now: float) -> None:
         """Apply a finished step: `sampled[i]` is the token chosen for logits row i."""
@@ -266,20 +252,26 @@ class Scheduler:
             if self._advance(seq, len(chunk.token_ids)):
                 self._progress(seq, now)
             self.retention.retain_full_pages(seq)
-            self.retention.capture(seq, self._copies)
+            self.retention.capture(seq, self._ops)
             if chunk.want_logits:
                 self._append_token(seq, int(sampled[row]), now)
                 row += 1
         assert row == len(sampled), "one sampled token per logits row"
 
     def fail_step(self, plan: StepPlan, now: float, error: BaseException) -> None:
-        """The executor raised on `plan`: fail the requests whose KV or state it was to write,
-        and forget checkpoints its state copies were to fill (they hold garbage)."""
-        dst_slots = {c.dst_slot for c in plan.batch.state_copies}
+        """The executor raised on `plan` (its transfers or its batch): fail the requests whose
+        KV, state or snapshot it was to write, and forget checkpoints its state copies were to
+        fill (they hold garbage)."""
+        copies = [op for op in plan.transfers if isinstance(op, StateCopy)]
+        dst_slots = {c.dst_slot for c in (*copies, *plan.batch.state_copies)}
         if self.cache is not None:
             for slot in dst_slots:
                 self.cache.invalidate_slot(slot)
         hit = {s.seq_id: s for s in plan.chunk_seqs}
+        for op in plan.transfers:
+            if isinstance(op, (SnapshotIn, SnapshotOut)):
+                hit[op.seq.seq_id] = op.seq
+                self.preemption.abandon(op)
         hit.update({s.seq_id: s for s in self.running if s.lane in dst_slots})
         for seq in list(self.running):
             if seq.rolling_slot in dst_slots:
@@ -302,50 +294,32 @@ class Scheduler:
             if not self._fits(seq, match):
                 blocked = blocked or seq
                 continue
-            self._bind(seq, match, now)
+            self._admitted(seq, self._bind(seq, match), now)
             if blocked is not None:
                 blocked.bypassed += 1
 
-    def _match(self, seq: Sequence) -> PrefixMatch:
-        if self.cache is None:
-            return PrefixMatch((), None)
-        return self.cache.match(seq.tokens, seq.known - 1)
-
-    def _fits(self, seq: Sequence, match: PrefixMatch) -> bool:
-        """Whether the frontier (plus one more unit when restoring) fits in free pages and
-        pages the cache could give back, not counting the pages this match keeps."""
-        frontier = seq.known + (1 if seq.status is SeqStatus.PAUSED else 0)
-        need = min(self._pages_for(frontier), self.pool.num_pages) - len(match.nodes)
-        kept = sum(1 for n in match.nodes if self.pool.refcount(n.page) == 1)
-        return need <= self.pool.num_free + self.pool.num_reclaimable - kept
-
-    def _bind(self, seq: Sequence, match: PrefixMatch, now: float) -> None:
-        for node in match.nodes:
-            self.pool.retain(node.page)
-        seq.nodes = list(match.nodes)
-        seq.pages = [n.page for n in match.nodes]
-        seq.computed = len(match.nodes) * self.page_size
-        seq.lane = self._free_lanes.pop()
-        if match.state_slot is not None:
-            self._copies.append(StateCopy(match.state_slot, seq.lane))  # after pending captures
-        seq.capture_at = self.retention.split_points(seq)
-        if seq.status is SeqStatus.PAUSED:
+    def _admitted(self, seq: Sequence, restored: bool, now: float) -> None:
+        """Bookkeeping of a bind: restore counters of a paused request, or the initial
+        binding of a fresh one (usage and its AdmittedEvent)."""
+        if seq.paused_since_s is not None:
             self.paused.remove(seq)
-            self.counters.replay_restores += 1
-            assert seq.paused_since_s is not None
+            if restored:
+                seq.snapshot_restores += 1
+                self.counters.snapshot_restores += 1
+            else:
+                seq.replay_restores += 1
+                self.counters.replay_restores += 1
             seq.paused_s += now - seq.paused_since_s
             seq.paused_since_s = None
-        else:
-            self.waiting.remove(seq)
-            seq.admitted_s = now
-            seq.cached_tokens = seq.computed
-            seq.reuse_path = "checkpoint" if seq.computed else "root"
-            self.counters.prompt_tokens += seq.num_prompt
-            self.counters.cached_tokens += seq.computed
-            admitted = AdmittedEvent(seq.num_prompt, seq.cached_tokens, seq.reuse_path)
-            self._updates.append(SeqUpdate(seq, (), False, admitted))
-        seq.status = SeqStatus.RUNNING
-        bisect.insort(self.running, seq, key=lambda s: s.seq_id)
+            return
+        self.waiting.remove(seq)
+        seq.admitted_s = now
+        seq.cached_tokens = seq.computed
+        seq.reuse_path = "checkpoint" if seq.computed else "root"
+        self.counters.prompt_tokens += seq.num_prompt
+        self.counters.cached_tokens += seq.computed
+        admitted = AdmittedEvent(seq.num_prompt, seq.cached_tokens, seq.reuse_path)
+        self._updates.append(SeqUpdate(seq, (), False, admitted))
 
     # -- planning ---------------------------------------------------------------------------
 
@@ -371,30 +345,6 @@ class Scheduler:
                 return min(n, p - seq.computed)
         return n
 
-    def _reserve(self, seq: Sequence, end: int, now: float) -> bool:
-        """Give `seq` pages through position `end`; reclaim cached pages, then pause younger
-        residents. On failure `seq` is paused (or finished with 'length' when it is alone and
-        the pool is too small) and False is returned."""
-        need = self._pages_for(end) - len(seq.pages)
-        while need > self.pool.num_free:
-            if self.cache is not None and self.cache.evict_pages(need - self.pool.num_free):
-                continue
-            youngest = self.running[-1]
-            if youngest is seq:
-                break
-            self._pause(youngest, now)
-        if need > self.pool.num_free:
-            if len(self.running) == 1:
-                self._finish(seq, "length", now)
-            else:
-                self._pause(seq, now)
-            return False
-        if need > 0:
-            pages = self.pool.allocate(need)
-            assert pages is not None
-            seq.pages += pages
-        return True
-
     def _chunk(self, seq: Sequence, n: int) -> SeqChunk:
         start, end = seq.computed, seq.computed + n
         return SeqChunk(
@@ -405,9 +355,6 @@ class Scheduler:
             state_slot=seq.lane if self.is_hybrid else None,
             want_logits=end == seq.known,
         )
-
-    def _pages_for(self, tokens: int) -> int:
-        return -(-tokens // self.page_size)
 
     # -- commit -----------------------------------------------------------------------------
 
@@ -461,27 +408,6 @@ class Scheduler:
         self.counters.decode_tokens += len(suffix)
         self._updates.append(SeqUpdate(seq, suffix, False))
 
-    # -- leaving residence ------------------------------------------------------------------
-
-    def _release_residence(self, seq: Sequence) -> None:
-        self.pool.release(seq.pages)
-        seq.pages = []
-        seq.nodes = []
-        assert seq.lane is not None
-        self._free_lanes.append(seq.lane)
-        seq.lane = None
-        self.running.remove(seq)
-
-    def _pause(self, seq: Sequence, now: float) -> None:
-        self.retention.publish_rolling(seq, None)
-        self._release_residence(seq)
-        seq.computed = 0
-        seq.status = SeqStatus.PAUSED
-        seq.paused_since_s = now
-        seq.preemptions += 1
-        self.counters.preemptions += 1
-        bisect.insort(self.paused, seq, key=lambda s: s.seq_id)
-
     def _finish(
         self, seq: Sequence, reason: str, now: float, error: BaseException | None = None
     ) -> None:
@@ -492,6 +418,7 @@ class Scheduler:
             self.waiting.remove(seq)
         elif seq.status is SeqStatus.PAUSED:
             self.paused.remove(seq)
+            self.preemption.drop(seq)
             if seq.paused_since_s is not None:
                 seq.paused_s += now - seq.paused_since_s
         seq.status = SeqStatus.FINISHED
@@ -502,31 +429,9 @@ class Scheduler:
         self.counters.outcomes[reason] = self.counters.outcomes.get(reason, 0) + 1
         self._updates.append(SeqUpdate(seq, (), True))
 
-    # -- gauges -----------------------------------------------------------------------------
-
-    @property
-    def state_slots_used(self) -> int:
-        if not self.is_hybrid:
-            return 0
-        lanes = self.config.max_concurrency - len(self._free_lanes)
-        checkpoints = 0 if self.cache is None else self.cache.num_slots - self.cache.num_free_slots
-        return lanes + checkpoints
+    # -- invariants -------------------------------------------------------------------------
 
     def check(self) -> None:
         """Verify cross-structure invariants (tests call this after every step)."""
-        self.pool.check()
-        if self.cache is not None:
-            self.cache.check()
-        refs = [0] * self.pool.num_pages
-        for s in self.running:
-            assert s.status is SeqStatus.RUNNING and s.lane is not None
-            assert len(s.pages) >= self._pages_for(s.computed)
-            assert [n.page for n in s.nodes] == s.pages[: len(s.nodes)]
-            for p in s.pages:
-                refs[p] += 1
-        for p in range(self.pool.num_pages):
-            cached = 1 if self.pool.is_cached(p) else 0
-            assert self.pool.refcount(p) == refs[p] + cached, p
-        lanes = [s.lane for s in self.running] + self._free_lanes
-        assert sorted(lanes) == list(range(self.config.max_concurrency))
+        self._check_residency()
         assert len(self.running) + len(self.paused) + len(self.waiting) == len(self._seqs)

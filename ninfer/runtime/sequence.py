@@ -8,7 +8,8 @@
                                       `- last sampled token, fed by the next decode step
 
 Prefill, chunked prefill, prefix hits and replay after a pause are all "advance `computed`
-towards `known`"; the last unit of that advance returns logits and samples one new token.
+towards `known`"; the last unit of that advance returns logits and samples one new token. A
+restore from a host snapshot sets `computed` back to the saved frontier without computing.
 `high_water` is the furthest `computed` ever reached: recomputing below it is replay.
 
 No torch import.
@@ -18,16 +19,20 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ninfer.runtime.prefix_cache import CacheNode
 from ninfer.runtime.request import Request, ReusePath
 from ninfer.runtime.thinking import ThinkingBudget
 
+if TYPE_CHECKING:
+    from ninfer.runtime.preemption import SavedContext
+
 
 class SeqStatus(enum.Enum):
     WAITING = "waiting"  # not yet admitted (fresh)
     RUNNING = "running"  # resident: holds a lane and pages
-    PAUSED = "paused"  # admitted once, evicted under pressure, waits to be replayed
+    PAUSED = "paused"  # admitted once, evicted under pressure, waits to be restored
     FINISHED = "finished"
 
 
@@ -53,6 +58,7 @@ class Sequence:
     rolling_pos: int = 0
     bypassed: int = 0  # times a later request was admitted ahead of this one while it waited
     thinking: ThinkingBudget | None = None  # thinking-budget state (Request.thinking_budget)
+    saved: SavedContext | None = None  # paused with a host snapshot (preemption.py)
     # usage and timing
     bound_once: bool = False
     cached_tokens: int = 0
@@ -60,6 +66,8 @@ class Sequence:
     prefill_tokens: int = 0
     replayed_tokens: int = 0
     preemptions: int = 0
+    snapshot_restores: int = 0
+    replay_restores: int = 0
     admitted_s: float | None = None
     first_token_s: float | None = None
     finished_s: float | None = None

@@ -7,17 +7,23 @@ table (and, for the hybrid variant, checks that the state slot holds exactly the
 history). A wrong block table, a reused page that was overwritten, a bad prefix hit or a wrong
 state restore therefore changes the logits, and the generated tokens diverge from the
 reference computed by `reference_tokens`, which runs the same function without any engine.
+
+A host snapshot (`snapshot` / `restore`) copies the tokens written in the named pages and the
+state slot's digest; a restore into the wrong pages or slot is caught the same way. Live
+snapshots are tracked weakly (`live_snapshots`), so tests can check that none leaked.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from ninfer.runtime.request import SamplingParams
 from ninfer.runtime.sampler import Sampler, SampleRow
-from ninfer.runtime.step import StepBatch
+from ninfer.runtime.step import StateCopy, StepBatch
 
 _MOD = (1 << 61) - 1
 
@@ -36,9 +42,33 @@ def logits_for(history: Sequence[int], vocab: int) -> torch.Tensor:
     return torch.randn(vocab, generator=gen)
 
 
+@dataclass(eq=False)
+class FakeSnapshot:
+    """Host copy of some pages (the tokens written at each offset) and one state digest."""
+
+    pages: list[list[int | None]]
+    state: tuple[int, int] | None
+    has_state: bool
+    kv_nbytes: int
+    state_nbytes: int
+
+    @property
+    def num_pages(self) -> int:
+        return len(self.pages)
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv_nbytes + self.state_nbytes
+
+
 class FakeExecutor:
     """Implements the `Executor` protocol over python lists. `fail_steps` makes those step
-    indices raise. `batches` records every StepBatch run."""
+    indices raise. `batches` records every StepBatch run; `transfers` every snapshot and
+    restore, as ("snapshot" | "restore", page_ids, state_slot). `page_bytes` / `state_bytes`
+    set the sizes the fake claims for host snapshots (to exercise a budget in MiB)."""
+
+    TOKEN_BYTES = 8  # pretend KV bytes per position (every layer, K and V)
+    STATE_BYTES = 64  # pretend bytes of one recurrent-state slot
 
     def __init__(
         self,
@@ -49,6 +79,8 @@ class FakeExecutor:
         is_hybrid: bool = False,
         num_state_slots: int = 0,
         fail_steps: Sequence[int] = (),
+        page_bytes: int | None = None,
+        state_bytes: int | None = None,
     ) -> None:
         self.num_pages = num_pages
         self.page_size = page_size
@@ -60,6 +92,41 @@ class FakeExecutor:
         self.fail_steps = set(fail_steps)
         self.batches: list[StepBatch] = []
         self.runs = 0
+        self.kv_bytes_per_page = page_size * self.TOKEN_BYTES if page_bytes is None else page_bytes
+        state_bytes = self.STATE_BYTES if state_bytes is None else state_bytes
+        self.state_bytes = state_bytes if is_hybrid else 0
+        self.transfers: list[tuple[str, tuple[int, ...], int | None]] = []
+        self.live_snapshots: weakref.WeakSet[FakeSnapshot] = weakref.WeakSet()
+
+    def snapshot(self, page_ids: Sequence[int], state_slot: int | None) -> FakeSnapshot:
+        assert self.is_hybrid == (state_slot is not None), "state slot iff a hybrid model"
+        state = None
+        if state_slot is not None:
+            assert 0 <= state_slot < self.num_state_slots
+            state = self.state[state_slot]
+            assert state is not None, "snapshot of a state slot never written"
+        self.transfers.append(("snapshot", tuple(page_ids), state_slot))
+        snap = FakeSnapshot(
+            pages=[list(self.kv[p]) for p in page_ids],
+            state=state,
+            has_state=state_slot is not None,
+            kv_nbytes=len(page_ids) * self.kv_bytes_per_page,
+            state_nbytes=self.state_bytes if state_slot is not None else 0,
+        )
+        self.live_snapshots.add(snap)
+        return snap
+
+    def restore(
+        self, snapshot: FakeSnapshot, page_ids: Sequence[int], state_slot: int | None
+    ) -> None:
+        assert len(page_ids) == snapshot.num_pages, "restore into a different number of pages"
+        assert snapshot.has_state == (state_slot is not None)
+        self.transfers.append(("restore", tuple(page_ids), state_slot))
+        for p, tokens in zip(page_ids, snapshot.pages):
+            self.kv[p] = list(tokens)
+        if state_slot is not None:
+            assert 0 <= state_slot < self.num_state_slots
+            self.state[state_slot] = snapshot.state
 
     def copy_state(self, src_slot: int, dst_slot: int) -> None:
         self.state[dst_slot] = self.state[src_slot]
@@ -140,7 +207,18 @@ class SchedulerHarness:
     """Drives a Scheduler with a FakeExecutor and greedy/seeded sampling, checking every
     invariant after each step and collecting what each request published."""
 
-    def __init__(self, config, *, vocab: int = 32, is_hybrid: bool = False, eos_ids=(0,)):
+    def __init__(
+        self,
+        config,
+        *,
+        vocab: int = 32,
+        is_hybrid: bool = False,
+        eos_ids=(0,),
+        snapshots=True,
+        **executor_options,
+    ):
+        """`snapshots`: whether the scheduler may pause by host snapshot; `executor_options`
+        go to the FakeExecutor (page_bytes, state_bytes)."""
         from ninfer.runtime.scheduler import Scheduler
 
         self.config = config
@@ -148,7 +226,12 @@ class SchedulerHarness:
         self.eos_ids = tuple(eos_ids)
         slots = config.num_state_slots if is_hybrid else 0
         self.ex = FakeExecutor(
-            config.num_pages, config.page_size, vocab, is_hybrid=is_hybrid, num_state_slots=slots
+            config.num_pages,
+            config.page_size,
+            vocab,
+            is_hybrid=is_hybrid,
+            num_state_slots=slots,
+            **executor_options,
         )
         self.sched = Scheduler(
             config,
@@ -157,6 +240,9 @@ class SchedulerHarness:
             num_state_slots=slots,
             is_hybrid=is_hybrid,
             eos_ids=self.eos_ids,
+            host_snapshots=snapshots,
+            kv_bytes_per_page=self.ex.kv_bytes_per_page,
+            state_bytes=self.ex.state_bytes,
         )
         self.sampler = Sampler()
         self.now = 0.0
@@ -181,6 +267,7 @@ class SchedulerHarness:
     def step(self):
         plan = self.sched.schedule(self.now)
         if plan is not None:
+            self.sched.run_transfers(plan, self.ex)
             logits = self.ex.run(plan.batch)
             rows = [SampleRow(s.seq_id, s.request.sampling, s.output_ids) for s in plan.logit_seqs]
             self.sched.commit(plan, self.sampler.sample(logits, rows), self.now)
@@ -196,8 +283,9 @@ class SchedulerHarness:
         if not self.ex.is_hybrid:
             return
         state = list(self.ex.state)
-        for c in self.sched._copies:
-            state[c.dst_slot] = state[c.src_slot]
+        for c in self.sched._ops:  # owed to the next step
+            if isinstance(c, StateCopy):
+                state[c.dst_slot] = state[c.src_slot]
         cache = self.sched.cache
         for node in [] if cache is None else cache._nodes:
             if node.state_slot is not None:

@@ -78,19 +78,27 @@ def test_a_prefix_hit_starts_progress_past_the_reused_tokens(hybrid):
     assert done == chunk_ends(h, again) and done[0] == cached + 6  # prefill from the reuse point
 
 
+@pytest.mark.parametrize("route", ["replay", "snapshot"])
 @pytest.mark.parametrize("reuse", [True, False])
 @pytest.mark.parametrize("hybrid", [False, True])
-def test_replay_after_a_pause_in_the_prefill_publishes_no_progress(hybrid, reuse):
+def test_restore_after_a_pause_in_the_prefill_publishes_no_progress(hybrid, reuse, route):
     # 10 pages of 4 tokens: `a` decodes into the pages `b` prefills into, so `b` is paused
-    # part-way through its prompt and later rebuilt.
-    h = harness(hybrid, max_concurrency=2, kv_capacity=40, prefill_chunk=4, prefix_reuse=reuse)
+    # part-way through its prompt and later rebuilt (by replay, or from a host snapshot).
+    host = {"host_context_mib": 0} if route == "replay" else {}
+    h = harness(
+        hybrid, max_concurrency=2, kv_capacity=40, prefill_chunk=4, prefix_reuse=reuse, **host
+    )
     a = h.add(prompt(24, 1), max_tokens=10, ignore_eos=True)
     b = h.add(prompt(20, 2), max_tokens=4, ignore_eos=True)
     paused_in_prefill = False
     while h.sched.has_work():
         h.step()
         paused_in_prefill |= b.status is SeqStatus.PAUSED and b.num_output == 0
-    assert paused_in_prefill and b.preemptions >= 1 and b.replayed_tokens > 0
+    assert paused_in_prefill and b.preemptions >= 1
+    if route == "replay":
+        assert b.replayed_tokens > 0 and b.replay_restores == b.preemptions
+    else:
+        assert b.replayed_tokens == 0 and b.snapshot_restores == b.preemptions
     assert check_notices(h, b) == [4, 8, 12, 16, 20]  # one admission, progress once per chunk
     assert [type(n) for n in h.notices[b.seq_id]].count(AdmittedEvent) == 1
     for s in (a, b):

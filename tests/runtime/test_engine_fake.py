@@ -69,7 +69,8 @@ def prompt(n: int, seed: int) -> tuple[int, ...]:
 
 
 @pytest.mark.parametrize("hybrid", [False, True])
-def test_concurrent_requests_under_pressure_match_solo_runs(hybrid):
+@pytest.mark.parametrize("route", ["replay", "snapshot"])
+def test_concurrent_requests_under_pressure_match_solo_runs(hybrid, route):
     shared = prompt(12, 9)
     reqs = [
         Request(
@@ -79,7 +80,10 @@ def test_concurrent_requests_under_pressure_match_solo_runs(hybrid):
         )
         for i in range(8)
     ]
-    with make_engine(hybrid=hybrid, max_concurrency=3, kv_capacity=48, prefill_chunk=6) as eng:
+    host = {"host_context_mib": 0} if route == "replay" else {}
+    with make_engine(
+        hybrid=hybrid, max_concurrency=3, kv_capacity=48, prefill_chunk=6, **host
+    ) as eng:
         handles = [eng.submit(r) for r in reqs]
         outs = [h.result(timeout=T) for h in handles]
         stats = eng.snapshot()
@@ -89,12 +93,27 @@ def test_concurrent_requests_under_pressure_match_solo_runs(hybrid):
         assert out.usage.completion_tokens == len(out.token_ids)
         assert out.finish_reason == ("stop" if out.token_ids[-1] == 0 else "length")
         assert out.timings.total_s >= (out.timings.ttft_s or 0) >= 0
-    assert stats.preemptions_total > 0 and stats.replay_restores_total == stats.preemptions_total
+    assert stats.preemptions_total > 0
+    assert stats.host_context_used_bytes == stats.host_context_reserved_bytes == 0
+    if route == "replay":
+        assert stats.replay_restores_total == stats.preemptions_total
+        assert stats.replayed_tokens_total > 0 and stats.host_context_capacity_bytes == 0
+        assert stats.snapshot_restores_total == 0 and not stats.context_transfer_bytes
+    else:  # every pause fits the default budget; nothing is recomputed
+        assert stats.snapshot_restores_total > 0
+        assert (
+            stats.snapshot_restores_total + stats.replay_restores_total == stats.preemptions_total
+        )
+        assert stats.host_context_capacity_bytes == 8192 * 2**20 + (8 * 64 if hybrid else 0)
+        assert stats.host_context_peak_bytes > 0
+        t = stats.context_transfer_bytes
+        assert t[("main_kv", "device_to_host")] == t[("main_kv", "host_to_device")] > 0
+        assert (("state", "device_to_host") in t) == hybrid
     assert stats.generation_tokens_total == sum(len(o.token_ids) for o in outs)
     assert stats.decode_tokens_total == stats.generation_tokens_total - len(outs)
     assert stats.prompt_tokens_total == sum(len(r.prompt_token_ids) for r in reqs)
     assert stats.prompt_tokens_cached_total == sum(o.usage.cached_tokens for o in outs)
-    assert stats.replayed_tokens_total == sum(o.usage.replayed_tokens for o in outs) > 0
+    assert stats.replayed_tokens_total == sum(o.usage.replayed_tokens for o in outs)
     assert sum(stats.requests_by_outcome.values()) == 8
     assert stats.running == stats.waiting == stats.paused == 0
     assert stats.kv_pages_capacity == 12

@@ -39,6 +39,7 @@ def test_pure_python_modules_do_not_import_torch():
         "import ninfer.runtime.scheduler, ninfer.runtime.pages, ninfer.runtime.prefix_cache\n"
         "import ninfer.runtime.request, ninfer.runtime.config, ninfer.runtime.sequence\n"
         "import ninfer.runtime.executor_api, ninfer.runtime.step, ninfer.runtime.retention\n"
+        "import ninfer.runtime.residency, ninfer.runtime.preemption\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -184,18 +185,29 @@ def test_head_of_line_bypass_is_bounded():
 
 
 @pytest.mark.parametrize("hybrid", [False, True])
-def test_pressure_pauses_the_younger_request_and_replay_reproduces_it(hybrid):
+@pytest.mark.parametrize("route", ["replay", "snapshot"])
+def test_pressure_pauses_the_younger_request_and_restoring_reproduces_it(hybrid, route):
     # 10 pages of 4 tokens; two requests that each end near 28 tokens cannot both stay.
-    h = harness(max_concurrency=2, kv_capacity=40, prefill_chunk=8, hybrid=hybrid)
+    # host_context_mib 0 leaves replay as the only route; the default budget holds snapshots.
+    host = {"host_context_mib": 0} if route == "replay" else {}
+    h = harness(max_concurrency=2, kv_capacity=40, prefill_chunk=8, hybrid=hybrid, **host)
     a = h.add(prompt(8, 1), max_tokens=20, ignore_eos=True)
     b = h.add(prompt(8, 2), max_tokens=20, ignore_eos=True)
     h.run()
     assert a.preemptions == 0  # the oldest resident keeps its progress
-    assert b.preemptions >= 1 and b.replayed_tokens > 0
+    assert b.preemptions >= 1
     c = h.sched.counters
-    assert c.preemptions == b.preemptions and c.replay_restores == b.preemptions
+    assert c.preemptions == b.preemptions
+    if route == "replay":
+        assert b.replayed_tokens > 0 and c.replay_restores == b.preemptions
+        assert c.snapshot_restores == 0 and not h.ex.transfers
+    else:  # copied back: nothing recomputed
+        assert b.replayed_tokens == 0 and c.snapshot_restores == b.preemptions
+        assert c.replay_restores == 0
+        assert [t[0] for t in h.ex.transfers] == ["snapshot", "restore"] * b.preemptions
     assert c.replayed_tokens == b.replayed_tokens
-    assert c.generation_tokens == 40  # replay produced no extra outputs
+    assert c.generation_tokens == 40  # restoring produced no extra outputs
+    assert h.sched.preemption.budget.used == 0 and not h.ex.live_snapshots
     for s in (a, b):
         h.assert_correct(s)  # also: tokens were published exactly once, in order
 

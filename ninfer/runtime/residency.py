@@ -1,0 +1,218 @@
+"""Who holds the lanes and KV pages: binding a sequence, reserving pages for its next unit
+under pressure, pausing it, releasing it. The `Scheduler` (scheduler.py) builds on this and
+decides *when* (admission order, planning, commit).
+
+    bind      a free lane; then either the pages of a prefix-cache hit (plus a state copy from
+              its checkpoint on a hybrid model) or, for a request paused with a host snapshot,
+              fresh pages the snapshot is copied back into (preemption.py)
+    reserve   pages for the next unit, oldest resident first: reclaim cached pages, then pause
+              the youngest resident; the oldest always progresses
+    pause     route snapshot or replay (preemption.py), then give back lane and pages
+
+Every device-side effect (state copies, snapshot transfers) is appended to `_ops` in decision
+order; the next step runs them in that order. No torch import.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from ninfer.runtime.config import EngineConfig
+from ninfer.runtime.pages import PagePool
+from ninfer.runtime.preemption import DeviceOp, Preemption
+from ninfer.runtime.prefix_cache import PrefixCache, PrefixMatch
+from ninfer.runtime.retention import Retention
+from ninfer.runtime.sequence import SeqStatus, Sequence
+from ninfer.runtime.step import StateCopy
+
+
+@dataclass
+class SchedulerCounters:
+    """Monotonic totals since start (units: tokens, events)."""
+
+    prompt_tokens: int = 0  # full prompts, counted once at initial binding
+    cached_tokens: int = 0  # prompt tokens reused at initial binding
+    prefill_tokens: int = 0  # prompt tokens computed for the first time
+    replayed_tokens: int = 0  # tokens recomputed after pauses
+    generation_tokens: int = 0  # committed outputs
+    decode_tokens: int = 0  # committed outputs except each request's first
+    preemptions: int = 0
+    snapshot_restores: int = 0
+    replay_restores: int = 0
+    steps: int = 0
+    decode_rounds: int = 0  # steps with at least one decode row
+    decode_rows: int = 0  # decode rows summed over steps
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+
+class Residency:
+    """Lanes, the KV page pool, the prefix cache and pause/restore of resident sequences.
+
+    `num_pages`/`page_size`/`num_state_slots`/`is_hybrid` describe the executor's memory. On a
+    hybrid model lane i uses state slot i and slots max_concurrency.. hold checkpoints.
+    `host_snapshots`: the executor can snapshot (sizes `kv_bytes_per_page`, `state_bytes`), so
+    pauses may take the snapshot route within `config.host_context_mib`.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        num_pages: int,
+        page_size: int,
+        num_state_slots: int = 0,
+        is_hybrid: bool = False,
+        host_snapshots: bool = False,
+        kv_bytes_per_page: int = 0,
+        state_bytes: int = 0,
+    ) -> None:
+        lanes = config.max_concurrency
+        assert not is_hybrid or num_state_slots >= lanes, "a hybrid model needs a slot per lane"
+        self.config = config
+        self.page_size = page_size
+        self.is_hybrid = is_hybrid
+        self.num_state_slots = num_state_slots if is_hybrid else 0
+        self.pool = PagePool(num_pages)
+        self.cache: PrefixCache | None = None
+        if config.prefix_reuse:
+            slots = range(lanes, num_state_slots) if is_hybrid else range(0)
+            self.cache = PrefixCache(
+                self.pool, page_size, needs_checkpoint=is_hybrid, checkpoint_slots=slots
+            )
+        self.retention = Retention(self.cache, self.pool, page_size, is_hybrid)
+        host = config.host_context_bytes(state_bytes) if host_snapshots else 0
+        self.preemption = Preemption(host, kv_bytes_per_page, state_bytes, page_size, is_hybrid)
+        self.counters = SchedulerCounters()
+        self.paused: list[Sequence] = []  # by seq_id (= arrival order)
+        self.running: list[Sequence] = []  # by seq_id: oldest first
+        self._free_lanes = list(range(lanes - 1, -1, -1))
+        self._ops: list[DeviceOp] = []  # device operations owed to the next step, in order
+
+    def _finish(
+        self, seq: Sequence, reason: str, now: float, error: BaseException | None = None
+    ) -> None:
+        raise NotImplementedError  # the Scheduler's
+
+    # -- binding ----------------------------------------------------------------------------
+
+    def _match(self, seq: Sequence) -> PrefixMatch:
+        if self.cache is None or seq.saved is not None:  # a snapshot brings its own pages
+            return PrefixMatch((), None)
+        return self.cache.match(seq.tokens, seq.known - 1)
+
+    def _fits(self, seq: Sequence, match: PrefixMatch) -> bool:
+        """Whether the frontier (plus one more unit when restoring) fits in free pages and
+        pages the cache could give back, not counting the pages this match keeps."""
+        frontier = seq.known + (1 if seq.status is SeqStatus.PAUSED else 0)
+        need = min(self._pages_for(frontier), self.pool.num_pages) - len(match.nodes)
+        kept = sum(1 for n in match.nodes if self.pool.refcount(n.page) == 1)
+        return need <= self.pool.num_free + self.pool.num_reclaimable - kept
+
+    def _bind(self, seq: Sequence, match: PrefixMatch) -> bool:
+        """Give `seq` a lane and its starting pages (`_fits` said yes); sets `computed`.
+        Returns True when a host snapshot was restored, False for a prefix match (or none)."""
+        seq.lane = self._free_lanes.pop()
+        restored = seq.saved is not None
+        if seq.saved is not None:  # copy the snapshot back into fresh pages: no recompute
+            seq.nodes, seq.pages = [], self._take_pages(seq.saved.num_pages)
+            seq.computed = self.preemption.restore(seq, self._ops)
+        else:
+            for node in match.nodes:
+                self.pool.retain(node.page)
+            seq.nodes = list(match.nodes)
+            seq.pages = [n.page for n in match.nodes]
+            seq.computed = len(match.nodes) * self.page_size
+            if match.state_slot is not None:  # after pending captures
+                self._ops.append(StateCopy(match.state_slot, seq.lane))
+        seq.capture_at = self.retention.split_points(seq)
+        seq.status = SeqStatus.RUNNING
+        bisect.insort(self.running, seq, key=lambda s: s.seq_id)
+        return restored
+
+    def _take_pages(self, n: int) -> list[int]:
+        """`n` pages, evicting cached ones as needed (the caller checked that they exist)."""
+        while self.cache is not None and n > self.pool.num_free:
+            if not self.cache.evict_pages(n - self.pool.num_free):
+                break
+        pages = self.pool.allocate(n)
+        assert pages is not None, "admission promised pages that are not there"
+        return pages
+
+    # -- pressure ---------------------------------------------------------------------------
+
+    def _reserve(self, seq: Sequence, end: int, now: float) -> bool:
+        """Give `seq` pages through position `end`; reclaim cached pages, then pause younger
+        residents. On failure `seq` is paused (or finished with 'length' when it is alone and
+        the pool is too small) and False is returned."""
+        need = self._pages_for(end) - len(seq.pages)
+        while need > self.pool.num_free:
+            if self.cache is not None and self.cache.evict_pages(need - self.pool.num_free):
+                continue
+            youngest = self.running[-1]
+            if youngest is seq:
+                break
+            self._pause(youngest, now)
+        if need > self.pool.num_free:
+            if len(self.running) == 1:
+                self._finish(seq, "length", now)
+            else:
+                self._pause(seq, now)
+            return False
+        if need > 0:
+            pages = self.pool.allocate(need)
+            assert pages is not None
+            seq.pages += pages
+        return True
+
+    def _pause(self, seq: Sequence, now: float) -> None:
+        self.retention.publish_rolling(seq, None)
+        self.preemption.save(seq, self._ops)  # route: snapshot (sets seq.saved) or replay
+        self._release_residence(seq)
+        seq.computed = 0
+        seq.status = SeqStatus.PAUSED
+        seq.paused_since_s = now
+        seq.preemptions += 1
+        self.counters.preemptions += 1
+        bisect.insort(self.paused, seq, key=lambda s: s.seq_id)
+
+    def _release_residence(self, seq: Sequence) -> None:
+        self.pool.release(seq.pages)
+        seq.pages = []
+        seq.nodes = []
+        assert seq.lane is not None
+        self._free_lanes.append(seq.lane)
+        seq.lane = None
+        self.running.remove(seq)
+
+    def _pages_for(self, tokens: int) -> int:
+        return -(-tokens // self.page_size)
+
+    # -- gauges and invariants --------------------------------------------------------------
+
+    @property
+    def state_slots_used(self) -> int:
+        if not self.is_hybrid:
+            return 0
+        lanes = self.config.max_concurrency - len(self._free_lanes)
+        checkpoints = 0 if self.cache is None else self.cache.num_slots - self.cache.num_free_slots
+        return lanes + checkpoints
+
+    def _check_residency(self) -> None:
+        """Pages, lanes, cache and host budget agree with the resident and paused sequences."""
+        self.pool.check()
+        if self.cache is not None:
+            self.cache.check()
+        refs = [0] * self.pool.num_pages
+        for s in self.running:
+            assert s.status is SeqStatus.RUNNING and s.lane is not None and s.saved is None
+            assert len(s.pages) >= self._pages_for(s.computed)
+            assert [n.page for n in s.nodes] == s.pages[: len(s.nodes)]
+            for p in s.pages:
+                refs[p] += 1
+        for p in range(self.pool.num_pages):
+            cached = 1 if self.pool.is_cached(p) else 0
+            assert self.pool.refcount(p) == refs[p] + cached, p
+        lanes = [s.lane for s in self.running] + self._free_lanes
+        assert sorted(lanes) == list(range(self.config.max_concurrency))
+        self.preemption.check(self.paused, self._ops)
