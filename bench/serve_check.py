@@ -131,7 +131,7 @@ def main() -> int:
                     finally:
                         proc.terminate()
                         proc.wait(60)
-                    row["graphs_captured"] = "graph" in log.read_text().lower()
+                    row["graphs_captured"] = "CUDA Graph decode buckets" in log.read_text()
                 except Exception as e:  # recorded, the sweep goes on
                     row["error"] = f"{type(e).__name__}: {e}"[:2000]
                 print(json.dumps(row), flush=True)

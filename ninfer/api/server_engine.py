@@ -66,6 +66,10 @@ def start_engine(state: ServerState, artifact: Artifact) -> None:
     t0 = time.monotonic()
     plan = compile_artifact(artifact, config.compile_options())
     executor = make_executor(plan, artifact, device=config.device)
+    if hasattr(executor, "capture_all"):  # CUDA: capture every decode bucket before serving
+        t_graphs = time.monotonic()
+        graphs = executor.capture_all()
+        log.info("captured %d CUDA Graph decode buckets in %.1f s", graphs, time.monotonic() - t_graphs)
     log.info("plan compiled and weights loaded in %.1f s", time.monotonic() - t0)
     names = {f.name for f in dataclasses.fields(EngineConfig)}
     options = config.engine_options(names)
