@@ -208,7 +208,8 @@ class RequestLogSink(Sink):
             },
             "generation": {"scheduling": {
                 "preemptions": usage.preemptions if usage else 0,
-                "snapshot_restores": 0,
+                "snapshot_restores": usage.snapshot_restores if usage else 0,
+                "replay_restores": usage.replay_restores if usage else 0,
                 "replayed_tokens": usage.replayed_tokens if usage else 0,
                 "paused_seconds": t.paused_s if t else 0.0,
                 "transfer_bytes": 0,
@@ -382,10 +383,24 @@ def server_start_fields(state: Any, artifact: Any, argv: list[str] | None = None
             "default_thinking_budget": cfg.default_thinking_budget,
         },
         "default_max_tokens": cfg.default_max_tokens,
-        "host_context": None,  # no host context backing in this engine yet
+        "host_context": _host_context(state),
         "environment": _environment(cfg),
         "pid": os.getpid(),
         "argv": redact_argv(list(sys.argv if argv is None else argv)),
+    }
+
+
+def _host_context(state: Any) -> dict[str, Any] | None:
+    """Host snapshot backing: capacity and occupancy from the engine's published snapshot."""
+    engine = getattr(state, "engine", None)
+    snap = engine.snapshot() if engine is not None else None
+    if snap is None or not hasattr(snap, "host_context_capacity_bytes"):
+        return None
+    return {
+        "capacity_bytes": snap.host_context_capacity_bytes,
+        "used_bytes": snap.host_context_used_bytes,
+        "reserved_bytes": snap.host_context_reserved_bytes,
+        "peak_bytes": snap.host_context_peak_bytes,
     }
 
 

@@ -462,6 +462,8 @@ def _finish_event(seq: Sequence) -> FinishEvent:
         prefill_tokens=seq.prefill_tokens,
         replayed_tokens=seq.replayed_tokens,
         preemptions=seq.preemptions,
+        snapshot_restores=seq.snapshot_restores,
+        replay_restores=seq.replay_restores,
     )
     end = seq.finished_s if seq.finished_s is not None else seq.arrival_s
     first, admitted = seq.first_token_s, seq.admitted_s

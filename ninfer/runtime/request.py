@@ -170,6 +170,8 @@ class Usage:
     prefill_tokens: int = 0
     replayed_tokens: int = 0
     preemptions: int = 0
+    snapshot_restores: int = 0  # pauses recovered from a host snapshot
+    replay_restores: int = 0  # pauses recovered by recomputation
 
 
 @dataclass(frozen=True)
