@@ -36,7 +36,9 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
-def write_random_artifact(name: str, out: str | Path, *, weights: str = "bf16", device: str = "cpu", seed: int = 0) -> Path:
+def write_random_artifact(
+    name: str, out: str | Path, *, weights: str = "bf16", device: str = "cpu", seed: int = 0
+) -> Path:
     from artifacts.tokenizer import EOS_TOKEN, build_tokenizer, token_id
     from ninfer.runtime.cuda_synthetic import build_synthetic
 
@@ -57,7 +59,9 @@ def write_random_artifact(name: str, out: str | Path, *, weights: str = "bf16", 
     }  # fmt: skip
     with ArtifactWriter(out, header) as writer:
         for tname, info in source.tensors.items():
-            parts = {k: _numpy(v) for k, v in source.device_parts(tname, torch.device("cpu")).items()}
+            parts = {
+                k: _numpy(v) for k, v in source.device_parts(tname, torch.device("cpu")).items()
+            }
             writer.add(tname, StoredTensor(info.format, tuple(info.shape), parts))
     return Path(out)
 
@@ -65,7 +69,9 @@ def write_random_artifact(name: str, out: str | Path, *, weights: str = "bf16", 
 def main(argv: list[str] | None = None) -> int:
     from ninfer.runtime.cuda_synthetic import SYNTHETIC, WEIGHTS
 
-    p = argparse.ArgumentParser(prog="python -m artifacts.random_artifact", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m artifacts.random_artifact", description=__doc__.splitlines()[0]
+    )
     p.add_argument("name", choices=sorted(SYNTHETIC))
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--weights", choices=WEIGHTS, default="bf16")
@@ -73,8 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     t0 = time.monotonic()
-    path = write_random_artifact(args.name, args.output, weights=args.weights, device=args.device, seed=args.seed)
-    print(f"wrote {path} ({path.stat().st_size / 2**30:.2f} GiB) in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+    path = write_random_artifact(
+        args.name, args.output, weights=args.weights, device=args.device, seed=args.seed
+    )
+    print(
+        f"wrote {path} ({path.stat().st_size / 2**30:.2f} GiB) in {time.monotonic() - t0:.1f} s",
+        file=sys.stderr,
+    )
     return 0
 
 

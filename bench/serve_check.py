@@ -37,11 +37,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(artifact: Path, kv: str, log: Path, extra: list[str], device: str = "cuda") -> tuple[subprocess.Popen, str]:
+def start(
+    artifact: Path, kv: str, log: Path, extra: list[str], device: str = "cuda"
+) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "ninfer.cli", "serve", str(artifact), "--port", str(port), "--device", device,
            "--kv-dtype", kv, "--max-concurrency", "4", "--max-context", "4096", *extra]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    with open(log, "wb") as out:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
@@ -82,19 +91,44 @@ def check(url: str) -> dict:
     text = full["choices"][0]["message"]["content"] or ""
     chunks: list = []
     stream(url, model, chunks, stream_options={"include_usage": True})
-    streamed = "".join((c["choices"][0]["delta"].get("content") or "") for _, c in chunks if c["choices"])
-    finishes = [c["choices"][0]["finish_reason"] for _, c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    streamed = "".join(
+        (c["choices"][0]["delta"].get("content") or "") for _, c in chunks if c["choices"]
+    )
+    finishes = [
+        c["choices"][0]["finish_reason"]
+        for _, c in chunks
+        if c["choices"] and c["choices"][0]["finish_reason"]
+    ]
     res["stream_equals_aggregate"] = streamed == text
     res["one_finish_reason"] = len(finishes) == 1
     res["usage_chunk"] = sum(1 for _, c in chunks if c.get("usage")) == 1
     res["decode_tok_s"] = full["timings"]["predicted_per_second"]
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
-    res["tools_request_ok"] = chat(url, model, tools=tools)["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
-    res["stop_request_ok"] = chat(url, model, stop=["e"])["choices"][0]["finish_reason"] in ("stop", "length")
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+    ]
+    res["tools_request_ok"] = chat(url, model, tools=tools)["choices"][0]["finish_reason"] in (
+        "stop",
+        "length",
+        "tool_calls",
+    )
+    res["stop_request_ok"] = chat(url, model, stop=["e"])["choices"][0]["finish_reason"] in (
+        "stop",
+        "length",
+    )
     a: list = []
     b: list = []
-    ta = threading.Thread(target=stream, args=(url, model, a), kwargs={"max_tokens": 64, "ignore_eos": True})
-    tb = threading.Thread(target=stream, args=(url, model, b), kwargs={"max_tokens": 64, "ignore_eos": True})
+    ta = threading.Thread(
+        target=stream, args=(url, model, a), kwargs={"max_tokens": 64, "ignore_eos": True}
+    )
+    tb = threading.Thread(
+        target=stream, args=(url, model, b), kwargs={"max_tokens": 64, "ignore_eos": True}
+    )
     ta.start(), tb.start(), ta.join(), tb.join()
     res["concurrent_interleave"] = bool(a and b and a[1][0] < b[-1][0] and b[1][0] < a[-1][0])
     res["metrics_ok"] = "ninfer_generation_tokens_total" in httpx.get(url + "/metrics").text
@@ -132,7 +166,7 @@ def main() -> int:
                         proc.terminate()
                         proc.wait(60)
                     row["graphs_captured"] = "CUDA Graph decode buckets" in log.read_text()
-                except Exception as e:  # recorded, the sweep goes on
+                except Exception as e:  # noqa: BLE001 - recorded in the row, the sweep goes on
                     row["error"] = f"{type(e).__name__}: {e}"[:2000]
                 print(json.dumps(row), flush=True)
                 results.append(row)

@@ -15,7 +15,10 @@ from ninfer.errors import NinferError
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "convert": ("ninfer.commands.convert", "convert a Hugging Face directory or GGUF file to .ninfer"),
+    "convert": (
+        "ninfer.commands.convert",
+        "convert a Hugging Face directory or GGUF file to .ninfer",
+    ),
     "inspect": ("ninfer.commands.inspect", "show an artifact's name, config, tensors and formats"),
     "compile": ("ninfer.commands.compile", "print the execution plan compiled for a device"),
     "serve": ("ninfer.commands.serve", "serve an artifact over OpenAI and Anthropic HTTP"),

@@ -174,5 +174,12 @@ class Finished:
 
 
 GenerationEvent = (
-    Admitted | PromptProgress | ReasoningText | ContentText | ToolCallStart | ToolCallArgs | ToolCallDone | Finished
+    Admitted
+    | PromptProgress
+    | ReasoningText
+    | ContentText
+    | ToolCallStart
+    | ToolCallArgs
+    | ToolCallDone
+    | Finished
 )

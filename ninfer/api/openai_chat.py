@@ -88,7 +88,11 @@ def _finish_reason(f: Finished) -> str:
 
 
 def _tool_call_dict(call: Any) -> dict[str, Any]:
-    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
 
 
 class ChatCompletion:
@@ -101,7 +105,10 @@ class ChatCompletion:
         self.chat = chat
 
     def aggregate(self, f: Finished) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": f.content if (f.content or not f.tool_calls) else None}
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": f.content if (f.content or not f.tool_calls) else None,
+        }
         if f.reasoning:
             message["reasoning_content"] = f.reasoning
         if f.tool_calls:
@@ -112,23 +119,36 @@ class ChatCompletion:
             "object": "chat.completion",
             "created": self.created,
             "model": self.model,
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": _finish_reason(f)}],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": _finish_reason(f),
+                }
+            ],
             "usage": _usage(f),
             "timings": f.timings.as_dict(),
         }
 
-    def chunk(self, delta: dict[str, Any] | None, finish_reason: str | None = None, **extra: Any) -> dict[str, Any]:
+    def chunk(
+        self, delta: dict[str, Any] | None, finish_reason: str | None = None, **extra: Any
+    ) -> dict[str, Any]:
         out: dict[str, Any] = {
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
-            "choices": [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+            "choices": []
+            if delta is None
+            else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
         }
         out.update(extra)
         return out
 
-    async def stream(self, first: GenerationEvent, events: AsyncIterator[GenerationEvent]) -> AsyncIterator[dict[str, Any]]:
+    async def stream(
+        self, first: GenerationEvent, events: AsyncIterator[GenerationEvent]
+    ) -> AsyncIterator[dict[str, Any]]:
         """Chunks of one streamed completion; closing it cancels the generation."""
         yield self.chunk({"role": "assistant", "content": ""})
         self._processed = -1  # the last prompt_progress sent: they never move backwards
@@ -151,18 +171,42 @@ class ChatCompletion:
             # once per committed chunk up to processed == total before the first output token.
             if chat.return_progress and e.processed >= self._processed:
                 self._processed = e.processed
-                progress = {"total": e.total, "cache": e.cache, "processed": e.processed, "time_ms": e.time_ms}
+                progress = {
+                    "total": e.total,
+                    "cache": e.cache,
+                    "processed": e.processed,
+                    "time_ms": e.time_ms,
+                }
                 out.append(self.chunk(None, prompt_progress=progress))
             return out
-        extra = {"timings": e.timings.as_dict()} if chat.timings_per_token and getattr(e, "timings", None) else {}
+        extra = (
+            {"timings": e.timings.as_dict()}
+            if chat.timings_per_token and getattr(e, "timings", None)
+            else {}
+        )
         if isinstance(e, ReasoningText):
             out.append(self.chunk({"reasoning_content": e.text}, **extra))
         elif isinstance(e, ContentText):
             out.append(self.chunk({"content": e.text}, **extra))
         elif isinstance(e, ToolCallStart):
-            out.append(self.chunk({"tool_calls": [{"index": e.index, "id": e.id, "type": "function", "function": {"name": e.name, "arguments": ""}}]}))
+            out.append(
+                self.chunk(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": e.index,
+                                "id": e.id,
+                                "type": "function",
+                                "function": {"name": e.name, "arguments": ""},
+                            }
+                        ]
+                    }
+                )
+            )
         elif isinstance(e, ToolCallArgs):
-            out.append(self.chunk({"tool_calls": [{"index": e.index, "function": {"arguments": e.text}}]}))
+            out.append(
+                self.chunk({"tool_calls": [{"index": e.index, "function": {"arguments": e.text}}]})
+            )
         elif isinstance(e, Finished):
             if e.reason == "error":
                 out.append({"error": errors.internal_error().body()["error"]})
@@ -178,7 +222,9 @@ class ChatCompletion:
 
 async def _sse(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
     async for c in chunks:
-        yield b"data: " + json.dumps(c, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+        yield (
+            b"data: " + json.dumps(c, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+        )
     yield b"data: [DONE]\n\n"
 
 
@@ -216,4 +262,6 @@ async def _first(events: AsyncIterator[GenerationEvent]) -> GenerationEvent:
     try:
         return await events.__anext__()
     except StopAsyncIteration:  # pragma: no cover - the service always ends with Finished
-        raise ApiError(500, "generation produced no events", type=errors.SERVER_ERROR, code="internal_error") from None
+        raise ApiError(
+            500, "generation produced no events", type=errors.SERVER_ERROR, code="internal_error"
+        ) from None

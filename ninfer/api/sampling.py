@@ -22,7 +22,14 @@ PRESETS: dict[str, dict[bool, tuple[float, float, int, float, float]]] = {
     # the MoE (35B-A3B) preset differs only in its thinking presence penalty
     "qwen3_5_moe": {True: (1.0, 0.95, 20, 0.0, 1.5), False: _QWEN35_NON_THINKING},
 }
-_BASE = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+_BASE = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
 
 
 @dataclass(frozen=True)

@@ -35,15 +35,24 @@ log = logging.getLogger("ninfer.serve")
 
 def load_template(config: Any, artifact: Artifact, tokenizer: Tokenizer) -> ChatTemplate:
     specials = {
-        k: v for k, v in (("bos_token", artifact.special_tokens.get("bos_token")), ("eos_token", artifact.special_tokens.get("eos_token"))) if isinstance(v, str)
+        k: v
+        for k, v in (
+            ("bos_token", artifact.special_tokens.get("bos_token")),
+            ("eos_token", artifact.special_tokens.get("eos_token")),
+        )
+        if isinstance(v, str)
     }
     if config.chat_template:
         source = Path(config.chat_template).read_text(encoding="utf-8")
         return chat_template_for(source, tokenizer, special_tokens=specials)
     if artifact.chat_template:
         return chat_template_for(artifact.chat_template, tokenizer, special_tokens=specials)
-    log.warning("the artifact has no chat template: using ninfer's built-in Qwen-style ChatML template")
-    return load_builtin_template("qwen_xml", control_tokens=control_token_spellings(tokenizer), special_tokens=specials)
+    log.warning(
+        "the artifact has no chat template: using ninfer's built-in Qwen-style ChatML template"
+    )
+    return load_builtin_template(
+        "qwen_xml", control_tokens=control_token_spellings(tokenizer), special_tokens=specials
+    )
 
 
 def eos_ids_of(artifact: Artifact, tokenizer: Tokenizer) -> tuple[int, ...]:
@@ -69,7 +78,9 @@ def start_engine(state: ServerState, artifact: Artifact) -> None:
     if hasattr(executor, "capture_all"):  # CUDA: capture every decode bucket before serving
         t_graphs = time.monotonic()
         graphs = executor.capture_all()
-        log.info("captured %d CUDA Graph decode buckets in %.1f s", graphs, time.monotonic() - t_graphs)
+        log.info(
+            "captured %d CUDA Graph decode buckets in %.1f s", graphs, time.monotonic() - t_graphs
+        )
     log.info("plan compiled and weights loaded in %.1f s", time.monotonic() - t0)
     names = {f.name for f in dataclasses.fields(EngineConfig)}
     options = config.engine_options(names)
@@ -87,16 +98,23 @@ def start_engine(state: ServerState, artifact: Artifact) -> None:
         eos_ids=eos_ids,
         max_context=config.max_context,
         default_max_tokens=config.default_max_tokens,
-        sampler_defaults=SamplerDefaults.resolve(artifact.generation, dict(config.sampler_overrides(), greedy=config.greedy)),
+        sampler_defaults=SamplerDefaults.resolve(
+            artifact.generation, dict(config.sampler_overrides(), greedy=config.greedy)
+        ),
         sampler_policy=SamplerPolicy(
-            artifact.architecture, dict(artifact.generation), config.sampler_overrides(), config.greedy
+            artifact.architecture,
+            dict(artifact.generation),
+            config.sampler_overrides(),
+            config.greedy,
         ),
         default_thinking_budget=config.default_thinking_budget,
     )
     # Warm-up: one real prefill + decode step so the first request pays no first-call costs.
     t1 = time.monotonic()
     warm = tokenizer.encode("Hello", add_special_tokens=False).ids or [0]
-    engine.submit(Request(tuple(warm), SamplingParams(max_tokens=2, temperature=0.0), session_key=None)).result(timeout=600)
+    engine.submit(
+        Request(tuple(warm), SamplingParams(max_tokens=2, temperature=0.0), session_key=None)
+    ).result(timeout=600)
     log.info("warm-up done in %.2f s", time.monotonic() - t1)
     state.engine = engine
     state.tokenizer = tokenizer

@@ -78,7 +78,9 @@ class SamplerDefaults:
     def resolve(cls, generation: dict[str, Any], overrides: dict[str, Any]) -> SamplerDefaults:
         base: dict[str, Any] = {}
         for key in ("temperature", "top_p", "top_k", "min_p"):
-            if isinstance(generation.get(key), (int, float)) and not isinstance(generation.get(key), bool):
+            if isinstance(generation.get(key), (int, float)) and not isinstance(
+                generation.get(key), bool
+            ):
                 base[key] = generation[key]
         if generation.get("do_sample") is False:
             base["temperature"] = 0.0
@@ -125,7 +127,9 @@ class ModelService:
         self.default_max_tokens = default_max_tokens
         self.sampler_defaults = sampler_defaults
         self.sampler_policy = sampler_policy or SamplerPolicy(
-            "", overrides={k: getattr(sampler_defaults, k) for k in (*FIELDS, "seed")}, greedy=sampler_defaults.greedy
+            "",
+            overrides={k: getattr(sampler_defaults, k) for k in (*FIELDS, "seed")},
+            greedy=sampler_defaults.greedy,
         )
         self.default_thinking_budget = default_thinking_budget
 
@@ -143,7 +147,9 @@ class ModelService:
         )
         ids = self.encoder.encode(rendered.text, rendered.special_spans)
         if not ids:
-            raise ApiError(400, "the rendered prompt is empty", code="invalid_prompt", param="messages")
+            raise ApiError(
+                400, "the rendered prompt is empty", code="invalid_prompt", param="messages"
+            )
         if len(ids) >= self.max_context:
             raise ApiError(
                 400,
@@ -167,7 +173,10 @@ class ModelService:
         for cut in cuts:
             try:
                 prefix = self.template.render(
-                    req.messages[:cut], tools=req.tools, add_generation_prompt=False, options=req.template_options
+                    req.messages[:cut],
+                    tools=req.tools,
+                    add_generation_prompt=False,
+                    options=req.template_options,
                 )
             except ApiError:
                 continue
@@ -179,7 +188,9 @@ class ModelService:
     def count_tokens(self, req: GenerationRequest) -> int:
         return len(self.prepare(req).prompt_ids)
 
-    def sampling_params(self, req: GenerationRequest, max_tokens: int, thinking: bool = False) -> SamplingParams:
+    def sampling_params(
+        self, req: GenerationRequest, max_tokens: int, thinking: bool = False
+    ) -> SamplingParams:
         """The engine sampler for `req`: preset or artifact defaults for the resolved thinking
         mode, then process flags, then request fields, then --greedy (ninfer.api.sampling)."""
         fields = {name: getattr(req.sampling, name) for name in (*FIELDS, "seed")}
@@ -204,12 +215,16 @@ class ModelService:
         suffix = thinking_budget_suffix_ids(self.tokenizer)
         return (tuple(close) if len(close) == 1 else ()), tuple(suffix)
 
-    def thinking_fields(self, req: GenerationRequest, prepared: Prepared, capacity: int) -> dict[str, Any]:
+    def thinking_fields(
+        self, req: GenerationRequest, prepared: Prepared, capacity: int
+    ) -> dict[str, Any]:
         """The engine Request's thinking-budget fields for a generation of at most `capacity`
         output tokens ({} when the prompt does not start in thinking or has no budget). Raises
         ApiError thinking_budget_capacity_insufficient when the capacity extends past the cap
         but cannot hold the whole suffix plus one token after it."""
-        budget = resolve_thinking_budget(prepared.starts_in_thinking, req.thinking_budget, self.default_thinking_budget)
+        budget = resolve_thinking_budget(
+            prepared.starts_in_thinking, req.thinking_budget, self.default_thinking_budget
+        )
         if budget is None:
             return {}
         close, suffix = self.thinking_control_ids
@@ -222,11 +237,17 @@ class ModelService:
                 code="thinking_budget_capacity_insufficient",
                 param="max_tokens",
             )
-        return {"thinking_budget": budget, "thinking_close_ids": close, "thinking_suffix_ids": suffix}
+        return {
+            "thinking_budget": budget,
+            "thinking_close_ids": close,
+            "thinking_suffix_ids": suffix,
+        }
 
     # -- generation ------------------------------------------------------------------------------
 
-    async def generate(self, req: GenerationRequest, *, request_id: str = "") -> AsyncIterator[GenerationEvent]:
+    async def generate(
+        self, req: GenerationRequest, *, request_id: str = ""
+    ) -> AsyncIterator[GenerationEvent]:
         """Run one generation. Preparation and admission failures raise ApiError before the first
         event; once `Admitted` is yielded, failures end the stream with Finished(reason=error).
         With an `observer`, the request's lifecycle is reported to it (ninfer.api.observe);
@@ -244,7 +265,9 @@ class ModelService:
         finally:
             await events.aclose()
 
-    async def _generate(self, req: GenerationRequest, track: RequestTrack) -> AsyncIterator[GenerationEvent]:
+    async def _generate(
+        self, req: GenerationRequest, track: RequestTrack
+    ) -> AsyncIterator[GenerationEvent]:
         prepared = await asyncio.to_thread(self.prepare, req)
         prompt_len = len(prepared.prompt_ids)
         room = self.max_context - prompt_len
@@ -268,7 +291,12 @@ class ModelService:
         except RequestError as e:
             raise ApiError(400, str(e), code="invalid_request") from None
         except EngineError as e:
-            raise ApiError(503, f"the engine is unavailable: {e}", type=errors.SERVER_ERROR, code="engine_unavailable") from None
+            raise ApiError(
+                503,
+                f"the engine is unavailable: {e}",
+                type=errors.SERVER_ERROR,
+                code="engine_unavailable",
+            ) from None
         track.started(prepared, request)
 
         post = _PostProcessor(self, req, prepared, t_submit=time.monotonic())
@@ -280,9 +308,13 @@ class ModelService:
                     track.admitted()
                     post.t_admit, post.cached = time.monotonic(), event.cached_tokens
                     yield Admitted(event.prompt_tokens, event.cached_tokens, event.reuse_path)
-                    yield PromptProgress(event.prompt_tokens, event.cached_tokens, event.cached_tokens, 0.0)
+                    yield PromptProgress(
+                        event.prompt_tokens, event.cached_tokens, event.cached_tokens, 0.0
+                    )
                 elif isinstance(event, PromptProgressEvent):
-                    yield PromptProgress(event.total, event.cache, event.processed, event.elapsed_s * 1000.0)
+                    yield PromptProgress(
+                        event.total, event.cache, event.processed, event.elapsed_s * 1000.0
+                    )
                 elif isinstance(event, TokensEvent):
                     if not first_token:
                         first_token = True
@@ -299,12 +331,22 @@ class ModelService:
                     track.engine_finished(event)
                     if not admitted:
                         if isinstance(event.error, QueueTimeout):
-                            raise ApiError(503, str(event.error), type=errors.SERVER_ERROR, code="request_queue_timeout")
+                            raise ApiError(
+                                503,
+                                str(event.error),
+                                type=errors.SERVER_ERROR,
+                                code="request_queue_timeout",
+                            )
                         if event.reason == "error":
                             raise ApiError(
-                                500, f"generation failed: {event.error}", type=errors.SERVER_ERROR, code="engine_error"
+                                500,
+                                f"generation failed: {event.error}",
+                                type=errors.SERVER_ERROR,
+                                code="engine_error",
                             )
-                        yield Admitted(prompt_len, event.usage.cached_tokens, event.usage.reuse_path)
+                        yield Admitted(
+                            prompt_len, event.usage.cached_tokens, event.usage.reuse_path
+                        )
                     for out in post.finish():
                         yield out
                     yield post.finished(event, length_cause, prompt_only)
@@ -317,7 +359,9 @@ class ModelService:
 class _PostProcessor:
     """Token ids → stop-filtered, reasoning-split, tool-parsed text events (one request)."""
 
-    def __init__(self, service: ModelService, req: GenerationRequest, prepared: Prepared, *, t_submit: float) -> None:
+    def __init__(
+        self, service: ModelService, req: GenerationRequest, prepared: Prepared, *, t_submit: float
+    ) -> None:
         self.service = service
         self.prompt_len = len(prepared.prompt_ids)
         self.t_submit = t_submit
@@ -328,7 +372,9 @@ class _PostProcessor:
         self.detok = IncrementalDetokenizer(service.tokenizer)
         self.stops = StopMatcher(req.stop) if req.stop else None
         self.reasoning = ReasoningParser(prepared.starts_in_thinking)
-        self.tools = toolcalls.ToolCallParser(req.tools or []) if req.tools and req.parse_tools else None
+        self.tools = (
+            toolcalls.ToolCallParser(req.tools or []) if req.tools and req.parse_tools else None
+        )
         self.stop_match: str | None = None
         self.ignore_eos = req.ignore_eos
         self.finish_sent = False
@@ -374,7 +420,11 @@ class _PostProcessor:
             self.reasoning_text.append(reasoning)
             out.append(ReasoningText(reasoning, self.snapshot()))
         if content:
-            out.extend(self._content(self.tools.feed(content) if self.tools else [toolcalls.ContentDelta(content)]))
+            out.extend(
+                self._content(
+                    self.tools.feed(content) if self.tools else [toolcalls.ContentDelta(content)]
+                )
+            )
         return out
 
     def _content(self, events: list[toolcalls.ToolEvent]) -> list[GenerationEvent]:
@@ -406,10 +456,14 @@ class _PostProcessor:
     def snapshot(self) -> Timings:
         """Cumulative timings at the committed frontier (timings_per_token)."""
         first, last = self.t_first, self.t_last
-        start = self.t_submit if self.t_admit is None else self.t_admit  # prompt time starts at admission
+        start = (
+            self.t_submit if self.t_admit is None else self.t_admit
+        )  # prompt time starts at admission
         prompt_ms = 0.0 if first is None else (first - start) * 1000.0
         predicted_ms = 0.0 if first is None or last is None else (last - first) * 1000.0
-        return Timings(self.cached, self.prompt_len - self.cached, prompt_ms, self.kept_tokens, predicted_ms)
+        return Timings(
+            self.cached, self.prompt_len - self.cached, prompt_ms, self.kept_tokens, predicted_ms
+        )
 
     def _text_unstopped(self, text: str) -> list[GenerationEvent]:
         if not text:
@@ -435,8 +489,16 @@ class _PostProcessor:
             content="".join(self.content),
             reasoning="".join(self.reasoning_text),
             tool_calls=tuple(self.calls),
-            usage=Usage(u.prompt_tokens, completion, u.cached_tokens, min(self.reasoning_tokens, completion)),
-            timings=Timings(u.cached_tokens, u.prompt_tokens - u.cached_tokens, prompt_ms, completion, predicted_ms),
+            usage=Usage(
+                u.prompt_tokens, completion, u.cached_tokens, min(self.reasoning_tokens, completion)
+            ),
+            timings=Timings(
+                u.cached_tokens,
+                u.prompt_tokens - u.cached_tokens,
+                prompt_ms,
+                completion,
+                predicted_ms,
+            ),
             stop_sequence=self.stop_match,
             length_cause=length_cause if reason == "length" else None,
             tool_parse=self.tools.stats.as_dict() if self.tools else {},

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -96,7 +97,7 @@ def _iter_tensors(files: list[Path]) -> Iterator[tuple[str, np.ndarray, str]]:
 
     for path in files:
         with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
                 t = f.get_tensor(name)
                 dtype = str(t.dtype).removeprefix("torch.")
                 if dtype == "bfloat16":
@@ -132,9 +133,9 @@ def _store(name: str, arr: np.ndarray, src_fmt: str, weights: str | None) -> Sto
         return StoredTensor(src_fmt, tuple(arr.shape), {"data": np.ascontiguousarray(arr)})
     dense = arr if src_fmt != "bf16" else (arr.astype(np.uint32) << 16).view(np.float32)
     dense = np.asarray(dense, dtype=np.float32)
-    if weights in ("fp8", "nvfp4") and dense.ndim == 2 and _QUANTISABLE.search(name):
-        if weights == "fp8" or dense.shape[1] % 16 == 0:
-            return quantize(dense, weights)
+    quantisable = weights in ("fp8", "nvfp4") and dense.ndim == 2 and _QUANTISABLE.search(name)
+    if quantisable and (weights == "fp8" or dense.shape[1] % 16 == 0):  # nvfp4 needs K % 16 == 0
+        return quantize(dense, weights)
     if weights == "bf16" or dense.ndim == 2:
         return StoredTensor("bf16", tuple(dense.shape), {"data": bf16_encode(dense)})
     return plain(dense, "f32")  # norms and other vectors stay exact
@@ -146,7 +147,11 @@ def load_tokenizer(src: Path) -> tuple[str, dict[str, Any], str | None]:
     if not tok_path.exists():
         raise ConvertError(f"{tok_path}: missing (ninfer needs a `tokenizers` tokenizer.json)")
     tok_json = tok_path.read_text(encoding="utf-8")
-    tok_cfg = _read_json(src / "tokenizer_config.json") if (src / "tokenizer_config.json").exists() else {}
+    tok_cfg = (
+        _read_json(src / "tokenizer_config.json")
+        if (src / "tokenizer_config.json").exists()
+        else {}
+    )
     template = None
     if (src / "chat_template.jinja").exists():
         template = (src / "chat_template.jinja").read_text(encoding="utf-8")
@@ -155,7 +160,9 @@ def load_tokenizer(src: Path) -> tuple[str, dict[str, Any], str | None]:
     return tok_json, tok_cfg, template
 
 
-def special_tokens(tok_json: str, tok_cfg: dict[str, Any], config: dict[str, Any], gen: dict[str, Any]) -> dict[str, Any]:
+def special_tokens(
+    tok_json: str, tok_cfg: dict[str, Any], config: dict[str, Any], gen: dict[str, Any]
+) -> dict[str, Any]:
     vocab: dict[str, int] = {}
     data = json.loads(tok_json)
     for added in data.get("added_tokens", []):
@@ -171,10 +178,18 @@ def special_tokens(tok_json: str, tok_cfg: dict[str, Any], config: dict[str, Any
             return None
         if text in vocab:
             return vocab[text]
-        return data.get("model", {}).get("vocab", {}).get(text) if isinstance(data.get("model", {}).get("vocab"), dict) else None
+        return (
+            data.get("model", {}).get("vocab", {}).get(text)
+            if isinstance(data.get("model", {}).get("vocab"), dict)
+            else None
+        )
 
     eos_ids: list[int] = []
-    for source in (gen.get("eos_token_id"), config.get("eos_token_id"), tid(token_text(tok_cfg.get("eos_token")))):
+    for source in (
+        gen.get("eos_token_id"),
+        config.get("eos_token_id"),
+        tid(token_text(tok_cfg.get("eos_token"))),
+    ):
         for v in source if isinstance(source, list) else [source]:
             if isinstance(v, int) and v not in eos_ids:
                 eos_ids.append(v)
@@ -202,7 +217,9 @@ def convert_hf(
     if not src.is_dir():
         raise ConvertError(f"{src}: not a directory or .gguf file")
     if weights is not None and weights not in WEIGHT_FORMATS:
-        raise ConvertError(f"--weights {weights}: unknown format (choose from {', '.join(WEIGHT_FORMATS)})")
+        raise ConvertError(
+            f"--weights {weights}: unknown format (choose from {', '.join(WEIGHT_FORMATS)})"
+        )
     raw_config = _read_json(src / "config.json")
     config = _normalise_keys(text_config(raw_config))
     model_type = raw_config.get("model_type") or config.get("model_type")
@@ -211,19 +228,28 @@ def convert_hf(
         raise ConvertError(
             f"{src}: unsupported architecture {model_type!r} (supported: {', '.join(sorted(set(MODEL_TYPES)))})"
         )
-    gen = _read_json(src / "generation_config.json") if (src / "generation_config.json").exists() else {}
+    gen = (
+        _read_json(src / "generation_config.json")
+        if (src / "generation_config.json").exists()
+        else {}
+    )
     tok_json, tok_cfg, template = load_tokenizer(src)
     if chat_template is not None:
         template = chat_template
     files = _safetensor_files(src)
     header = {
-        "metadata": {"name": name or raw_config.get("_name_or_path") or src.name, "source": "huggingface"},
+        "metadata": {
+            "name": name or raw_config.get("_name_or_path") or src.name,
+            "source": "huggingface",
+        },
         "architecture": arch,
         "config": config,
         "tokenizer": tok_json,
         "chat_template": template,
         "special_tokens": special_tokens(tok_json, tok_cfg, config, gen),
-        "generation": {k: v for k, v in gen.items() if not k.startswith("_") and k != "transformers_version"},
+        "generation": {
+            k: v for k, v in gen.items() if not k.startswith("_") and k != "transformers_version"
+        },
         "components": ["text"],
     }
     if not isinstance(header["metadata"]["name"], str) or "/" in header["metadata"]["name"]:

@@ -24,9 +24,10 @@ import mmap
 import os
 import struct
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Self
 
 import numpy as np
 import xxhash
@@ -113,7 +114,7 @@ class ArtifactWriter:
         self._f.write(b"\0" * ALIGN)
         self._pos = ALIGN
 
-    def __enter__(self) -> ArtifactWriter:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -159,7 +160,9 @@ class ArtifactWriter:
         header_off = self._pos + pad
         self._f.write(blob)
         self._f.seek(0)
-        self._f.write(PRELUDE.pack(MAGIC, VERSION, 0, header_off, len(blob), xxhash.xxh3_64_intdigest(blob)))
+        self._f.write(
+            PRELUDE.pack(MAGIC, VERSION, 0, header_off, len(blob), xxhash.xxh3_64_intdigest(blob))
+        )
         self._f.flush()
         os.fsync(self._f.fileno())
         self._f.close()
@@ -189,7 +192,9 @@ class Artifact:
             raise ArtifactError(f"{self.path}: no such artifact file")
         size = self.path.stat().st_size
         if size < PRELUDE.size:
-            raise ArtifactError(f"{self.path}: truncated file ({size} bytes), not a .ninfer artifact")
+            raise ArtifactError(
+                f"{self.path}: truncated file ({size} bytes), not a .ninfer artifact"
+            )
         with open(self.path, "rb") as f:
             self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         magic, version, _flags, hoff, hlen, hxxh = PRELUDE.unpack_from(self._mm, 0)
@@ -200,7 +205,9 @@ class Artifact:
                 f"{self.path}: unsupported .ninfer format version {version} (this ninfer reads {VERSION}); reconvert it"
             )
         if hoff + hlen > size or hoff < ALIGN:
-            raise ArtifactError(f"{self.path}: truncated file (header expected at bytes {hoff}..{hoff + hlen}, file has {size})")
+            raise ArtifactError(
+                f"{self.path}: truncated file (header expected at bytes {hoff}..{hoff + hlen}, file has {size})"
+            )
         blob = self._mm[hoff : hoff + hlen]
         if xxhash.xxh3_64_intdigest(blob) != hxxh:
             raise ArtifactError(f"{self.path}: header checksum mismatch, the file is corrupt")
@@ -213,24 +220,40 @@ class Artifact:
         try:
             for name, t in self.header["tensors"].items():
                 parts = {
-                    pn: PartInfo(p["dtype"], tuple(p["shape"]), int(p["offset"]), int(p["nbytes"]), p["xxh3"])
+                    pn: PartInfo(
+                        p["dtype"], tuple(p["shape"]), int(p["offset"]), int(p["nbytes"]), p["xxh3"]
+                    )
                     for pn, p in t["parts"].items()
                 }
-                self.tensors[name] = TensorInfo(name, t["format"], tuple(t["shape"]), parts, t.get("attrs", {}))
+                self.tensors[name] = TensorInfo(
+                    name, t["format"], tuple(t["shape"]), parts, t.get("attrs", {})
+                )
             arch = self.header["architecture"]
         except (KeyError, TypeError, ValueError) as e:
-            raise ArtifactError(f"{self.path}: malformed header (missing or bad field {e})") from None
+            raise ArtifactError(
+                f"{self.path}: malformed header (missing or bad field {e})"
+            ) from None
         if arch not in ARCHITECTURES:
-            raise ArtifactError(f"{self.path}: unknown architecture {arch!r} (supported: {', '.join(ARCHITECTURES)})")
+            raise ArtifactError(
+                f"{self.path}: unknown architecture {arch!r} (supported: {', '.join(ARCHITECTURES)})"
+            )
         for t in self.tensors.values():
             for pn, p in t.parts.items():
                 if p.dtype not in _NP_DTYPES:
-                    raise ArtifactError(f"{self.path}: tensor {t.name}.{pn} has unknown dtype {p.dtype!r}")
-                expect = int(np.prod(p.shape, dtype=np.int64)) * np.dtype(_NP_DTYPES[p.dtype]).itemsize
+                    raise ArtifactError(
+                        f"{self.path}: tensor {t.name}.{pn} has unknown dtype {p.dtype!r}"
+                    )
+                expect = (
+                    int(np.prod(p.shape, dtype=np.int64)) * np.dtype(_NP_DTYPES[p.dtype]).itemsize
+                )
                 if expect != p.nbytes:
-                    raise ArtifactError(f"{self.path}: tensor {t.name}.{pn} is misshapen ({p.shape} {p.dtype} is not {p.nbytes} bytes)")
+                    raise ArtifactError(
+                        f"{self.path}: tensor {t.name}.{pn} is misshapen ({p.shape} {p.dtype} is not {p.nbytes} bytes)"
+                    )
                 if p.offset + p.nbytes > hoff:
-                    raise ArtifactError(f"{self.path}: truncated file (tensor {t.name} lies past the data region)")
+                    raise ArtifactError(
+                        f"{self.path}: truncated file (tensor {t.name} lies past the data region)"
+                    )
 
     # -- header fields -------------------------------------------------------------------
     @property
@@ -292,13 +315,17 @@ class Artifact:
         buf = memoryview(self._mm)[p.offset : p.offset + p.nbytes]
         if verify and (name, part) not in self._verified:
             if _checksum(buf) != p.xxh3:
-                raise ArtifactError(f"{self.path}: checksum mismatch in tensor {name!r} ({part}), the file is corrupt")
+                raise ArtifactError(
+                    f"{self.path}: checksum mismatch in tensor {name!r} ({part}), the file is corrupt"
+                )
             self._verified.add((name, part))
         return np.frombuffer(buf, dtype=_NP_DTYPES[p.dtype]).reshape(p.shape)
 
     def stored(self, name: str) -> StoredTensor:
         info = self.info(name)
-        return StoredTensor(info.format, info.shape, {pn: self.array(name, pn) for pn in info.parts}, info.attrs)
+        return StoredTensor(
+            info.format, info.shape, {pn: self.array(name, pn) for pn in info.parts}, info.attrs
+        )
 
     def dense(self, name: str) -> np.ndarray:
         """The tensor dequantised to float32 by the reference dequantiser of its format."""
@@ -309,7 +336,9 @@ class Artifact:
     def expect_shape(self, name: str, shape: tuple[int, ...]) -> None:
         info = self.info(name)
         if tuple(info.shape) != tuple(shape):
-            raise ArtifactError(f"{self.path}: tensor {name!r} is misshapen: {list(info.shape)}, expected {list(shape)}")
+            raise ArtifactError(
+                f"{self.path}: tensor {name!r} is misshapen: {list(info.shape)}, expected {list(shape)}"
+            )
 
     def verify(self) -> int:
         """Check every part's checksum; returns the number of bytes verified."""

@@ -19,7 +19,9 @@ class Progress:
             self._last = now
             width = 30
             filled = int(width * self.n / self.total)
-            sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.n}/{self.total}")
+            sys.stderr.write(
+                f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.n}/{self.total}"
+            )
             sys.stderr.flush()
 
     def done(self) -> None:

@@ -25,7 +25,10 @@ from ninfer.artifact.format import StoredTensor
 from ninfer.errors import ConvertError
 
 FP8_MAX = 448.0
-E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], np.float32)
+E2M1_VALUES = np.array(
+    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
+    np.float32,
+)
 NVFP4_BLOCK = 16
 WEIGHT_FORMATS = ("bf16", "fp8", "nvfp4")
 
@@ -36,7 +39,9 @@ def _e4m3_table() -> np.ndarray:
     sign = np.where(b & 0x80, -1.0, 1.0)
     exp = (b >> 3) & 0xF
     man = (b & 0x7).astype(np.float64)
-    val = np.where(exp == 0, man / 8.0 * 2.0**-6, (1.0 + man / 8.0) * 2.0 ** (exp.astype(np.float64) - 7))
+    val = np.where(
+        exp == 0, man / 8.0 * 2.0**-6, (1.0 + man / 8.0) * 2.0 ** (exp.astype(np.float64) - 7)
+    )
     val = sign * val
     val[(b & 0x7F) == 0x7F] = np.nan
     return val.astype(np.float32)
@@ -160,7 +165,9 @@ def dequantize(t: StoredTensor) -> np.ndarray:
         codes[:, 0::2] = data & 0xF
         codes[:, 1::2] = data >> 4
         scale = e4m3_decode(t.parts["scale"]) * t.parts["global_scale"][0]
-        return (E2M1_VALUES[codes].reshape(n, k // NVFP4_BLOCK, NVFP4_BLOCK) * scale[:, :, None]).reshape(n, k)
+        return (
+            E2M1_VALUES[codes].reshape(n, k // NVFP4_BLOCK, NVFP4_BLOCK) * scale[:, :, None]
+        ).reshape(n, k)
     if fmt.startswith("gguf:"):
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize as gguf_dequantize

@@ -16,17 +16,39 @@ from ninfer.passes.options import DEVICES, KV_DTYPES, CompileOptions, parse_kv_c
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("artifact", help=".ninfer file")
-    p.add_argument("--device", default="cpu", help=f"target device: {' | '.join(DEVICES)} (default cpu)")
-    p.add_argument("--dtype", default=None, help="compute dtype: float32 | bfloat16 (default: float32 on cpu, bfloat16 on cuda)")
+    p.add_argument(
+        "--device", default="cpu", help=f"target device: {' | '.join(DEVICES)} (default cpu)"
+    )
+    p.add_argument(
+        "--dtype",
+        default=None,
+        help="compute dtype: float32 | bfloat16 (default: float32 on cpu, bfloat16 on cuda)",
+    )
     p.add_argument("--kv-dtype", default=None, help=f"KV cache storage: {' | '.join(KV_DTYPES)}")
     p.add_argument("--max-concurrency", type=int, default=1, help="decode lanes, 1..8 (default 1)")
-    p.add_argument("--max-context", type=int, default=8192, help="tokens per sequence (default 8192)")
-    p.add_argument("--kv-capacity", default=None, help="KV pool tokens: N | auto (default: --max-context)")
-    p.add_argument("--prefill-chunk", type=int, default=1024, help="prefill tokens per step (default 1024)")
+    p.add_argument(
+        "--max-context", type=int, default=8192, help="tokens per sequence (default 8192)"
+    )
+    p.add_argument(
+        "--kv-capacity", default=None, help="KV pool tokens: N | auto (default: --max-context)"
+    )
+    p.add_argument(
+        "--prefill-chunk", type=int, default=1024, help="prefill tokens per step (default 1024)"
+    )
     p.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default 16)")
-    p.add_argument("--device-state-slots", type=int, default=None, help="extra recurrent-state slots (default: max-concurrency)")
+    p.add_argument(
+        "--device-state-slots",
+        type=int,
+        default=None,
+        help="extra recurrent-state slots (default: max-concurrency)",
+    )
     p.add_argument("--no-cuda-graph", action="store_true", help="no CUDA Graph decode buckets")
-    p.add_argument("--memory-gib", type=float, default=None, help="memory the plan may use (default: 139 on cuda, 16 on cpu)")
+    p.add_argument(
+        "--memory-gib",
+        type=float,
+        default=None,
+        help="memory the plan may use (default: 139 on cuda, 16 on cpu)",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
@@ -51,5 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
     options = options_from_args(args)
     plan = compile_artifact(Artifact(args.artifact), options)
-    print(plan.to_json(indent=2) if args.json else plan.to_text(), end="" if not args.json else "\n")
+    print(
+        plan.to_json(indent=2) if args.json else plan.to_text(), end="" if not args.json else "\n"
+    )
     return 0

@@ -13,9 +13,19 @@ from ninfer.errors import ConvertError
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", help="Hugging Face model directory or .gguf file")
     p.add_argument("-o", "--output", required=True, metavar="OUT.ninfer", help="artifact to write")
-    p.add_argument("--weights", choices=WEIGHT_FORMATS, help="quantise projection weights to this storage format")
-    p.add_argument("--name", help="metadata.name stored in the artifact (the default public model id)")
-    p.add_argument("--chat-template", metavar="FILE", help="Jinja chat template to store instead of the source's")
+    p.add_argument(
+        "--weights",
+        choices=WEIGHT_FORMATS,
+        help="quantise projection weights to this storage format",
+    )
+    p.add_argument(
+        "--name", help="metadata.name stored in the artifact (the default public model id)"
+    )
+    p.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="Jinja chat template to store instead of the source's",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -25,7 +35,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             template = Path(args.chat_template).read_text(encoding="utf-8")
         except OSError as e:
-            raise ConvertError(f"--chat-template {args.chat_template}: cannot read ({e.strerror})") from None
+            raise ConvertError(
+                f"--chat-template {args.chat_template}: cannot read ({e.strerror})"
+            ) from None
     if not src.exists():
         raise ConvertError(f"{src}: no such file or directory")
     if src.is_file():
@@ -33,10 +45,14 @@ def run(args: argparse.Namespace) -> int:
             raise ConvertError(f"{src}: not a .gguf file or a Hugging Face model directory")
         from ninfer.artifact.convert_gguf import convert_gguf
 
-        convert_gguf(src, out, weights=args.weights, name=args.name, chat_template=template, progress=True)
+        convert_gguf(
+            src, out, weights=args.weights, name=args.name, chat_template=template, progress=True
+        )
     else:
         from ninfer.artifact.convert_hf import convert_hf
 
-        convert_hf(src, out, weights=args.weights, name=args.name, chat_template=template, progress=True)
+        convert_hf(
+            src, out, weights=args.weights, name=args.name, chat_template=template, progress=True
+        )
     print(f"wrote {out}", file=sys.stderr)
     return 0

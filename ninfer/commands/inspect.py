@@ -55,7 +55,10 @@ def run(args: argparse.Namespace) -> int:
     a = Artifact(args.artifact)
     s = summary(a)
     if args.tensors:
-        s["tensors"] = {n: {"format": i.format, "shape": list(i.shape), "bytes": i.nbytes} for n, i in a.tensors.items()}
+        s["tensors"] = {
+            n: {"format": i.format, "shape": list(i.shape), "bytes": i.nbytes}
+            for n, i in a.tensors.items()
+        }
     if args.json:
         print(json.dumps(s, indent=2, ensure_ascii=False))
         return 0

@@ -39,7 +39,9 @@ class GraphBuilder:
             if tensor not in self.tensors:
                 raise MissingTensor(tensor)
             fmt, shape = self.tensors[tensor]
-            self.graph.weights[tensor] = Weight(tensor, TensorType(self.dtype, shape), fmt, (tensor,))
+            self.graph.weights[tensor] = Weight(
+                tensor, TensorType(self.dtype, shape), fmt, (tensor,)
+            )
         return tensor
 
     def stacked(self, name: str, sources: list[str]) -> str:
@@ -53,10 +55,14 @@ class GraphBuilder:
             raise MissingTensor(f"{name}: experts have different shapes {sorted(shapes)}")
         shape = (len(sources), *next(iter(shapes)))
         fmt = fmts.pop() if len(fmts) == 1 else "mixed"
-        self.graph.weights[name] = Weight(name, TensorType(self.dtype, shape), fmt, tuple(sources), "stack")
+        self.graph.weights[name] = Weight(
+            name, TensorType(self.dtype, shape), fmt, tuple(sources), "stack"
+        )
         return name
 
-    def op(self, kind: str, inputs: list[str], attrs: dict[str, Any] | None, names: list[str]) -> list[str]:
+    def op(
+        self, kind: str, inputs: list[str], attrs: dict[str, Any] | None, names: list[str]
+    ) -> list[str]:
         attrs = dict(attrs or {})
         types = infer(kind, [self.graph.type_of(n) for n in inputs], attrs)
         if len(types) != len(names):

@@ -57,7 +57,10 @@ def _norm(ts: Types, a: dict) -> Types:
     width = a.get("head_dim") or x.shape[-1]
     _need(w.shape[0] == width, f"norm weight {w} does not match width {width}")
     if a.get("head_dim"):
-        _need(isinstance(x.shape[-1], int) and x.shape[-1] % a["head_dim"] == 0, f"{x} not a multiple of head_dim")
+        _need(
+            isinstance(x.shape[-1], int) and x.shape[-1] % a["head_dim"] == 0,
+            f"{x} not a multiple of head_dim",
+        )
     return [x]
 
 
@@ -78,7 +81,10 @@ def _linear(ts: Types, a: dict) -> Types:
     _need(w.rank == 2, f"linear weight must be [N,K], got {w}")
     _need(x.shape[-1] == w.shape[1], f"linear: input {x} does not match weight {w}")
     if len(ts) == 3:
-        _need(ts[2].rank == 1 and ts[2].shape[0] == w.shape[0], f"linear bias {ts[2]} does not match {w}")
+        _need(
+            ts[2].rank == 1 and ts[2].shape[0] == w.shape[0],
+            f"linear bias {ts[2]} does not match {w}",
+        )
     return [TensorType(x.dtype, (*x.shape[:-1], w.shape[0]))]
 
 
@@ -108,20 +114,28 @@ def _attention(ts: Types, a: dict) -> Types:
     q, k, v = ts
     hd = a["head_dim"]
     _need(q.shape[-1] == a["heads"] * hd, f"attention q {q} is not [T, heads*head_dim]")
-    _need(k.shape[-1] == a["kv_heads"] * hd and v == k, f"attention k/v {k} {v} are not [T, kv_heads*head_dim]")
+    _need(
+        k.shape[-1] == a["kv_heads"] * hd and v == k,
+        f"attention k/v {k} {v} are not [T, kv_heads*head_dim]",
+    )
     _need(a["heads"] % a["kv_heads"] == 0, "heads must be a multiple of kv_heads")
     return [q]
 
 
 def _sigmoid_mul(ts: Types, a: dict) -> Types:
     x, g = ts
-    _need(g.shape[-1] in (x.shape[-1], 1) and g.shape[:-1] == x.shape[:-1], f"gate {g} does not fit {x}")
+    _need(
+        g.shape[-1] in (x.shape[-1], 1) and g.shape[:-1] == x.shape[:-1],
+        f"gate {g} does not fit {x}",
+    )
     return [x]
 
 
 def _swiglu(ts: Types, a: dict) -> Types:
     (x,) = ts
-    _need(isinstance(x.shape[-1], int) and x.shape[-1] % 2 == 0, f"swiglu input {x} must be [T, 2I]")
+    _need(
+        isinstance(x.shape[-1], int) and x.shape[-1] % 2 == 0, f"swiglu input {x} must be [T, 2I]"
+    )
     return [x.with_shape(*x.shape[:-1], x.shape[-1] // 2)]
 
 
@@ -138,7 +152,10 @@ def _experts(ts: Types, a: dict) -> Types:
     e, inter, h = a["experts"], a["inter"], x.shape[-1]
     _need(topw.shape == topi.shape and topi.dtype == "i32", f"routing {topw} {topi}")
     if len(ws) == 3:
-        _need(ws[0].shape == (e, inter, h) and ws[1].shape == (e, inter, h), f"expert gate/up {ws[0]} {ws[1]}")
+        _need(
+            ws[0].shape == (e, inter, h) and ws[1].shape == (e, inter, h),
+            f"expert gate/up {ws[0]} {ws[1]}",
+        )
     else:
         _need(ws[0].shape == (e, 2 * inter, h), f"expert gate_up {ws[0]} is not [E, 2I, H]")
     _need(ws[-1].shape == (e, h, inter), f"expert down {ws[-1]} is not [E, H, I]")
@@ -189,38 +206,116 @@ SIGNATURES: dict[str, OpSig] = {
     s.kind: s
     for s in [
         OpSig("embed", ("tokens", "table"), ("x",), ("dtype",), _embed, "x[t] = table[tokens[t]]"),
-        OpSig("rmsnorm", ("x", "w"), ("y",), ("eps", "zero_centered"), _norm,
-              "y = x/rms(x) * w  (zero_centered: * (1 + w)); with head_dim, per head"),
-        OpSig("add_rmsnorm", ("x", "residual", "w"), ("y", "sum"), ("eps", "zero_centered"), _add_norm,
-              "sum = x + residual; y = rmsnorm(sum)"),
+        OpSig(
+            "rmsnorm",
+            ("x", "w"),
+            ("y",),
+            ("eps", "zero_centered"),
+            _norm,
+            "y = x/rms(x) * w  (zero_centered: * (1 + w)); with head_dim, per head",
+        ),
+        OpSig(
+            "add_rmsnorm",
+            ("x", "residual", "w"),
+            ("y", "sum"),
+            ("eps", "zero_centered"),
+            _add_norm,
+            "sum = x + residual; y = rmsnorm(sum)",
+        ),
         OpSig("add", ("a", "b"), ("y",), (), _same, "y = a + b"),
         OpSig("linear", ("x", "w", "bias?"), ("y",), (), _linear, "y = x @ w.T (+ bias)"),
         OpSig("logits", ("x", "w"), ("y",), (), _logits, "f32 logits = x @ w.T"),
         OpSig("split", ("x",), ("*",), ("sizes",), _split, "split the last dim into sizes"),
-        OpSig("split_gated_q", ("x",), ("q", "gate"), ("heads", "head_dim"), _split_gated_q,
-              "per head [query | gate] -> query, gate"),
-        OpSig("rotary", ("q", "k", "positions"), ("q", "k"), ("head_dim", "rotary_dim", "rope"), _rotary,
-              "rotate-half rotary on the first rotary_dim of every head"),
-        OpSig("attention", ("q", "k", "v"), ("o",), ("layer", "heads", "kv_heads", "head_dim", "scale", "cache"),
-              _attention, "write k/v into the paged cache, causal attention over each sequence's pages"),
+        OpSig(
+            "split_gated_q",
+            ("x",),
+            ("q", "gate"),
+            ("heads", "head_dim"),
+            _split_gated_q,
+            "per head [query | gate] -> query, gate",
+        ),
+        OpSig(
+            "rotary",
+            ("q", "k", "positions"),
+            ("q", "k"),
+            ("head_dim", "rotary_dim", "rope"),
+            _rotary,
+            "rotate-half rotary on the first rotary_dim of every head",
+        ),
+        OpSig(
+            "attention",
+            ("q", "k", "v"),
+            ("o",),
+            ("layer", "heads", "kv_heads", "head_dim", "scale", "cache"),
+            _attention,
+            "write k/v into the paged cache, causal attention over each sequence's pages",
+        ),
         OpSig("sigmoid_mul", ("x", "gate"), ("y",), (), _sigmoid_mul, "y = x * sigmoid(gate)"),
         OpSig("silu_mul", ("gate", "up"), ("y",), (), _same, "y = silu(gate) * up"),
-        OpSig("swiglu", ("gate_up",), ("y",), (), _swiglu, "y = silu(gate) * up for gate_up = [gate | up]"),
-        OpSig("moe_router", ("x", "w"), ("top_w", "top_i"), ("top_k", "normalize"), _router,
-              "softmax(x @ w.T) in f32, top-k, renormalised when normalize"),
-        OpSig("moe_experts", ("x", "top_w", "top_i", "w_gate", "w_up", "w_down"), ("y",), ("experts", "inter"),
-              _experts, "sum_k top_w * down_e(silu(gate_e x) * up_e x)"),
-        OpSig("moe_experts_gu", ("x", "top_w", "top_i", "w_gate_up", "w_down"), ("y",), ("experts", "inter"),
-              _experts, "moe_experts with gate|up fused into one [E, 2I, H] weight"),
-        OpSig("causal_conv1d", ("x", "w"), ("y",), ("layer", "kernel_size", "cache"), _conv,
-              "depthwise causal conv over each sequence (tail kept in the state slot), then SiLU"),
-        OpSig("gdn_gates", ("a", "b", "A_log", "dt_bias"), ("g", "beta"), (), _gdn_gates,
-              "g = -exp(A_log) * softplus(a + dt_bias); beta = sigmoid(b)  (f32)"),
-        OpSig("gated_delta_rule", ("q", "k", "v", "g", "beta"), ("o",),
-              ("layer", "k_heads", "v_heads", "k_dim", "v_dim", "cache"), _gdr,
-              "L2-normalised q/k, gated delta rule over each sequence's state slot"),
-        OpSig("gated_rmsnorm", ("x", "z", "w"), ("y",), ("eps", "head_dim"), _gated_norm,
-              "per head: x/rms(x) * w * silu(z)"),
+        OpSig(
+            "swiglu",
+            ("gate_up",),
+            ("y",),
+            (),
+            _swiglu,
+            "y = silu(gate) * up for gate_up = [gate | up]",
+        ),
+        OpSig(
+            "moe_router",
+            ("x", "w"),
+            ("top_w", "top_i"),
+            ("top_k", "normalize"),
+            _router,
+            "softmax(x @ w.T) in f32, top-k, renormalised when normalize",
+        ),
+        OpSig(
+            "moe_experts",
+            ("x", "top_w", "top_i", "w_gate", "w_up", "w_down"),
+            ("y",),
+            ("experts", "inter"),
+            _experts,
+            "sum_k top_w * down_e(silu(gate_e x) * up_e x)",
+        ),
+        OpSig(
+            "moe_experts_gu",
+            ("x", "top_w", "top_i", "w_gate_up", "w_down"),
+            ("y",),
+            ("experts", "inter"),
+            _experts,
+            "moe_experts with gate|up fused into one [E, 2I, H] weight",
+        ),
+        OpSig(
+            "causal_conv1d",
+            ("x", "w"),
+            ("y",),
+            ("layer", "kernel_size", "cache"),
+            _conv,
+            "depthwise causal conv over each sequence (tail kept in the state slot), then SiLU",
+        ),
+        OpSig(
+            "gdn_gates",
+            ("a", "b", "A_log", "dt_bias"),
+            ("g", "beta"),
+            (),
+            _gdn_gates,
+            "g = -exp(A_log) * softplus(a + dt_bias); beta = sigmoid(b)  (f32)",
+        ),
+        OpSig(
+            "gated_delta_rule",
+            ("q", "k", "v", "g", "beta"),
+            ("o",),
+            ("layer", "k_heads", "v_heads", "k_dim", "v_dim", "cache"),
+            _gdr,
+            "L2-normalised q/k, gated delta rule over each sequence's state slot",
+        ),
+        OpSig(
+            "gated_rmsnorm",
+            ("x", "z", "w"),
+            ("y",),
+            ("eps", "head_dim"),
+            _gated_norm,
+            "per head: x/rms(x) * w * silu(z)",
+        ),
         OpSig("select_rows", ("x", "rows"), ("y",), (), _select, "y = x[rows]"),
     ]
 }

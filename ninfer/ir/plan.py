@@ -78,10 +78,13 @@ class Plan:
             raise ValueError(f"plan version {d.get('version')} is not {PLAN_VERSION}")
         d = dict(d)
         d["buffers"] = {
-            b["name"]: BufferSpec(**{**b, "sources": tuple(b.get("sources", ()))}) for b in d["buffers"]
+            b["name"]: BufferSpec(**{**b, "sources": tuple(b.get("sources", ()))})
+            for b in d["buffers"]
         }
         d["calls"] = [
-            KernelCall(c["kernel"], c["op"], tuple(c["inputs"]), tuple(c["outputs"]), c.get("attrs", {}))
+            KernelCall(
+                c["kernel"], c["op"], tuple(c["inputs"]), tuple(c["outputs"]), c.get("attrs", {})
+            )
             for c in d["calls"]
         ]
         return Plan(**d)
@@ -112,7 +115,10 @@ class Plan:
         L.append("passes: " + " -> ".join(self.passes))
         L.append("fused: " + " ".join(f"{k}={v}" for k, v in self.fusions.items()))
         if self.model.get("declared"):
-            L.append("declared: " + " ".join(f"{k}({v})" for k, v in sorted(self.model["declared"].items())))
+            L.append(
+                "declared: "
+                + " ".join(f"{k}({v})" for k, v in sorted(self.model["declared"].items()))
+            )
         kv = self.kv
         L.append(
             f"kv: dtype={kv['dtype']} page_size={kv['page_size']} pages={kv.get('num_pages')} "
@@ -123,14 +129,18 @@ class Plan:
             L.append(f"  v: {kv['v_layout']}")
         st = self.state
         if st.get("layers"):
-            L.append(f"state: slots={st['slots']} bytes/slot={st['bytes_per_slot']} layers={st['layers']}")
+            L.append(
+                f"state: slots={st['slots']} bytes/slot={st['bytes_per_slot']} layers={st['layers']}"
+            )
             L.append(f"  {st['layout']}")
         else:
             L.append("state: none")
         L.append("ledger:")
         for e in self.ledger["entries"]:
             L.append(f"  {e['item']:<12} {e['bytes']:>16,} B  {e['detail']}")
-        L.append(f"  {'total':<12} {self.ledger['total']:>16,} B  of budget {self.ledger['budget']:,} B")
+        L.append(
+            f"  {'total':<12} {self.ledger['total']:>16,} B  of budget {self.ledger['budget']:,} B"
+        )
         buckets = " ".join(map(str, self.cuda_graph_buckets)) or "none"
         L.append(f"cuda graph buckets: {buckets}")
         L.append("kernels: " + " ".join(f"{k}x{v}" for k, v in self.kernels.items()))
@@ -140,9 +150,13 @@ class Plan:
             L.append(f"  @{b.name}: {b.type} {b.format} {how}")
         L.append("calls:")
         for i, c in enumerate(self.calls):
-            ins = ", ".join(("@" if self.buffers[n].kind == "weight" else "%") + n for n in c.inputs)
+            ins = ", ".join(
+                ("@" if self.buffers[n].kind == "weight" else "%") + n for n in c.inputs
+            )
             outs = ", ".join("%" + n for n in c.outputs)
             types = ", ".join(self.buffers[n].type for n in c.outputs)
-            L.append(f"  {i:>3} {c.kernel:<32} {outs} = {c.op}({ins}){format_attrs(c.attrs)} : {types}")
+            L.append(
+                f"  {i:>3} {c.kernel:<32} {outs} = {c.op}({ins}){format_attrs(c.attrs)} : {types}"
+            )
         L.append("outputs: " + ", ".join("%" + o for o in self.outputs))
         return "\n".join(L) + "\n"

@@ -1,10 +1,10 @@
 """A stable text form of a graph: same graph, same text (CI snapshot-tests it).
 
-    graph qwen3 (f32)
-      input %tokens: i32[T]
-      weight @model.layers.0.self_attn.qkv_proj.weight: f32[192,64] bf16 concat(3)
-      %L0.qkv = linear(%L0.x, @model.layers.0.self_attn.qkv_proj.weight) : f32[T,192]  [torch.linear]
-      output %logits
+graph qwen3 (f32)
+  input %tokens: i32[T]
+  weight @model.layers.0.self_attn.qkv_proj.weight: f32[192,64] bf16 concat(3)
+  %L0.qkv = linear(%L0.x, @model.layers.0.self_attn.qkv_proj.weight) : f32[T,192]  [torch.linear]
+  output %logits
 """
 
 from __future__ import annotations

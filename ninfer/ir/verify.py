@@ -41,12 +41,16 @@ def verify(graph: Graph) -> Graph:
         except SignatureError as e:
             raise VerifyError(f"{where}: {e}") from None
         if len(expected) != len(op.outputs):
-            raise VerifyError(f"{where}: produces {len(expected)} values, declares {len(op.outputs)}")
+            raise VerifyError(
+                f"{where}: produces {len(expected)} values, declares {len(op.outputs)}"
+            )
         for name, t in zip(op.outputs, expected):
             if name in defined:
                 raise VerifyError(f"{where}: {name!r} defined twice")
             if graph.values.get(name) != t:
-                raise VerifyError(f"{where}: {name!r} declared {graph.values.get(name)}, signature gives {t}")
+                raise VerifyError(
+                    f"{where}: {name!r} declared {graph.values.get(name)}, signature gives {t}"
+                )
             defined.add(name)
         if "cache" in op.attrs and op.attrs["cache"] not in caches:
             raise VerifyError(f"{where}: cache {op.attrs['cache']!r} is not declared")

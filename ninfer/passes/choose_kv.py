@@ -57,14 +57,20 @@ def _run(graph: Graph, options: CompileOptions) -> Graph:
     kv_layers = [c for c in caches.values() if c["kind"] == "kv"]
     state_layers = [c for c in caches.values() if c["kind"] == "state"]
     k_fmt, v_fmt = split_kv(kv_dtype)
-    kv: dict[str, Any] = {"dtype": kv_dtype, "page_size": options.page_size, "layers": [c["layer"] for c in kv_layers]}
+    kv: dict[str, Any] = {
+        "dtype": kv_dtype,
+        "page_size": options.page_size,
+        "layers": [c["layer"] for c in kv_layers],
+    }
     if kv_layers:
         heads = {(c["kv_heads"], c["head_dim"]) for c in kv_layers}
         if len(heads) != 1:
             raise ValueError(f"attention layers disagree on KV shape: {sorted(heads)}")
         kv_heads, head_dim = heads.pop()
         if "nvfp4" in (k_fmt, v_fmt) and head_dim % 16:
-            raise ConfigError(f"--kv-dtype {kv_dtype}: needs head_dim a multiple of 16, this model has {head_dim}")
+            raise ConfigError(
+                f"--kv-dtype {kv_dtype}: needs head_dim a multiple of 16, this model has {head_dim}"
+            )
         per_layer = kv_heads * (token_bytes(k_fmt, head_dim) + token_bytes(v_fmt, head_dim))
         kv.update(
             kv_heads=kv_heads,
@@ -78,7 +84,8 @@ def _run(graph: Graph, options: CompileOptions) -> Graph:
         kv.update(bytes_per_token=0, bytes_per_page=0)
     act = DTYPE_BYTES[g.meta["dtype"]]
     slot_bytes = sum(
-        c["conv_dim"] * (c["kernel_size"] - 1) * act + c["v_heads"] * c["k_dim"] * c["v_dim"] * 4 for c in state_layers
+        c["conv_dim"] * (c["kernel_size"] - 1) * act + c["v_heads"] * c["k_dim"] * c["v_dim"] * 4
+        for c in state_layers
     )
     g.meta["kv"] = kv
     g.meta["state"] = {

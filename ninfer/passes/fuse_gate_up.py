@@ -28,7 +28,12 @@ def _splits_to_swiglu(g: Graph) -> None:
         if j is None or j != prod.get(b):
             continue
         split = g.ops[j]
-        if split.kind != "split" or split.outputs != (a, b) or len(users[a]) != 1 or len(users[b]) != 1:
+        if (
+            split.kind != "split"
+            or split.outputs != (a, b)
+            or len(users[a]) != 1
+            or len(users[b]) != 1
+        ):
             continue
         g.ops[i] = Op("swiglu", split.inputs, op.outputs, {})
         drop.add(j)
@@ -64,4 +69,6 @@ def _run(graph: Graph, options: CompileOptions) -> Graph:
     return g
 
 
-FUSE_GATE_UP = Pass("fuse_gate_up", _run, "gate/up projections (and expert gate/up) -> one GEMM + swiglu")
+FUSE_GATE_UP = Pass(
+    "fuse_gate_up", _run, "gate/up projections (and expert gate/up) -> one GEMM + swiglu"
+)

@@ -1,7 +1,7 @@
 """Fuse a residual add with the RMSNorm that reads its sum (one pass over the hidden state).
 
-    %s = add(%x, %a)                            %h, %s = add_rmsnorm(%x, %a, @w)
-    %h = rmsnorm(%s, @w)              ==>
+%s = add(%x, %a)                            %h, %s = add_rmsnorm(%x, %a, @w)
+%h = rmsnorm(%s, @w)              ==>
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ def _run(graph: Graph, options: CompileOptions) -> Graph:
             continue
         add = g.ops[j]
         attrs = {"eps": op.attrs["eps"], "zero_centered": op.attrs["zero_centered"]}
-        g.ops[j] = Op("add_rmsnorm", (*add.inputs, op.inputs[1]), (op.outputs[0], add.outputs[0]), attrs)
+        g.ops[j] = Op(
+            "add_rmsnorm", (*add.inputs, op.inputs[1]), (op.outputs[0], add.outputs[0]), attrs
+        )
         drop.add(i)
         n += 1
     g.ops = [op for k, op in enumerate(g.ops) if k not in drop]
@@ -36,4 +38,6 @@ def _run(graph: Graph, options: CompileOptions) -> Graph:
     return g
 
 
-FUSE_RESIDUAL_NORM = Pass("fuse_residual_norm", _run, "residual add + following RMSNorm -> add_rmsnorm")
+FUSE_RESIDUAL_NORM = Pass(
+    "fuse_residual_norm", _run, "residual add + following RMSNorm -> add_rmsnorm"
+)

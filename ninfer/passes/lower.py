@@ -32,9 +32,13 @@ def lower(graph: Graph, options: CompileOptions) -> Plan:
         attrs = {k: v for k, v in op.attrs.items() if k not in ("group", "proj")}
         calls.append(KernelCall(op.kernel or "", op.kind, op.inputs, op.outputs, attrs))
     meta = graph.meta
-    model = {k: meta[k] for k in ("vocab", "hidden", "layer_types", "hybrid", "declared", "max_position")}
+    model = {
+        k: meta[k] for k in ("vocab", "hidden", "layer_types", "hybrid", "declared", "max_position")
+    }
     opts = {k: v for k, v in asdict(options).items() if k not in ("device",)}
-    opts["dtype"] = options.dtype or {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}[meta["dtype"]]
+    opts["dtype"] = (
+        options.dtype or {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}[meta["dtype"]]
+    )
     return Plan(
         name=meta.get("model_name", graph.name),
         architecture=meta["architecture"],

@@ -29,7 +29,9 @@ class CompileOptions:
     kv_dtype: str | None = None  # KV_DTYPES; None: the compute dtype on cpu, bf16 on cuda
     max_concurrency: int = 1  # decode lanes, 1..8
     max_context: int = 8192  # tokens per sequence
-    kv_capacity: int | str | None = None  # tokens in the shared KV pool | "auto" | None (= max_context)
+    kv_capacity: int | str | None = (
+        None  # tokens in the shared KV pool | "auto" | None (= max_context)
+    )
     page_size: int = 16  # tokens per KV page
     prefill_chunk: int = 1024  # prefill tokens per step (sizes the workspace)
     device_state_slots: int | None = None  # extra recurrent-state slots; None = max_concurrency
@@ -38,11 +40,17 @@ class CompileOptions:
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
-            raise ConfigError(f"--device {self.device}: unknown device (choose from {', '.join(DEVICES)})")
+            raise ConfigError(
+                f"--device {self.device}: unknown device (choose from {', '.join(DEVICES)})"
+            )
         if self.dtype is not None and self.dtype not in COMPUTE_DTYPES:
-            raise ConfigError(f"dtype {self.dtype!r}: unknown (choose from {', '.join(COMPUTE_DTYPES)})")
+            raise ConfigError(
+                f"dtype {self.dtype!r}: unknown (choose from {', '.join(COMPUTE_DTYPES)})"
+            )
         if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPES:
-            raise ConfigError(f"--kv-dtype {self.kv_dtype}: unknown KV dtype (choose from {', '.join(KV_DTYPES)})")
+            raise ConfigError(
+                f"--kv-dtype {self.kv_dtype}: unknown KV dtype (choose from {', '.join(KV_DTYPES)})"
+            )
         _int_range("max_concurrency", self.max_concurrency, 1, MAX_CONCURRENCY)
         _int_range("max_context", self.max_context, 2, 1 << 24)
         _int_range("page_size", self.page_size, 1, 4096)
@@ -63,7 +71,11 @@ class CompileOptions:
 
     @property
     def memory_budget(self) -> int:
-        return self.device_memory if self.device_memory is not None else DEFAULT_DEVICE_MEMORY[self.device]
+        return (
+            self.device_memory
+            if self.device_memory is not None
+            else DEFAULT_DEVICE_MEMORY[self.device]
+        )
 
     @property
     def state_slots(self) -> int:

@@ -38,7 +38,15 @@ from ninfer.passes.verify import VERIFY
 
 
 def build_pipeline(options: CompileOptions) -> list[Pass]:
-    phases = [VERIFY, FUSE_QKV, FUSE_GATE_UP, FUSE_RESIDUAL_NORM, CHOOSE_KV, ASSIGN_KERNELS, PLAN_MEMORY]
+    phases = [
+        VERIFY,
+        FUSE_QKV,
+        FUSE_GATE_UP,
+        FUSE_RESIDUAL_NORM,
+        CHOOSE_KV,
+        ASSIGN_KERNELS,
+        PLAN_MEMORY,
+    ]
     if options.device == "cuda":
         phases.append(CUDA_GRAPHS)
     return phases

@@ -109,12 +109,26 @@ def _run(graph: Graph, options: CompileOptions) -> Graph:
     kv["num_pages"] = num_pages
     entries: list[dict[str, Any]] = [
         {"item": "weights", "bytes": weights, "detail": f"{len(g.weights)} tensors"},
-        {"item": "workspace", "bytes": workspace, "detail": f"peak live activations at T={options.step_tokens}"},
-        {"item": "kv_cache", "bytes": kv_total, "detail": f"{num_pages} pages x {kv['bytes_per_page']} B ({kv['dtype']})"},
-        {"item": "state_slots", "bytes": state_total, "detail": f"{state['slots']} slots x {state['bytes_per_slot']} B"},
+        {
+            "item": "workspace",
+            "bytes": workspace,
+            "detail": f"peak live activations at T={options.step_tokens}",
+        },
+        {
+            "item": "kv_cache",
+            "bytes": kv_total,
+            "detail": f"{num_pages} pages x {kv['bytes_per_page']} B ({kv['dtype']})",
+        },
+        {
+            "item": "state_slots",
+            "bytes": state_total,
+            "detail": f"{state['slots']} slots x {state['bytes_per_slot']} B",
+        },
     ]
     g.meta["ledger"] = {"entries": entries, "total": total, "budget": budget}
     return g
 
 
-PLAN_MEMORY = Pass("plan_memory", _run, "weights, workspace, KV pages and state slots into a ledger")
+PLAN_MEMORY = Pass(
+    "plan_memory", _run, "weights, workspace, KV pages and state slots into a ledger"
+)

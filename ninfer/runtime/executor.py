@@ -56,7 +56,11 @@ class Executor:
         self.kv = PagedKVCache(plan.kv, self.dtype, self.device)
         self.is_hybrid = bool(plan.state.get("layers"))
         self.num_state_slots = int(plan.state.get("slots", 0)) if self.is_hybrid else 0
-        self.state = StateSlots(plan.caches, self.num_state_slots, self.dtype, self.device) if self.is_hybrid else None
+        self.state = (
+            StateSlots(plan.caches, self.num_state_slots, self.dtype, self.device)
+            if self.is_hybrid
+            else None
+        )
         self._rope: dict[str, torch.Tensor] = {}
         self._last_use = self._liveness()
         self.last_step_seconds = 0.0
@@ -127,7 +131,9 @@ class Executor:
         state = self.state.tensors() if self.state is not None else []
         return snapshot_tensors(self.kv.tensors(), page_ids, state, state_slot)
 
-    def restore(self, snapshot: TensorSnapshot, page_ids: Sequence[int], state_slot: int | None) -> None:
+    def restore(
+        self, snapshot: TensorSnapshot, page_ids: Sequence[int], state_slot: int | None
+    ) -> None:
         """Copy `snapshot` into pages `page_ids` (in order) and state slot `state_slot`."""
         self._check_snapshot_args(page_ids, state_slot)
         state = self.state.tensors() if self.state is not None else []

@@ -46,7 +46,10 @@ def fake_quant(x: torch.Tensor, fmt: str) -> torch.Tensor:
     if fmt == "nvfp4":
         gscale = torch.where(amax > 0, amax / (448.0 * 6.0), torch.ones_like(amax))  # [..., 1]
         blocks = xf.unflatten(-1, (-1, 16))  # [..., D/16, 16]
-        bscale = _round_e4m3(blocks.abs().amax(dim=-1, keepdim=True) / 6.0 / gscale[..., None]) * gscale[..., None]
+        bscale = (
+            _round_e4m3(blocks.abs().amax(dim=-1, keepdim=True) / 6.0 / gscale[..., None])
+            * gscale[..., None]
+        )
         q = blocks / torch.where(bscale > 0, bscale, torch.ones_like(bscale))
         idx = (q.abs()[..., None] - E2M1.to(x.device)).abs().argmin(dim=-1)
         deq = E2M1.to(x.device)[idx] * q.sign() * bscale
@@ -67,15 +70,23 @@ class PagedKVCache:
             self.k[layer] = torch.zeros(shape, dtype=dtype, device=device)
             self.v[layer] = torch.zeros(shape, dtype=dtype, device=device)
 
-    def _slots(self, block_table: tuple[int, ...], start: int, end: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def _slots(
+        self, block_table: tuple[int, ...], start: int, end: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         pos = torch.arange(start, end, device=device)
         need = -(-end // self.page_size)
         if len(block_table) < need:
-            raise ValueError(f"block table of {len(block_table)} pages does not cover position {end - 1}")
-        pages = torch.tensor(block_table[:need], device=device, dtype=torch.long)[pos // self.page_size]
+            raise ValueError(
+                f"block table of {len(block_table)} pages does not cover position {end - 1}"
+            )
+        pages = torch.tensor(block_table[:need], device=device, dtype=torch.long)[
+            pos // self.page_size
+        ]
         return pages, pos % self.page_size
 
-    def write(self, layer: int, block_table: tuple[int, ...], start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    def write(
+        self, layer: int, block_table: tuple[int, ...], start: int, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
         """Store k, v [L, kv_heads, head_dim] at positions start..start+L-1."""
         pages, rows = self._slots(block_table, start, start + k.shape[0], k.device)
         self.k[layer][pages, rows] = fake_quant(k, self.k_fmt)
@@ -85,14 +96,22 @@ class PagedKVCache:
         """Every storage tensor [num_pages, ...] in a fixed order (K then V, by layer)."""
         return [t for layer in sorted(self.k) for t in (self.k[layer], self.v[layer])]
 
-    def read(self, layer: int, block_table: tuple[int, ...], length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def read(
+        self, layer: int, block_table: tuple[int, ...], length: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v [length, kv_heads, head_dim] of positions 0..length-1."""
         pages, rows = self._slots(block_table, 0, length, self.k[layer].device)
         return self.k[layer][pages, rows], self.v[layer][pages, rows]
 
 
 class StateSlots:
-    def __init__(self, caches: dict[str, dict[str, Any]], num_slots: int, dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        caches: dict[str, dict[str, Any]],
+        num_slots: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         self.num_slots = num_slots
         self.conv: dict[int, torch.Tensor] = {}
         self.ssm: dict[int, torch.Tensor] = {}
@@ -100,8 +119,12 @@ class StateSlots:
             if c["kind"] != "state":
                 continue
             i = c["layer"]
-            self.conv[i] = torch.zeros(num_slots, c["conv_dim"], c["kernel_size"] - 1, dtype=dtype, device=device)
-            self.ssm[i] = torch.zeros(num_slots, c["v_heads"], c["k_dim"], c["v_dim"], dtype=torch.float32, device=device)
+            self.conv[i] = torch.zeros(
+                num_slots, c["conv_dim"], c["kernel_size"] - 1, dtype=dtype, device=device
+            )
+            self.ssm[i] = torch.zeros(
+                num_slots, c["v_heads"], c["k_dim"], c["v_dim"], dtype=torch.float32, device=device
+            )
 
     def copy(self, src: int, dst: int) -> None:
         for t in (*self.conv.values(), *self.ssm.values()):

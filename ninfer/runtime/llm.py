@@ -34,8 +34,15 @@ from ninfer.runtime.step import SeqChunk, StepBatch
 from ninfer.runtime.tokenizer import Tokenizer
 
 # keyword engine options LLM understands (named like the serve flags)
-ENGINE_OPTIONS = ("max_context", "prefill_chunk", "kv_dtype", "page_size", "device_state_slots", "cuda_graphs",
-                  "device_memory")
+ENGINE_OPTIONS = (
+    "max_context",
+    "prefill_chunk",
+    "kv_dtype",
+    "page_size",
+    "device_state_slots",
+    "cuda_graphs",
+    "device_memory",
+)
 
 
 @dataclass
@@ -79,12 +86,18 @@ class LLM:
     ):
         unknown = sorted(set(engine_options) - set(ENGINE_OPTIONS))
         if unknown:
-            raise ConfigError(f"LLM: unknown engine option(s) {', '.join(unknown)} (known: {', '.join(ENGINE_OPTIONS)})")
+            raise ConfigError(
+                f"LLM: unknown engine option(s) {', '.join(unknown)} (known: {', '.join(ENGINE_OPTIONS)})"
+            )
         self.artifact = Artifact(path)
         opts = dict(engine_options)
         opts.setdefault("max_context", 8192)
         self.options = CompileOptions(
-            device=device, dtype=dtype, max_concurrency=max_concurrency, kv_capacity=parse_kv_capacity(kv_capacity), **opts
+            device=device,
+            dtype=dtype,
+            max_concurrency=max_concurrency,
+            kv_capacity=parse_kv_capacity(kv_capacity),
+            **opts,
         )
         self.plan = compile_artifact(self.artifact, self.options)
         self.executor = make_executor(self.plan, self.artifact, device)
@@ -98,7 +111,9 @@ class LLM:
         ids = self._check_ids(list(token_ids))
         pages = math.ceil(len(ids) / self.executor.page_size)
         if pages > self.executor.num_pages:
-            raise RequestError(f"{len(ids)} tokens need {pages} KV pages, the cache has {self.executor.num_pages}")
+            raise RequestError(
+                f"{len(ids)} tokens need {pages} KV pages, the cache has {self.executor.num_pages}"
+            )
         slot = 0 if self.executor.is_hybrid else None
         chunk = SeqChunk(0, tuple(ids), 0, tuple(range(pages)), slot)
         return self.executor.run(StepBatch((chunk,)), all_logits=True)
@@ -114,7 +129,11 @@ class LLM:
         max_tokens (default: whatever fits in max_context)."""
         if isinstance(prompts, (str, bytes)) or (prompts and isinstance(prompts[0], int)):
             raise TypeError("generate takes a list of prompts: ['text'] or [[1, 2, 3]]")
-        plist = list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(prompts)
+        plist = (
+            list(params)
+            if isinstance(params, (list, tuple))
+            else [params or SamplingParams()] * len(prompts)
+        )
         if len(plist) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
         seqs = []
@@ -122,7 +141,9 @@ class LLM:
             ids = self._check_ids(self.tokenizer.encode(p) if isinstance(p, str) else list(p))
             room = self.options.max_context - len(ids)
             if room < 1:
-                raise RequestError(f"prompt {i} has {len(ids)} tokens, max_context is {self.options.max_context}")
+                raise RequestError(
+                    f"prompt {i} has {len(ids)} tokens, max_context is {self.options.max_context}"
+                )
             seqs.append(_Seq(i, ids, sp, min(sp.max_tokens or room, room)))
         self._loop(seqs)
         return [GenerationResult(s.prompt, s.output, s.text, s.finish or "length") for s in seqs]
@@ -167,12 +188,16 @@ class LLM:
                 budget -= n if len(todo) > 1 else 0
                 last = s.computed + n == len(s.tokens)
                 slot = s.slot if ex.is_hybrid else None
-                chunks.append((s, SeqChunk(s.index, tuple(todo[:n]), s.computed, tuple(s.pages), slot, last)))
+                chunks.append(
+                    (s, SeqChunk(s.index, tuple(todo[:n]), s.computed, tuple(s.pages), slot, last))
+                )
             logits = ex.run(StepBatch(tuple(c for _, c in chunks)))
             rows = [(s, c) for s, c in chunks if c.want_logits]
             for s, c in chunks:
                 s.computed += len(c.token_ids)
-            sampled = self._sampler.sample(logits, [SampleRow(s.index, s.params, s.output) for s, _ in rows])
+            sampled = self._sampler.sample(
+                logits, [SampleRow(s.index, s.params, s.output) for s, _ in rows]
+            )
             for (s, _), tok in zip(rows, sampled):
                 self._append(s, tok)
             for s in [s for s in active if s.finish]:

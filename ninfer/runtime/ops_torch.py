@@ -67,7 +67,9 @@ def add(ctx: StepContext, a: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Te
     return x + y
 
 
-def linear(ctx: StepContext, a: dict, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None):
+def linear(
+    ctx: StepContext, a: dict, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None
+):
     return F.linear(x, w, bias)
 
 
@@ -119,13 +121,21 @@ def rotary(ctx: StepContext, a: dict, q: torch.Tensor, k: torch.Tensor, pos: tor
     return rot(q), rot(k)
 
 
-def attention(ctx: StepContext, a: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def attention(
+    ctx: StepContext, a: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> torch.Tensor:
     h, kvh, d, layer = a["heads"], a["kv_heads"], a["head_dim"], a["layer"]
     out = torch.empty_like(q)
     for c in ctx.chunks:
         rows = slice(c.begin, c.begin + c.length)
         qc = q[rows].unflatten(-1, (h, d))  # [L, H, D]
-        ctx.kv.write(layer, c.block_table, c.start_pos, k[rows].unflatten(-1, (kvh, d)), v[rows].unflatten(-1, (kvh, d)))
+        ctx.kv.write(
+            layer,
+            c.block_table,
+            c.start_pos,
+            k[rows].unflatten(-1, (kvh, d)),
+            v[rows].unflatten(-1, (kvh, d)),
+        )
         total = c.start_pos + c.length
         kc, vc = ctx.kv.read(layer, c.block_table, total)  # [S, KVH, D]
         kc = kc.repeat_interleave(h // kvh, dim=1)
@@ -160,7 +170,9 @@ def moe_router(ctx: StepContext, a: dict, x: torch.Tensor, w: torch.Tensor):
     return top_w, top_i.to(torch.int32)
 
 
-def _experts(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gate_up: Callable, down: torch.Tensor):
+def _experts(
+    x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gate_up: Callable, down: torch.Tensor
+):
     y = torch.zeros_like(x)
     for e in torch.unique(top_i).tolist():
         tok, slot = torch.where(top_i == e)
@@ -211,7 +223,10 @@ def gated_delta_rule(ctx: StepContext, a: dict, q, k, v, g, beta) -> torch.Tenso
     out = torch.empty_like(v)
     for c in ctx.chunks:
         rows = slice(c.begin, c.begin + c.length)
-        qc = _l2norm(q[rows].float().unflatten(-1, (hk, dk))).repeat_interleave(hv // hk, dim=1) * dk**-0.5
+        qc = (
+            _l2norm(q[rows].float().unflatten(-1, (hk, dk))).repeat_interleave(hv // hk, dim=1)
+            * dk**-0.5
+        )
         kc = _l2norm(k[rows].float().unflatten(-1, (hk, dk))).repeat_interleave(hv // hk, dim=1)
         vc = v[rows].float().unflatten(-1, (hv, dv))  # [L, Hv, Dv]
         decay, bc = g[rows].float().exp(), beta[rows].float()  # [L, Hv]
@@ -228,7 +243,9 @@ def gated_delta_rule(ctx: StepContext, a: dict, q, k, v, g, beta) -> torch.Tenso
     return out
 
 
-def gated_rmsnorm(ctx: StepContext, a: dict, x: torch.Tensor, z: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def gated_rmsnorm(
+    ctx: StepContext, a: dict, x: torch.Tensor, z: torch.Tensor, w: torch.Tensor
+) -> torch.Tensor:
     xs = x.unflatten(-1, (-1, a["head_dim"]))
     y = w * _rms(xs, a["eps"]).to(x.dtype)
     y = y * F.silu(z.unflatten(-1, (-1, a["head_dim"])).float())
@@ -242,6 +259,8 @@ def select_rows(ctx: StepContext, a: dict, x: torch.Tensor, rows: torch.Tensor) 
 OPS: dict[str, Callable[..., Any]] = {
     name: fn
     for name, fn in globals().items()
-    if callable(fn) and getattr(fn, "__module__", None) == __name__ and not name.startswith("_")
+    if callable(fn)
+    and getattr(fn, "__module__", None) == __name__
+    and not name.startswith("_")
     and name not in ("ChunkView", "StepContext")
 }

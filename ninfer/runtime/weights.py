@@ -24,7 +24,9 @@ def _dense(artifact: Artifact, name: str) -> torch.Tensor:
     return torch.from_numpy(np.array(artifact.dense(name), dtype=np.float32, copy=True))
 
 
-def load_weight(artifact: Artifact, spec: BufferSpec, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def load_weight(
+    artifact: Artifact, spec: BufferSpec, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
     srcs = [_dense(artifact, s) for s in spec.sources]
     if spec.layout == "plain":
         t = srcs[0]

@@ -4,15 +4,37 @@ from __future__ import annotations
 
 from ninfer.api.sampling import SamplerPolicy
 
-NONE = {k: None for k in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "seed")}
+NONE = {
+    k: None
+    for k in (
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "seed",
+    )
+}
 
 
 def test_qwen35_presets_follow_the_thinking_mode():
     p = SamplerPolicy("qwen3_5")
     think = p.resolve(True, NONE)
-    assert (think["temperature"], think["top_p"], think["top_k"], think["min_p"], think["presence_penalty"]) == (1.0, 0.95, 20, 0.0, 0.0)
+    assert (
+        think["temperature"],
+        think["top_p"],
+        think["top_k"],
+        think["min_p"],
+        think["presence_penalty"],
+    ) == (1.0, 0.95, 20, 0.0, 0.0)
     plain = p.resolve(False, NONE)
-    assert (plain["temperature"], plain["top_p"], plain["top_k"], plain["presence_penalty"]) == (0.7, 0.8, 20, 1.5)
+    assert (plain["temperature"], plain["top_p"], plain["top_k"], plain["presence_penalty"]) == (
+        0.7,
+        0.8,
+        20,
+        1.5,
+    )
     assert plain["frequency_penalty"] == 0.0
     assert SamplerPolicy("qwen3_5_moe").resolve(True, NONE)["presence_penalty"] == 1.5
 
@@ -38,8 +60,13 @@ def test_top_k_zero_selects_the_cap_of_twenty():
 
 
 def test_architectures_without_presets_use_generation_config():
-    p = SamplerPolicy("qwen3", generation={"temperature": 0.6, "top_p": 0.95, "top_k": 20, "do_sample": True})
+    p = SamplerPolicy(
+        "qwen3", generation={"temperature": 0.6, "top_p": 0.95, "top_k": 20, "do_sample": True}
+    )
     r = p.resolve(True, NONE)
     assert (r["temperature"], r["top_p"], r["top_k"]) == (0.6, 0.95, 20)
-    assert SamplerPolicy("llama", generation={"do_sample": False}).resolve(False, NONE)["temperature"] == 0.0
+    assert (
+        SamplerPolicy("llama", generation={"do_sample": False}).resolve(False, NONE)["temperature"]
+        == 0.0
+    )
     assert SamplerPolicy("llama").resolve(False, NONE)["temperature"] == 1.0

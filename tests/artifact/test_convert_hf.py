@@ -12,7 +12,6 @@ import torch
 
 from ninfer.artifact import Artifact
 from ninfer.artifact.convert_hf import convert_hf
-from ninfer.errors import ConvertError
 
 
 @pytest.fixture(scope="module")
@@ -21,18 +20,34 @@ def hf_dir(tmp_path_factory):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, eos_token_id=3)
+    cfg = Qwen3Config(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        eos_token_id=3,
+    )
     model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
     d = tmp_path_factory.mktemp("hf") / "tiny-qwen3"
     model.save_pretrained(d)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel()
-    tok.train_from_iterator(["hello world, ninfer"] * 20,
-                            trainers.BpeTrainer(vocab_size=90, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"]))
+    tok.train_from_iterator(
+        ["hello world, ninfer"] * 20,
+        trainers.BpeTrainer(
+            vocab_size=90, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+        ),
+    )
     tok.save(str(d / "tokenizer.json"))
-    (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "chat_template": "{{ messages }}"}))
-    (d / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "eos_token_id": [3, 2]}))
+    (d / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<|im_end|>", "chat_template": "{{ messages }}"})
+    )
+    (d / "generation_config.json").write_text(
+        json.dumps({"temperature": 0.6, "eos_token_id": [3, 2]})
+    )
     return d, {k: v.float().numpy() for k, v in model.state_dict().items()}
 
 
@@ -41,7 +56,9 @@ def test_values_and_metadata(hf_dir, tmp_path):
     a = Artifact(convert_hf(d, tmp_path / "m.ninfer"))
     assert a.architecture == "qwen3" and a.name == "tiny-qwen3"
     assert a.chat_template == "{{ messages }}" and a.generation["temperature"] == 0.6
-    assert a.special_tokens["eos_token_ids"] == [3, 2, 2] or set(a.special_tokens["eos_token_ids"]) == {2, 3}
+    assert a.special_tokens["eos_token_ids"] == [3, 2, 2] or set(
+        a.special_tokens["eos_token_ids"]
+    ) == {2, 3}
     for name, ref in sd.items():
         if name == "lm_head.weight" and a.config.get("tie_word_embeddings"):
             continue
@@ -63,24 +80,41 @@ def test_weights_option_quantises_projections_only(hf_dir, tmp_path, fmt, tol):
 
 
 def test_fused_experts_are_split(tmp_path):
-    from transformers import Qwen3_5MoeTextConfig
     from safetensors.torch import save_file
+    from transformers import Qwen3_5MoeTextConfig
 
     d = tmp_path / "moe"
     d.mkdir()
-    cfg = Qwen3_5MoeTextConfig(vocab_size=64, hidden_size=16, moe_intermediate_size=8, num_experts=3,
-                               num_hidden_layers=1, layer_types=["full_attention"])
+    cfg = Qwen3_5MoeTextConfig(
+        vocab_size=64,
+        hidden_size=16,
+        moe_intermediate_size=8,
+        num_experts=3,
+        num_hidden_layers=1,
+        layer_types=["full_attention"],
+    )
     (d / "config.json").write_text(cfg.to_json_string())
     gate_up = torch.randn(3, 16, 16)
     down = torch.randn(3, 16, 8)
-    save_file({"model.language_model.layers.0.mlp.experts.gate_up_proj": gate_up,
-               "model.language_model.layers.0.mlp.experts.down_proj": down}, str(d / "model.safetensors"))
+    save_file(
+        {
+            "model.language_model.layers.0.mlp.experts.gate_up_proj": gate_up,
+            "model.language_model.layers.0.mlp.experts.down_proj": down,
+        },
+        str(d / "model.safetensors"),
+    )
     (d / "tokenizer.json").write_text(_tiny_tokenizer_json())
     a = Artifact(convert_hf(d, tmp_path / "m.ninfer"))
     assert a.architecture == "qwen3_5_moe"
-    np.testing.assert_array_equal(a.dense("model.layers.0.mlp.experts.2.gate_proj.weight"), gate_up[2, :8].numpy())
-    np.testing.assert_array_equal(a.dense("model.layers.0.mlp.experts.2.up_proj.weight"), gate_up[2, 8:].numpy())
-    np.testing.assert_array_equal(a.dense("model.layers.0.mlp.experts.1.down_proj.weight"), down[1].numpy())
+    np.testing.assert_array_equal(
+        a.dense("model.layers.0.mlp.experts.2.gate_proj.weight"), gate_up[2, :8].numpy()
+    )
+    np.testing.assert_array_equal(
+        a.dense("model.layers.0.mlp.experts.2.up_proj.weight"), gate_up[2, 8:].numpy()
+    )
+    np.testing.assert_array_equal(
+        a.dense("model.layers.0.mlp.experts.1.down_proj.weight"), down[1].numpy()
+    )
 
 
 def _tiny_tokenizer_json() -> str:
@@ -90,7 +124,12 @@ def _tiny_tokenizer_json() -> str:
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "ninfer.cli", "convert", *map(str, args)], capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "ninfer.cli", "convert", *map(str, args)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
 
 
 def _assert_one_line_error(r, needle):
@@ -120,8 +159,12 @@ def test_bad_sources(hf_dir, tmp_path):
     shard.mkdir()
     (shard / "config.json").write_text((d / "config.json").read_text())
     (shard / "tokenizer.json").write_text((d / "tokenizer.json").read_text())
-    (shard / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors"}}))
-    _assert_one_line_error(_cli(shard, "-o", out), "shard named by model.safetensors.index.json is missing")
+    (shard / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors"}})
+    )
+    _assert_one_line_error(
+        _cli(shard, "-o", out), "shard named by model.safetensors.index.json is missing"
+    )
     # no tokenizer
     notok = tmp_path / "notok"
     notok.mkdir()
@@ -149,7 +192,12 @@ def test_cli_convert_then_inspect(hf_dir, tmp_path):
     out = tmp_path / "m.ninfer"
     r = _cli(d, "-o", out, "--weights", "fp8", "--name", "demo")
     assert r.returncode == 0, r.stderr
-    r = subprocess.run([sys.executable, "-m", "ninfer.cli", "inspect", str(out), "--json"], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "ninfer.cli", "inspect", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     info = json.loads(r.stdout)
     assert info["name"] == "demo" and info["architecture"] == "qwen3"
     from tokenizers import Tokenizer
@@ -158,5 +206,12 @@ def test_cli_convert_then_inspect(hf_dir, tmp_path):
     assert info["chat_template"] is True
     assert info["formats"]["fp8"]["tensors"] == 14 and info["tensor_count"] > 14
     assert info["config"]["num_hidden_layers"] == 2
-    r = subprocess.run([sys.executable, "-m", "ninfer.cli", "inspect", str(out)], capture_output=True, text=True)
-    assert "architecture    qwen3" in r.stdout and "fp8" in r.stdout and "tokenizer size" in r.stdout
+    r = subprocess.run(
+        [sys.executable, "-m", "ninfer.cli", "inspect", str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (
+        "architecture    qwen3" in r.stdout and "fp8" in r.stdout and "tokenizer size" in r.stdout
+    )

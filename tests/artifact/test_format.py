@@ -15,7 +15,12 @@ from ninfer.artifact.format import MAGIC, PRELUDE
 from ninfer.artifact.quant import quantize
 from ninfer.errors import ArtifactError
 
-HEADER = {"architecture": "llama", "config": {"hidden_size": 8}, "tokenizer": "{}", "metadata": {"name": "t"}}
+HEADER = {
+    "architecture": "llama",
+    "config": {"hidden_size": 8},
+    "tokenizer": "{}",
+    "metadata": {"name": "t"},
+}
 
 
 def write(path, tensors, header=HEADER):
@@ -124,7 +129,9 @@ def rewrite_header(path, edit):
     import xxhash
 
     data = data[:hoff] + blob
-    PRELUDE.pack_into(data, 0, magic, version, flags, hoff, len(blob), xxhash.xxh3_64_intdigest(blob))
+    PRELUDE.pack_into(
+        data, 0, magic, version, flags, hoff, len(blob), xxhash.xxh3_64_intdigest(blob)
+    )
     path.write_bytes(bytes(data))
 
 
@@ -152,10 +159,9 @@ def test_unknown_architecture(sample):
 
 
 def test_abandoned_writer_leaves_nothing(tmp_path):
-    with pytest.raises(RuntimeError):
-        with ArtifactWriter(tmp_path / "m.ninfer", HEADER) as w:
-            w.add("x", quantize(np.ones((2, 16), np.float32), "f32"))
-            raise RuntimeError("interrupted")
+    with pytest.raises(RuntimeError), ArtifactWriter(tmp_path / "m.ninfer", HEADER) as w:
+        w.add("x", quantize(np.ones((2, 16), np.float32), "f32"))
+        raise RuntimeError("interrupted")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -169,7 +175,12 @@ def test_cli_inspect_reports_one_line_without_traceback(sample, damage):
     else:
         off = Artifact(path).info("a.weight").parts["data"].offset
         corrupt(path, off, path.read_bytes()[off] ^ 0xFF)
-    r = subprocess.run([sys.executable, "-m", "ninfer.cli", "inspect", str(path)], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "ninfer.cli", "inspect", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert r.returncode != 0
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr

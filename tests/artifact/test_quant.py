@@ -91,7 +91,9 @@ def test_bf16_matches_torch_rounding():
     x = np.random.default_rng(2).standard_normal(10000).astype(np.float32) * 100
     ref = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
     np.testing.assert_array_equal(bf16_encode(x), ref)
-    np.testing.assert_array_equal(bf16_decode(ref), torch.from_numpy(x).to(torch.bfloat16).float().numpy())
+    np.testing.assert_array_equal(
+        bf16_decode(ref), torch.from_numpy(x).to(torch.bfloat16).float().numpy()
+    )
 
 
 def test_nvfp4_layout_low_nibble_first():
@@ -101,7 +103,7 @@ def test_nvfp4_layout_low_nibble_first():
     d = dequantize(q)
     np.testing.assert_allclose(d[0], vals, rtol=0, atol=1e-6)
     data = q.parts["data"][0]
-    code = lambda v: int(np.where(E2M1_VALUES == v)[0][0]) if v != 0 else 0  # noqa: E731
+    code = lambda v: int(np.where(E2M1_VALUES == v)[0][0]) if v != 0 else 0
     assert data[0] & 0xF == code(6.0) and data[0] >> 4 == code(-6.0)
 
 

@@ -22,7 +22,9 @@ def compile_out(capsys, *argv: str) -> tuple[int, str, str]:
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_compile_plan_snapshot(arch, device, fixture_artifacts, capsys, snapshot) -> None:
-    rc, out, err = compile_out(capsys, str(fixture_artifacts(arch)), "--device", device, "--max-concurrency", "4")
+    rc, out, err = compile_out(
+        capsys, str(fixture_artifacts(arch)), "--device", device, "--max-concurrency", "4"
+    )
     assert rc == 0, err
     assert out == snapshot
     assert "fused: fuse_qkv=" in out and "ledger:" in out
@@ -48,8 +50,14 @@ def test_compile_json_round_trips(fixture_artifacts, capsys) -> None:
         (["--kv-dtype", "q3"], "--kv-dtype q3: unknown KV dtype"),
         (["--device", "tpu"], "--device tpu: unknown device"),
         (["--kv-capacity", "lots"], "--kv-capacity lots: expected a number of tokens or 'auto'"),
-        (["--device", "cuda", "--kv-capacity", "100000000000"], "--kv-capacity 100000000000: KV needs"),
-        (["--memory-gib", "0.5", "--kv-capacity", "auto"], "--kv-capacity auto: no memory left for KV"),
+        (
+            ["--device", "cuda", "--kv-capacity", "100000000000"],
+            "--kv-capacity 100000000000: KV needs",
+        ),
+        (
+            ["--memory-gib", "0.5", "--kv-capacity", "auto"],
+            "--kv-capacity auto: no memory left for KV",
+        ),
     ],
 )
 def test_impossible_configurations_are_refused(argv, message, fixture_artifacts, capsys) -> None:
@@ -59,7 +67,22 @@ def test_impossible_configurations_are_refused(argv, message, fixture_artifacts,
 
 
 def test_auto_capacity_fills_the_budget_on_cuda(fixture_artifacts, capsys) -> None:
-    rc, out, _ = compile_out(capsys, str(fixture_artifacts("llama")), "--device", "cuda", "--kv-capacity", "auto", "--memory-gib", "2")
+    rc, out, _ = compile_out(
+        capsys,
+        str(fixture_artifacts("llama")),
+        "--device",
+        "cuda",
+        "--kv-capacity",
+        "auto",
+        "--memory-gib",
+        "2",
+    )
     assert rc == 0
-    total = int(next(line for line in out.splitlines() if line.strip().startswith("total")).split()[1].replace(",", ""))
-    assert (1 << 30) - 8192 * 4096 < total <= 1 << 30  # within a page or so of budget - 1 GiB headroom
+    total = int(
+        next(line for line in out.splitlines() if line.strip().startswith("total"))
+        .split()[1]
+        .replace(",", "")
+    )
+    assert (
+        (1 << 30) - 8192 * 4096 < total <= 1 << 30
+    )  # within a page or so of budget - 1 GiB headroom

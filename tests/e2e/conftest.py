@@ -56,7 +56,11 @@ class LiveServer:
 
 
 def start_server(
-    tmp_dir: Path, *args: str, artifact: Path | None = TINY_AGENT, api_key: str | None = None, env: dict | None = None
+    tmp_dir: Path,
+    *args: str,
+    artifact: Path | None = TINY_AGENT,
+    api_key: str | None = None,
+    env: dict | None = None,
 ) -> LiveServer:
     """Start `ninfer serve [artifact] --port P args...`; artifact None serves the demo model."""
     port = free_port()
@@ -74,7 +78,9 @@ def start_server(
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"ninfer serve exited with {proc.returncode}:\n{server.stderr()[-4000:]}")
+            raise RuntimeError(
+                f"ninfer serve exited with {proc.returncode}:\n{server.stderr()[-4000:]}"
+            )
         try:
             if httpx.get(f"{server.base_url}/health", timeout=1).status_code == 200:
                 return server
@@ -82,14 +88,18 @@ def start_server(
             pass
         time.sleep(0.2)
     server.stop()
-    raise RuntimeError(f"ninfer serve did not become ready in {STARTUP_TIMEOUT_S}s:\n{server.stderr()[-4000:]}")
+    raise RuntimeError(
+        f"ninfer serve did not become ready in {STARTUP_TIMEOUT_S}s:\n{server.stderr()[-4000:]}"
+    )
 
 
 @pytest.fixture(scope="module")
 def live_server(tmp_path_factory) -> Iterator[LiveServer]:
     if not TINY_AGENT.exists():
         pytest.fail(f"{TINY_AGENT} is missing: build it with `python -m artifacts.train_tiny`")
-    server = start_server(tmp_path_factory.mktemp("serve"), "--max-concurrency", "4", "--max-context", "2048")
+    server = start_server(
+        tmp_path_factory.mktemp("serve"), "--max-concurrency", "4", "--max-context", "2048"
+    )
     yield server
     server.stop()
 

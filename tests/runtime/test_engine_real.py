@@ -187,7 +187,9 @@ def test_pauses_under_a_small_pool_replay_to_the_same_tokens(arch, prefix_reuse,
     ex = _executor(path, SMALL_POOL)
     assert ex.num_pages == SMALL_POOL // PAGE
     requests = _batch(ex.vocab_size)
-    with _engine(ex, lanes=8, prefix_reuse=prefix_reuse, host_context_mib=0) as engine:  # replay only
+    with _engine(
+        ex, lanes=8, prefix_reuse=prefix_reuse, host_context_mib=0
+    ) as engine:  # replay only
         outs = _run(engine, requests)
         stats = _settled(engine)
     for i, (req, out) in enumerate(zip(requests, outs)):

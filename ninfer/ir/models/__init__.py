@@ -19,10 +19,14 @@ BUILDERS = {
 }
 
 
-def build_graph(architecture: str, config: dict[str, Any], tensors: TensorTable, dtype: str = "f32") -> Graph:
+def build_graph(
+    architecture: str, config: dict[str, Any], tensors: TensorTable, dtype: str = "f32"
+) -> Graph:
     """The unfused graph of one step. ArtifactError when the config or tensors do not fit."""
     if architecture not in BUILDERS:
-        raise ArtifactError(f"no graph builder for architecture {architecture!r} (have: {', '.join(BUILDERS)})")
+        raise ArtifactError(
+            f"no graph builder for architecture {architecture!r} (have: {', '.join(BUILDERS)})"
+        )
     spec = model_spec(architecture, config)
     try:
         return BUILDERS[architecture](spec, tensors, dtype)

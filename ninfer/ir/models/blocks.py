@@ -14,14 +14,25 @@ from ninfer.ir.builder import GraphBuilder
 from ninfer.ir.models.spec import ModelSpec
 
 
-def linear(b: GraphBuilder, x: str, prefix: str, out: str, group: str, proj: str, bias: bool = False) -> str:
+def linear(
+    b: GraphBuilder, x: str, prefix: str, out: str, group: str, proj: str, bias: bool = False
+) -> str:
     ins = [x, b.weight(f"{prefix}.weight")]
     if bias:
         ins.append(b.weight(f"{prefix}.bias"))
     return b.op1("linear", ins, {"group": group, "proj": proj}, out)
 
 
-def attention(b: GraphBuilder, s: ModelSpec, i: int, h: str, *, qk_norm: bool, gated: bool, zero_centered: bool) -> str:
+def attention(
+    b: GraphBuilder,
+    s: ModelSpec,
+    i: int,
+    h: str,
+    *,
+    qk_norm: bool,
+    gated: bool,
+    zero_centered: bool,
+) -> str:
     """Self-attention over the paged KV cache `kv.L{i}`.
 
     q: [T, heads*head_dim] (gated: q_proj emits [T, heads*2*head_dim] = per head query|gate),
@@ -34,14 +45,21 @@ def attention(b: GraphBuilder, s: ModelSpec, i: int, h: str, *, qk_norm: bool, g
     v = linear(b, h, f"{p}.v_proj", f"{n}.v", g, "v", s.attention_bias)
     gate = None
     if gated:
-        q, gate = b.op("split_gated_q", [q], {"heads": s.heads, "head_dim": s.head_dim}, [f"{n}.q", f"{n}.gate"])
+        q, gate = b.op(
+            "split_gated_q",
+            [q],
+            {"heads": s.heads, "head_dim": s.head_dim},
+            [f"{n}.q", f"{n}.gate"],
+        )
     if qk_norm:
         nattr = {"eps": s.eps, "zero_centered": zero_centered, "head_dim": s.head_dim}
         q = b.op1("rmsnorm", [q, b.weight(f"{p}.q_norm.weight")], nattr, f"{n}.q_normed")
         k = b.op1("rmsnorm", [k, b.weight(f"{p}.k_norm.weight")], nattr, f"{n}.k_normed")
     rattr = {"head_dim": s.head_dim, "rotary_dim": s.rotary_dim, "rope": s.rope}
     q, k = b.op("rotary", [q, k, "positions"], rattr, [f"{n}.q_rot", f"{n}.k_rot"])
-    cache = b.cache(f"kv.L{i}", {"kind": "kv", "layer": i, "kv_heads": s.kv_heads, "head_dim": s.head_dim})
+    cache = b.cache(
+        f"kv.L{i}", {"kind": "kv", "layer": i, "kv_heads": s.kv_heads, "head_dim": s.head_dim}
+    )
     aattr = {
         "layer": i,
         "heads": s.heads,
@@ -76,14 +94,27 @@ def moe(b: GraphBuilder, s: ModelSpec, i: int, h: str, *, shared: bool) -> str:
         [f"{n}.top_w", f"{n}.top_i"],
     )
     ws = [
-        b.stacked(f"{p}.experts.{proj}.weight", [f"{p}.experts.{e}.{proj}.weight" for e in range(s.experts)])
+        b.stacked(
+            f"{p}.experts.{proj}.weight",
+            [f"{p}.experts.{e}.{proj}.weight" for e in range(s.experts)],
+        )
         for proj in ("gate_proj", "up_proj", "down_proj")
     ]
-    y = b.op1("moe_experts", [h, top_w, top_i, *ws], {"experts": s.experts, "inter": s.moe_inter}, f"{n}.experts")
+    y = b.op1(
+        "moe_experts",
+        [h, top_w, top_i, *ws],
+        {"experts": s.experts, "inter": s.moe_inter},
+        f"{n}.experts",
+    )
     if not shared:
         return y
     sh = mlp(b, s, f"{p}.shared_expert", f"{n}.shared", h)
-    sg = b.op1("linear", [h, b.weight(f"{p}.shared_expert_gate.weight")], {"group": f"{n}.sg", "proj": "gate"}, f"{n}.shared_gate")
+    sg = b.op1(
+        "linear",
+        [h, b.weight(f"{p}.shared_expert_gate.weight")],
+        {"group": f"{n}.sg", "proj": "gate"},
+        f"{n}.shared_gate",
+    )
     sh = b.op1("sigmoid_mul", [sh, sg], None, f"{n}.shared_gated")
     return b.op1("add", [y, sh], None, f"{n}.moe_out")
 
@@ -121,14 +152,28 @@ def gated_deltanet(b: GraphBuilder, s: ModelSpec, i: int, h: str) -> str:
     )
     q, k, v = b.op("split", [conv], {"sizes": [kd, kd, vd]}, [f"{n}.lq", f"{n}.lk", f"{n}.lv"])
     gg, beta = b.op(
-        "gdn_gates", [a, bb, b.weight(f"{p}.A_log"), b.weight(f"{p}.dt_bias")], None, [f"{n}.g", f"{n}.beta"]
+        "gdn_gates",
+        [a, bb, b.weight(f"{p}.A_log"), b.weight(f"{p}.dt_bias")],
+        None,
+        [f"{n}.g", f"{n}.beta"],
     )
     o = b.op1(
         "gated_delta_rule",
         [q, k, v, gg, beta],
-        {"layer": i, "k_heads": s.lin_k_heads, "v_heads": s.lin_v_heads, "k_dim": s.lin_k_dim,
-         "v_dim": s.lin_v_dim, "cache": cache},
+        {
+            "layer": i,
+            "k_heads": s.lin_k_heads,
+            "v_heads": s.lin_v_heads,
+            "k_dim": s.lin_k_dim,
+            "v_dim": s.lin_v_dim,
+            "cache": cache,
+        },
         f"{n}.delta",
     )
-    o = b.op1("gated_rmsnorm", [o, z, b.weight(f"{p}.norm.weight")], {"eps": s.eps, "head_dim": s.lin_v_dim}, f"{n}.delta_normed")
+    o = b.op1(
+        "gated_rmsnorm",
+        [o, z, b.weight(f"{p}.norm.weight")],
+        {"eps": s.eps, "head_dim": s.lin_v_dim},
+        f"{n}.delta_normed",
+    )
     return linear(b, o, f"{p}.out_proj", f"{n}.attn_out", f"{n}.attn_out", "o")

@@ -40,11 +40,17 @@ def build_decoder(
         p = f"model.layers.{i}"
         h = b.op1("rmsnorm", [x, b.weight(f"{p}.input_layernorm.weight")], nattr, f"L{i}.h")
         x = b.op1("add", [x, mixer(b, s, i, h)], None, f"L{i}.x_mid")
-        h = b.op1("rmsnorm", [x, b.weight(f"{p}.post_attention_layernorm.weight")], nattr, f"L{i}.h_post")
+        h = b.op1(
+            "rmsnorm", [x, b.weight(f"{p}.post_attention_layernorm.weight")], nattr, f"L{i}.h_post"
+        )
         x = b.op1("add", [x, ffn(b, s, i, h)], None, f"L{i}.x_out")
     last = b.op1("select_rows", [x, rows], None, "x_last")
     h = b.op1("rmsnorm", [last, b.weight("model.norm.weight")], nattr, "h_final")
-    head = "model.embed_tokens.weight" if s.tie_embeddings or not b.has("lm_head.weight") else "lm_head.weight"
+    head = (
+        "model.embed_tokens.weight"
+        if s.tie_embeddings or not b.has("lm_head.weight")
+        else "lm_head.weight"
+    )
     logits = b.op1("logits", [h, b.weight(head)], None, "logits")
     return b.finish(
         [logits],

@@ -68,12 +68,19 @@ def _rope(cfg: dict[str, Any]) -> dict[str, Any]:
     theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
     rtype = params.get("rope_type", params.get("type", "default")) or "default"
     if rtype not in ROPE_TYPES:
-        raise ArtifactError(f"rope type {rtype!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
+        raise ArtifactError(
+            f"rope type {rtype!r} is not supported (supported: {', '.join(ROPE_TYPES)})"
+        )
     rope: dict[str, Any] = {"type": rtype, "theta": float(theta)}
     if rtype == "linear":
         rope["factor"] = float(params["factor"])
     if rtype == "llama3":
-        for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+        for k in (
+            "factor",
+            "low_freq_factor",
+            "high_freq_factor",
+            "original_max_position_embeddings",
+        ):
             rope[k] = params[k]
     return rope
 
@@ -93,7 +100,10 @@ def model_spec(architecture: str, cfg: dict[str, Any]) -> ModelSpec:
         types = cfg.get("layer_types")
         if not types:
             interval = int(cfg.get("full_attention_interval", 4))
-            types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
+            types = [
+                "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                for i in range(layers)
+            ]
     else:
         types = ["full_attention"] * layers
     if len(types) < layers:
@@ -105,26 +115,31 @@ def model_spec(architecture: str, cfg: dict[str, Any]) -> ModelSpec:
         step = int(cfg.get("decoder_sparse_step", 1) or 1)
         mlp_only = set(cfg.get("mlp_only_layers") or [])
         sparse = tuple(
-            architecture == "qwen3_5_moe" or (i not in mlp_only and experts > 0 and (i + 1) % step == 0)
+            architecture == "qwen3_5_moe"
+            or (i not in mlp_only and experts > 0 and (i + 1) % step == 0)
             for i in range(layers)
         )
-        moe = dict(
-            experts=experts,
-            top_k=int(_get(cfg, "num_experts_per_tok")),
-            moe_inter=int(_get(cfg, "moe_intermediate_size")),
-            norm_topk=bool(cfg.get("norm_topk_prob", True)) if architecture == "qwen3_moe" else True,
-            sparse_layers=sparse,
-            shared_inter=int(cfg.get("shared_expert_intermediate_size") or 0) if architecture == "qwen3_5_moe" else 0,
-        )
+        moe = {
+            "experts": experts,
+            "top_k": int(_get(cfg, "num_experts_per_tok")),
+            "moe_inter": int(_get(cfg, "moe_intermediate_size")),
+            "norm_topk": bool(cfg.get("norm_topk_prob", True))
+            if architecture == "qwen3_moe"
+            else True,
+            "sparse_layers": sparse,
+            "shared_inter": int(cfg.get("shared_expert_intermediate_size") or 0)
+            if architecture == "qwen3_5_moe"
+            else 0,
+        }
     lin: dict[str, Any] = {}
     if hybrid:
-        lin = dict(
-            lin_k_heads=int(_get(cfg, "linear_num_key_heads")),
-            lin_v_heads=int(_get(cfg, "linear_num_value_heads")),
-            lin_k_dim=int(_get(cfg, "linear_key_head_dim")),
-            lin_v_dim=int(_get(cfg, "linear_value_head_dim")),
-            conv_kernel=int(_get(cfg, "linear_conv_kernel_dim", default=4)),
-        )
+        lin = {
+            "lin_k_heads": int(_get(cfg, "linear_num_key_heads")),
+            "lin_v_heads": int(_get(cfg, "linear_num_value_heads")),
+            "lin_k_dim": int(_get(cfg, "linear_key_head_dim")),
+            "lin_v_dim": int(_get(cfg, "linear_value_head_dim")),
+            "conv_kernel": int(_get(cfg, "linear_conv_kernel_dim", default=4)),
+        }
     return ModelSpec(
         architecture=architecture,
         hidden=hidden,
