@@ -28,6 +28,7 @@ from typing import Any
 
 from litestar import Request, Response, delete, get, post
 from litestar.handlers import BaseRouteHandler
+from litestar.params import FromPath
 from litestar.response import Stream
 
 from ninfer.api import errors
@@ -382,7 +383,7 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
         )
 
     @get("/v1/responses/{response_id:str}", sync_to_thread=False)
-    def retrieve(request: Request[Any, Any, Any], response_id: str) -> dict[str, Any]:
+    def retrieve(request: Request[Any, Any, Any], response_id: FromPath[str]) -> dict[str, Any]:
         q = request.query_params
         if _truthy(q.get("stream")):
             raise errors.unsupported_value("stream", True, "stream recovery of a finished response")
@@ -396,13 +397,13 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
         return response_store(state).require(response_id).response
 
     @delete("/v1/responses/{response_id:str}", status_code=200, sync_to_thread=False)
-    def remove(response_id: str) -> dict[str, Any]:
+    def remove(response_id: FromPath[str]) -> dict[str, Any]:
         if not response_store(state).delete(response_id):
             raise response_not_found(response_id)
         return {"id": response_id, "object": "response.deleted", "deleted": True}
 
     @get("/v1/responses/{response_id:str}/input_items", sync_to_thread=False)
-    def input_items(request: Request[Any, Any, Any], response_id: str) -> dict[str, Any]:
+    def input_items(request: Request[Any, Any, Any], response_id: FromPath[str]) -> dict[str, Any]:
         q = request.query_params
         rec = response_store(state).require(response_id)
         limit = _query_int(q.get("limit"), "limit", 20, 1, 100)
@@ -415,7 +416,7 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
         return list_page(list(rec.input_items), after=q.get("after"), limit=limit, order=order)
 
     @post("/v1/responses/{response_id:str}/cancel", status_code=200, sync_to_thread=False)
-    def cancel(response_id: str) -> None:
+    def cancel(response_id: FromPath[str]) -> None:
         response_store(state).require(response_id)
         raise ApiError(
             400,
