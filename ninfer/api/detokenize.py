@@ -166,8 +166,14 @@ class IncrementalDetokenizer:
         return _incomplete_utf8(tail[-4:])
 
     def finish(self) -> str:
-        """Return whatever is still held back (including any genuinely invalid bytes)."""
+        """Return whatever is still held back (including any genuinely invalid bytes), except a
+        character the output was cut off in the middle of (a length limit can end generation
+        between the bytes of one character): it is dropped rather than shown as U+FFFD."""
         text = self._decode(self._start)
+        if text.endswith("\ufffd") and self._bytes is not None:
+            tail = b"".join(self._bytes(t) for t in self.ids[self._start :])
+            if _incomplete_utf8(tail):
+                text = text[:-1]
         delta = text[self._emitted :]
         self._emitted = len(text)
         return delta
