@@ -9,7 +9,7 @@ so launch overhead is excluded as in the engine's graph-captured decode):
 - M = 1: torch bf16 ``F.linear`` (cuBLAS), and fp8 / nvfp4 ``quant_linear`` with every GEMV
   launch shape of a small grid (rows per program x warps x prefetch), checking each result
   against the reference; the best is the shape's table entry (``--write-table`` stores the
-  table in kernels/quant_gemm_table.json, which quant_gemm reads at import);
+  table in kernels/quant_gemm_table.json, which quant_gemv reads at import);
 - M = 2..16: the GEMV path against the tensor-core (tiled) path and bf16;
 - M = 64..4096: tiled against dense (dequantise once + cuBLAS) and bf16.
 
@@ -30,14 +30,12 @@ import torch.nn.functional as F
 from triton.testing import do_bench, do_bench_cudagraph
 
 from kernels.quant_gemm import (
-    GEMV_TABLE_PATH,
-    GemvConfig,
-    gemv_config,
     quant_linear,
     quant_linear_reference,
     quantize_weight_fp8,
     quantize_weight_nvfp4,
 )
+from kernels.quant_gemv import GEMV_TABLE_PATH, GemvConfig, gemv_config
 
 # Qwen3-8B: qkv 6144x4096, o 4096x4096, gate_up 24576x4096, down 4096x12288;
 # Llama-3-8B / Qwen3-32B-like: 28672x4096 (gate_up), 4096x14336 (down); 8192x8192 square

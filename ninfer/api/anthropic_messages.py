@@ -39,7 +39,7 @@ from ninfer.api.errors import ApiError
 from ninfer.api.fields import parse_json_object
 from ninfer.api.generation import Finished, GenerationEvent
 from ninfer.api.state import ServerState
-from ninfer.api.template import ThinkingDefaults
+from ninfer.api.template_options import ThinkingDefaults
 
 log = logging.getLogger("ninfer.api")
 

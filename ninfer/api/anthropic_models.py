@@ -42,7 +42,11 @@ from ninfer.api.fields import (
 )
 from ninfer.api.generation import GenerationRequest, SamplingOptions
 from ninfer.api.stops import validate_stops
-from ninfer.api.template import TemplateOptions, ThinkingDefaults, resolve_template_options
+from ninfer.api.template_options import (
+    TemplateOptions,
+    ThinkingDefaults,
+    resolve_template_options,
+)
 from ninfer.api.tool_fields import function_template_dict, reject_defer_loading, reject_strict
 
 MIN_THINKING_BUDGET = 1024

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ninfer.api.template import TemplateOptions
+from ninfer.api.template_options import TemplateOptions
 
 # The tool-call events are the parser's own (toolcalls.py is their source); the generation
 # contract names them ToolCallStart / ToolCallArgs / ToolCallDone.

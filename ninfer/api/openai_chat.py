@@ -38,7 +38,7 @@ from ninfer.api.generation import (
 from ninfer.api.openai_chat_models import ChatRequest, parse_chat_request
 from ninfer.api.sse import with_keepalive
 from ninfer.api.state import ServerState
-from ninfer.api.template import ThinkingDefaults, resolve_template_options
+from ninfer.api.template_options import ThinkingDefaults, resolve_template_options
 
 
 def to_generation_request(chat: ChatRequest, state: ServerState) -> GenerationRequest:

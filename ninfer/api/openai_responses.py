@@ -48,7 +48,11 @@ from ninfer.api.responses_store import (
 )
 from ninfer.api.sse import with_keepalive
 from ninfer.api.state import ServerState
-from ninfer.api.template import TemplateOptions, ThinkingDefaults, resolve_template_options
+from ninfer.api.template_options import (
+    TemplateOptions,
+    ThinkingDefaults,
+    resolve_template_options,
+)
 
 log = logging.getLogger("ninfer.api.responses")
 

@@ -32,6 +32,8 @@ from enum import Enum
 
 from tokenizers import Tokenizer
 
+from ninfer.api.prompt_encoding import encode_prompt
+
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 
@@ -204,8 +206,6 @@ def resolve_thinking_budget(
 def thinking_budget_suffix_ids(tokenizer: Tokenizer) -> list[int]:
     """Token ids of the early-close guidance plus `</think>` (the close marker encoded as its
     control token, the guidance as text), committed when a thinking budget is exhausted."""
-    from ninfer.api.template import encode_prompt
-
     start = len(THINKING_BUDGET_GUIDANCE)
     spans = ((start, start + len(THINK_CLOSE)),)
     return encode_prompt(tokenizer, THINKING_BUDGET_SUFFIX, spans)

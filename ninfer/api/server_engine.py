@@ -14,15 +14,11 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from ninfer.api.prompt_encoding import control_token_spellings
 from ninfer.api.sampling import SamplerPolicy
 from ninfer.api.service import ModelService, SamplerDefaults
 from ninfer.api.state import ServerState
-from ninfer.api.template import (
-    ChatTemplate,
-    chat_template_for,
-    control_token_spellings,
-    load_builtin_template,
-)
+from ninfer.api.template import ChatTemplate, chat_template_for, load_builtin_template
 from ninfer.artifact import Artifact
 from ninfer.runtime.config import EngineConfig
 from ninfer.runtime.engine import Engine

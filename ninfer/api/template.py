@@ -2,16 +2,18 @@
 
 Three steps turn a normalized conversation into prompt token ids:
 
-1. `resolve_template_options` merges the typed request fields (enable_thinking,
-   preserve_thinking, reasoning_effort), `chat_template_kwargs` and the server defaults into the
-   variables the template sees, rejecting conflicts and reserved names.
+1. `resolve_template_options` (ninfer.api.template_options) merges the typed request fields,
+   `chat_template_kwargs` and the server defaults into the variables the template sees,
+   rejecting conflicts and reserved names.
 2. `ChatTemplate.render` runs the Jinja template in a sandbox configured like Hugging Face's
    `apply_chat_template` (trim_blocks, lstrip_blocks, loopcontrols, `raise_exception`, a `tojson`
    that keeps member order and does not escape non-ASCII). It returns a `RenderedPrompt`: the text
    plus the spans of control tokens that the *template* wrote.
-3. `encode_prompt` encodes that text: the spans become their control-token ids, and everything
-   else - including control-token spellings quoted in message content, tool data or kwargs - is
-   encoded as ordinary text.
+3. `encode_prompt` (ninfer.api.prompt_encoding) encodes that text: the spans become their
+   control-token ids, and everything else - including control-token spellings quoted in message
+   content, tool data or kwargs - is encoded as ordinary text.
+
+The option and encoding names are re-exported here for existing importers.
 
 How content is kept apart from markup: before rendering, every control-token spelling inside a
 content string (and a partial spelling at either end of one, so that adjacent strings cannot
@@ -29,7 +31,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
@@ -41,21 +43,23 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from ninfer.api import errors
+from ninfer.api.prompt_encoding import (  # noqa: F401  (re-exported for existing importers)
+    PromptEncoder,
+    control_token_spellings,
+    encode_prompt,
+)
+from ninfer.api.template_options import (  # noqa: F401  (re-exported for existing importers)
+    REASONING_EFFORTS,
+    RESERVED_VARIABLES,
+    SPECIAL_TOKEN_VARIABLES,
+    STANDARD_OPTIONS,
+    TemplateOptions,
+    ThinkingDefaults,
+    resolve_template_options,
+)
 from ninfer.errors import ConfigError
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
-
-STANDARD_OPTIONS = ("enable_thinking", "preserve_thinking", "reasoning_effort")
-REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
-# Efforts that ask for thinking; "minimal" is left to the template.
-_THINKING_EFFORTS = frozenset({"low", "medium", "high", "xhigh", "max"})
-SPECIAL_TOKEN_VARIABLES = (
-    "bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token",
-)  # fmt: skip
-RESERVED_VARIABLES = frozenset(
-    {"messages", "tools", "add_generation_prompt", "continue_final_message"}
-    | set(SPECIAL_TOKEN_VARIABLES)
-)
 
 
 class TemplateRenderError(errors.ApiError):
@@ -64,145 +68,6 @@ class TemplateRenderError(errors.ApiError):
 
     def __init__(self, message: str) -> None:
         super().__init__(400, message, code="invalid_prompt", param="messages")
-
-
-# ---------------------------------------------------------------------------------------------
-# Options
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ThinkingDefaults:
-    """Server-wide defaults: `--no-thinking` sets enable_thinking=False, `--preserve-thinking`
-    preserve_thinking=True; None leaves the template's own default."""
-
-    enable_thinking: bool | None = None
-    preserve_thinking: bool | None = None
-
-    @classmethod
-    def from_flags(cls, thinking: bool = True, preserve_thinking: bool = False) -> ThinkingDefaults:
-        """From the serve flags: only `--no-thinking` / `--preserve-thinking` set a default."""
-        return cls(
-            enable_thinking=None if thinking else False,
-            preserve_thinking=True if preserve_thinking else None,
-        )
-
-
-@dataclass(frozen=True)
-class TemplateOptions:
-    """Resolved template variables of one request.
-
-    `enable_thinking`, `preserve_thinking`, `reasoning_effort` are None when neither the request
-    nor the server set them (the template default applies). `requested_*` record only what the
-    request itself said, for the request log. `extra` holds the other kwargs, passed verbatim.
-    """
-
-    enable_thinking: bool | None = None
-    preserve_thinking: bool | None = None
-    reasoning_effort: str | None = None
-    requested_reasoning_effort: str | None = None
-    requested_preserve_thinking: bool | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-    def variables(self) -> dict[str, Any]:
-        """Template variables: extra kwargs plus every standard option that is set."""
-        out = dict(self.extra)
-        for name in STANDARD_OPTIONS:
-            value = getattr(self, name)
-            if value is not None:
-                out[name] = value
-        return out
-
-
-def _check_option(name: str, param: str, value: Any) -> None:
-    if name == "reasoning_effort":
-        if not isinstance(value, str):
-            raise errors.invalid_type(param, "a string", value)
-        if value not in REASONING_EFFORTS:
-            raise errors.invalid_value(param, f"must be one of {', '.join(REASONING_EFFORTS)}")
-    elif not isinstance(value, bool):
-        raise errors.invalid_type(param, "a boolean", value)
-
-
-def resolve_template_options(
-    *,
-    enable_thinking: bool | None = None,
-    preserve_thinking: bool | None = None,
-    reasoning_effort: str | None = None,
-    chat_template_kwargs: Mapping[str, Any] | None = None,
-    defaults: ThinkingDefaults = ThinkingDefaults(),
-) -> TemplateOptions:
-    """Merge typed request fields, `chat_template_kwargs` and server defaults.
-
-    Rules (spec "OpenAI Chat Completions"):
-    - a null standard option means unspecified; other null kwargs stay None;
-    - a standard option given both as a typed field and in kwargs must agree, else
-      `conflicting_template_option`;
-    - reasoning_effort "none" means enable_thinking False; explicit enable_thinking True with
-      effort "none", or False with low..max effort, is `conflicting_template_option`;
-    - messages, tools, generation mode and special-token variables cannot be set through kwargs
-      (`invalid_value`); wrongly typed options are `invalid_type` / `invalid_value`.
-    All errors are `ApiError` 400 naming the field.
-    - request options override server defaults; the server's enable_thinking default is not
-      applied when the request chose a reasoning effort.
-    """
-    kwargs = {} if chat_template_kwargs is None else chat_template_kwargs
-    if not isinstance(kwargs, Mapping):
-        raise errors.invalid_type("chat_template_kwargs", "an object", kwargs)
-    typed = {
-        "enable_thinking": enable_thinking,
-        "preserve_thinking": preserve_thinking,
-        "reasoning_effort": reasoning_effort,
-    }
-    resolved: dict[str, Any] = {}
-    for name in STANDARD_OPTIONS:
-        a, b = typed[name], kwargs.get(name)
-        if a is not None:
-            _check_option(name, name, a)
-        if b is not None:
-            _check_option(name, f"chat_template_kwargs.{name}", b)
-        if a is not None and b is not None and a != b:
-            raise errors.conflicting_template_option(
-                name, f"{name} is {_js(a)} in the request but {_js(b)} in chat_template_kwargs"
-            )
-        resolved[name] = a if a is not None else b
-    extra: dict[str, Any] = {}
-    for key, value in kwargs.items():
-        if key in STANDARD_OPTIONS:
-            continue
-        if key in RESERVED_VARIABLES:
-            raise errors.invalid_value(
-                f"chat_template_kwargs.{key}",
-                "messages, tools, generation mode and special tokens cannot be set through "
-                "chat_template_kwargs",
-            )
-        extra[key] = value
-    think, effort = resolved["enable_thinking"], resolved["reasoning_effort"]
-    if effort == "none":
-        if think is True:
-            raise errors.conflicting_template_option(
-                "reasoning_effort", 'enable_thinking true conflicts with reasoning_effort "none"'
-            )
-        think = False
-    elif effort in _THINKING_EFFORTS and think is False:
-        raise errors.conflicting_template_option(
-            "reasoning_effort", f'enable_thinking false conflicts with reasoning_effort "{effort}"'
-        )
-    if think is None and effort is None:
-        think = defaults.enable_thinking
-    preserve = resolved["preserve_thinking"]
-    return TemplateOptions(
-        enable_thinking=think,
-        preserve_thinking=preserve if preserve is not None else defaults.preserve_thinking,
-        reasoning_effort=effort,
-        requested_reasoning_effort=effort,
-        requested_preserve_thinking=preserve,
-        extra=extra,
-    )
-
-
-def _js(value: Any) -> str:
-    return json.dumps(value)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -502,118 +367,10 @@ def load_builtin_template(name: str, **kwargs: Any) -> ChatTemplate:
 
 
 # ---------------------------------------------------------------------------------------------
-# Encoding
+# Templates for a tokenizer
 # ---------------------------------------------------------------------------------------------
-
-
-def control_token_spellings(tokenizer: Tokenizer) -> tuple[str, ...]:
-    """Spellings of the tokenizer's control tokens: added tokens that are special or matched
-    before normalization (Qwen's `<think>`, `<tool_call>` are non-special but unnormalized)."""
-    added = tokenizer.get_added_tokens_decoder()
-    return tuple(t.content for _, t in sorted(added.items()) if t.special or not t.normalized)
 
 
 def chat_template_for(source: str, tokenizer: Tokenizer, **kwargs: Any) -> ChatTemplate:
     """A ChatTemplate whose protected spellings are the tokenizer's control tokens."""
     return ChatTemplate(source, control_tokens=control_token_spellings(tokenizer), **kwargs)
-
-
-_SENTINEL_MARK = "\U0010fffd"
-
-
-class PromptEncoder:
-    """Encodes prompt text where only given spans are control tokens.
-
-    It holds a clone of the tokenizer in which each control token is renamed to a sentinel
-    string (same flags, same position in the added vocabulary), so the control spellings become
-    plain text. Encoding substitutes the markup spans by sentinels and runs the clone once over
-    the whole text, which reproduces exactly how the original tokenizer would split and
-    pre-tokenize around those tokens; sentinel ids are then mapped back to the real ids. Text
-    that itself contains the sentinel character is encoded piece by piece with a second clone
-    that has no control tokens at all.
-    """
-
-    def __init__(self, tokenizer: Tokenizer, control_tokens: Sequence[str] | None = None) -> None:
-        self.tokenizer = tokenizer
-        controls = set(
-            control_token_spellings(tokenizer) if control_tokens is None else control_tokens
-        )
-        spec = json.loads(tokenizer.to_str())
-        spec["post_processor"] = None
-        spec["truncation"] = None
-        spec["padding"] = None
-        bare = dict(
-            spec,
-            added_tokens=[a for a in spec.get("added_tokens", []) if a["content"] not in controls],
-        )
-        self._bare = Tokenizer.from_str(json.dumps(bare))
-        self._sentinel: dict[str, str] = {}
-        for i, entry in enumerate(spec.get("added_tokens", [])):
-            if entry["content"] in controls:
-                s = f"{_SENTINEL_MARK}{chr(_PLACEHOLDER_BASE + i)}{_SENTINEL_MARK}"
-                self._sentinel[entry["content"]] = s
-                entry["content"] = s
-        missing = controls - set(self._sentinel)
-        if missing:
-            raise ValueError(f"not added tokens of this tokenizer: {sorted(missing)}")
-        self._plain = Tokenizer.from_str(json.dumps(spec))
-        self._remap: dict[int, int] = {}
-        for content, s in self._sentinel.items():
-            sid, oid = self._plain.token_to_id(s), tokenizer.token_to_id(content)
-            assert sid is not None and oid is not None
-            self._remap[sid] = oid
-
-    def encode_text(self, text: str) -> list[int]:
-        """Ordinary text encoding: no control token (and no sentinel) is recognised."""
-        return self._bare.encode(text, add_special_tokens=False).ids if text else []
-
-    def encode(self, text: str, special_spans: Sequence[tuple[int, int]] = ()) -> list[int]:
-        """Token ids of `text` with `special_spans` as control tokens and the rest as text."""
-        spans = sorted(special_spans)
-        for a, b in spans:
-            if text[a:b] not in self._sentinel:
-                raise ValueError(f"span {a}:{b} is not a control token: {text[a:b]!r}")
-        if _SENTINEL_MARK in text:
-            return self._encode_pieces(text, spans)
-        parts, pos = [], 0
-        for a, b in spans:
-            parts.append(text[pos:a])
-            parts.append(self._sentinel[text[a:b]])
-            pos = b
-        parts.append(text[pos:])
-        ids = self._plain.encode("".join(parts), add_special_tokens=False).ids
-        out = [self._remap.get(i, i) for i in ids]
-        assert sum(i in self._remap for i in ids) == len(spans), "control span lost in encoding"
-        return out
-
-    def _encode_pieces(self, text: str, spans: Sequence[tuple[int, int]]) -> list[int]:
-        # The text itself contains the sentinel character: encode the pieces separately so it
-        # can never be read as a control token.
-        out: list[int] = []
-        pos = 0
-        for a, b in spans:
-            out += self.encode_text(text[pos:a])
-            out.append(self.tokenizer.token_to_id(text[a:b]))
-            pos = b
-        out += self.encode_text(text[pos:])
-        return out
-
-
-_ENCODERS: dict[int, PromptEncoder] = {}
-
-
-def encode_prompt(
-    tokenizer: Tokenizer | PromptEncoder,
-    text: str,
-    special_token_spans: Sequence[tuple[int, int]] = (),
-) -> list[int]:
-    """Encode rendered prompt text: `special_token_spans` (from `RenderedPrompt.special_spans`)
-    become control-token ids, all other text - control spellings included - ordinary tokens.
-
-    Encoders are cached per tokenizer object."""
-    if isinstance(tokenizer, PromptEncoder):
-        return tokenizer.encode(text, special_token_spans)
-    enc = _ENCODERS.get(id(tokenizer))
-    if enc is None or enc.tokenizer is not tokenizer:
-        enc = _ENCODERS[id(tokenizer)] = PromptEncoder(tokenizer)
-    return enc.encode(text, special_token_spans)

@@ -10,7 +10,7 @@ import pytest
 
 from ninfer.api.anthropic_models import parse_messages_request
 from ninfer.api.errors import ApiError
-from ninfer.api.template import ThinkingDefaults
+from ninfer.api.template_options import ThinkingDefaults
 
 DEFAULT_MAX = 512
 WEATHER = {

@@ -12,7 +12,8 @@ from ninfer.api.errors import ApiError
 from ninfer.api.responses_history import items_to_messages
 from ninfer.api.responses_items import parse_input
 from ninfer.api.responses_tools import ToolSet, parse_tools
-from ninfer.api.template import TEMPLATES_DIR, ChatTemplate, TemplateOptions
+from ninfer.api.template import TEMPLATES_DIR, ChatTemplate
+from ninfer.api.template_options import TemplateOptions
 from tests.conftest import TINY_AGENT_PROMPTS
 
 PROMPTS = {p["name"]: p for p in json.loads(TINY_AGENT_PROMPTS.read_text())["prompts"]}

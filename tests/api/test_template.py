@@ -8,15 +8,16 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from ninfer.api.errors import ApiError
+from ninfer.api.prompt_encoding import PromptEncoder, encode_prompt
 from ninfer.api.template import (
     ChatTemplate,
-    PromptEncoder,
-    TemplateOptions,
     TemplateRenderError,
-    ThinkingDefaults,
     chat_template_for,
-    encode_prompt,
     load_builtin_template,
+)
+from ninfer.api.template_options import (
+    TemplateOptions,
+    ThinkingDefaults,
     resolve_template_options,
 )
 from ninfer.errors import ConfigError

@@ -9,14 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ninfer.api.tool_params import convert_parameter, parameter_types
 from ninfer.api.toolcalls import (
     ContentDelta,
     ToolCallArgumentsDelta,
     ToolCallEnd,
     ToolCallParser,
     ToolCallStart,
-    convert_parameter,
-    parameter_types,
     parse_tool_calls,
 )
 

@@ -5,13 +5,13 @@ import torch
 
 from kernels.quant_decode import E2M1_VALUES
 from kernels.quant_gemm import (
-    GemvConfig,
     dequantize_weight,
     quant_linear,
     quant_linear_reference,
     quantize_weight_fp8,
     quantize_weight_nvfp4,
 )
+from kernels.quant_gemv import GemvConfig
 
 
 def test_nvfp4_dequant_by_hand() -> None:
