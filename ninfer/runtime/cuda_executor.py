@@ -32,7 +32,6 @@ valid after later steps.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,12 +44,7 @@ from ninfer.passes.options import HEADROOM
 from ninfer.runtime.cuda_kv import CudaKVCache, CudaStateSlots
 from ninfer.runtime.cuda_ops import CUDA_OPS, DeviceStep
 from ninfer.runtime.cuda_weights import load_device_weights, weight_nbytes
-from ninfer.runtime.host_snapshot import (
-    TensorSnapshot,
-    bytes_per_row,
-    restore_tensors,
-    snapshot_tensors,
-)
+from ninfer.runtime.executor_base import PlanExecutorBase
 from ninfer.runtime.step import SeqChunk, StepBatch
 from ninfer.runtime.weights import TORCH_DTYPES
 
@@ -102,7 +96,7 @@ class _Layout:
         return buf[a:b]
 
 
-class CudaExecutor:
+class CudaExecutor(PlanExecutorBase):
     def __init__(
         self,
         plan: Plan,
@@ -171,77 +165,6 @@ class CudaExecutor:
                 f"--kv-capacity auto: only {free / 2**30:.1f} GiB free on {self.device} after the weights"
             )
         return int(pages)
-
-    def _liveness(self) -> dict[int, list[str]]:
-        """call index -> activations to drop after it (their last reader)."""
-        last: dict[str, int] = {}
-        for i, c in enumerate(self.plan.calls):
-            for n in c.inputs:
-                if self.plan.buffers[n].kind == "activation":
-                    last[n] = i
-        out: dict[int, list[str]] = {}
-        for n, i in last.items():
-            if n not in self.plan.outputs:
-                out.setdefault(i, []).append(n)
-        return out
-
-    # -- state -------------------------------------------------------------------------------
-    def copy_state(self, src_slot: int, dst_slot: int) -> None:
-        """Copy the recurrent state (conv tail + delta-rule state of every linear layer)."""
-        if self.state is None:
-            raise ValueError("copy_state: this model has no recurrent state")
-        self._check_slot(src_slot)
-        self._check_slot(dst_slot)
-        self.state.copy(src_slot, dst_slot)
-
-    def _check_slot(self, slot: int | None) -> None:
-        if slot is None or not 0 <= slot < self.num_state_slots:
-            raise ValueError(f"state slot {slot} is outside 0..{self.num_state_slots - 1}")
-
-    # -- host snapshots ----------------------------------------------------------------------
-    def _kv_tensors(self) -> list[torch.Tensor]:
-        return self.kv.tensors() if self.kv is not None else []
-
-    def _state_tensors(self) -> list[torch.Tensor]:
-        return self.state.tensors() if self.state is not None else []
-
-    @property
-    def kv_bytes_per_page(self) -> int:
-        """Host bytes of one page in a snapshot (every layer, K and V, data and scales)."""
-        return bytes_per_row(self._kv_tensors())
-
-    @property
-    def state_bytes(self) -> int:
-        """Host bytes of one state slot in a snapshot (0 for an attention-only model)."""
-        return bytes_per_row(self._state_tensors())
-
-    def _check_snapshot_args(self, page_ids: Sequence[int], slot: int | None) -> None:
-        bad = [p for p in page_ids if not 0 <= p < self.num_pages]  # never the scratch page
-        if bad:
-            raise ValueError(f"pages {bad} are outside 0..{self.num_pages - 1}")
-        if slot is not None:
-            self._check_slot(slot)
-        elif self.is_hybrid:
-            raise ValueError("a hybrid model's snapshot needs its state slot")
-
-    def snapshot(self, page_ids: Sequence[int], state_slot: int | None) -> TensorSnapshot:
-        """Copy KV pages `page_ids` and state slot `state_slot` (None: none) into pinned host
-        memory, asynchronously on the current stream (ordered before later steps, so the
-        pages may be overwritten right away; `snapshot.wait()` before reading it on the host)."""
-        self._check_snapshot_args(page_ids, state_slot)
-        with torch.inference_mode():
-            return snapshot_tensors(self._kv_tensors(), page_ids, self._state_tensors(), state_slot)
-
-    def restore(
-        self, snapshot: TensorSnapshot, page_ids: Sequence[int], state_slot: int | None
-    ) -> None:
-        """Copy `snapshot` into pages `page_ids` (in order) and slot `state_slot`,
-        asynchronously on the current stream (ordered before later steps)."""
-        self._check_snapshot_args(page_ids, state_slot)
-        with torch.inference_mode():
-            restore_tensors(
-                snapshot, self._kv_tensors(), page_ids, self._state_tensors(), state_slot
-            )
 
     # -- step --------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -25,26 +25,20 @@ numerics; the Triton executor replaces this where the named kernels exist).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from ninfer.artifact.format import Artifact
 from ninfer.ir.plan import Plan
-from ninfer.runtime.host_snapshot import (
-    TensorSnapshot,
-    bytes_per_row,
-    restore_tensors,
-    snapshot_tensors,
-)
+from ninfer.runtime.executor_base import PlanExecutorBase
 from ninfer.runtime.kv_cache import PagedKVCache, StateSlots
 from ninfer.runtime.ops_torch import OPS, ChunkView, StepContext
 from ninfer.runtime.step import StepBatch
 from ninfer.runtime.weights import TORCH_DTYPES, load_weights
 
 
-class Executor:
+class Executor(PlanExecutorBase):
     def __init__(self, plan: Plan, artifact: Artifact, device: str | torch.device = "cpu"):
         unknown = sorted({c.op for c in plan.calls} - set(OPS))
         if unknown:
@@ -79,65 +73,6 @@ class Executor:
     @property
     def vocab_size(self) -> int:
         return int(self.plan.model["vocab"])
-
-    def _liveness(self) -> dict[int, list[str]]:
-        """call index -> activations to drop after it (their last reader)."""
-        last: dict[str, int] = {}
-        for i, c in enumerate(self.plan.calls):
-            for n in c.inputs:
-                if self.plan.buffers[n].kind == "activation":
-                    last[n] = i
-        out: dict[int, list[str]] = {}
-        for n, i in last.items():
-            if n not in self.plan.outputs:
-                out.setdefault(i, []).append(n)
-        return out
-
-    def copy_state(self, src_slot: int, dst_slot: int) -> None:
-        """Copy the recurrent state (conv tail + delta-rule state of every linear layer)."""
-        if self.state is None:
-            raise ValueError("copy_state: this model has no recurrent state")
-        self._check_slot(src_slot)
-        self._check_slot(dst_slot)
-        self.state.copy(src_slot, dst_slot)
-
-    def _check_slot(self, slot: int | None) -> None:
-        if slot is None or not 0 <= slot < self.num_state_slots:
-            raise ValueError(f"state slot {slot} is outside 0..{self.num_state_slots - 1}")
-
-    # -- host snapshots ----------------------------------------------------------------------
-    @property
-    def kv_bytes_per_page(self) -> int:
-        """Host bytes of one page in a snapshot (every attention layer, K and V)."""
-        return bytes_per_row(self.kv.tensors())
-
-    @property
-    def state_bytes(self) -> int:
-        """Host bytes of one state slot in a snapshot (0 for an attention-only model)."""
-        return bytes_per_row(self.state.tensors()) if self.state is not None else 0
-
-    def _check_snapshot_args(self, page_ids: Sequence[int], slot: int | None) -> None:
-        bad = [p for p in page_ids if not 0 <= p < self.num_pages]
-        if bad:
-            raise ValueError(f"pages {bad} are outside 0..{self.num_pages - 1}")
-        if slot is not None:
-            self._check_slot(slot)
-        elif self.is_hybrid:
-            raise ValueError("a hybrid model's snapshot needs its state slot")
-
-    def snapshot(self, page_ids: Sequence[int], state_slot: int | None) -> TensorSnapshot:
-        """Copy KV pages `page_ids` and state slot `state_slot` (None: none) to host memory."""
-        self._check_snapshot_args(page_ids, state_slot)
-        state = self.state.tensors() if self.state is not None else []
-        return snapshot_tensors(self.kv.tensors(), page_ids, state, state_slot)
-
-    def restore(
-        self, snapshot: TensorSnapshot, page_ids: Sequence[int], state_slot: int | None
-    ) -> None:
-        """Copy `snapshot` into pages `page_ids` (in order) and state slot `state_slot`."""
-        self._check_snapshot_args(page_ids, state_slot)
-        state = self.state.tensors() if self.state is not None else []
-        restore_tensors(snapshot, self.kv.tensors(), page_ids, state, state_slot)
 
     @torch.inference_mode()
     def run(self, batch: StepBatch, all_logits: bool = False) -> torch.Tensor:
