@@ -47,7 +47,12 @@ from ninfer.api.openai_chat_messages import (
     parse_message,
 )
 from ninfer.api.stops import validate_stops
-from ninfer.api.tool_fields import function_template_dict, reject_strict
+from ninfer.api.tool_fields import (
+    FORCED_CALL,
+    function_template_dict,
+    read_tool_choice,
+    reject_strict,
+)
 
 __all__ = [
     "ChatMessage", "ChatRequest", "ChatSampling", "ContentPart", "FunctionTool", "MediaPart",
@@ -290,33 +295,15 @@ def _parse_tools(body: dict[str, Any]) -> tuple[FunctionTool, ...]:
 def _parse_tool_choice(
     body: dict[str, Any], tools: tuple[FunctionTool, ...]
 ) -> tuple[Literal["auto", "none"], tuple[str, ...] | None]:
-    choice = body.get("tool_choice")
-    if choice is None or choice == "auto":
-        return "auto", None
-    if choice == "none":
-        return "none", None
-    if choice == "required":
-        raise errors.unsupported_value(
-            "tool_choice", choice, "a forced tool call (no constrained decoding)"
-        )
-    if isinstance(choice, str):
-        raise errors.invalid_value(
-            "tool_choice", f"must be 'auto', 'none' or an allowed_tools object, got {choice!r}"
-        )
-    obj = require_object(choice, "tool_choice")
-    kind = get_str(obj, "type", "tool_choice.type", required=True)
-    if kind in ("function", "custom"):
-        raise errors.unsupported_value(
-            "tool_choice", obj, "a forced named tool call (no constrained decoding)"
-        )
+    kind, obj = read_tool_choice(body)
+    if obj is None:
+        return kind, None  # type: ignore[return-value]
     if kind != "allowed_tools":
         raise errors.invalid_value("tool_choice.type", f"must be 'allowed_tools', got {kind!r}")
     spec = get_object(obj, "allowed_tools", "tool_choice.allowed_tools", required=True)
     mode = get_str(spec, "mode", "tool_choice.allowed_tools.mode", required=True)
     if mode == "required":
-        raise errors.unsupported_value(
-            "tool_choice.allowed_tools.mode", mode, "a forced tool call (no constrained decoding)"
-        )
+        raise errors.unsupported_value("tool_choice.allowed_tools.mode", mode, FORCED_CALL)
     if mode != "auto":
         raise errors.invalid_value(
             "tool_choice.allowed_tools.mode", f"must be 'auto', got {mode!r}"

@@ -24,7 +24,13 @@ from typing import Any
 
 from ninfer.api import errors
 from ninfer.api.fields import get_array, get_bool, get_object, get_str, require_object
-from ninfer.api.tool_fields import function_template_dict, reject_defer_loading, reject_strict
+from ninfer.api.tool_fields import (
+    FORCED_CALL,
+    function_template_dict,
+    read_tool_choice,
+    reject_defer_loading,
+    reject_strict,
+)
 
 NS_SEPARATOR = "__"
 HOSTED = "hosted, MCP or custom tools (ninfer executes no tools; declare client functions)"
@@ -156,32 +162,14 @@ def parse_tool_choice(
 ) -> tuple[str, tuple[FunctionDef, ...] | None]:
     """("auto" | "none", allowed subset or None). allowed_tools (mode auto) filters the declared
     functions without changing declaration order; forced choices are rejected."""
-    choice = body.get("tool_choice")
-    if choice is None or choice == "auto":
-        return "auto", None
-    if choice == "none":
-        return "none", None
-    if choice == "required":
-        raise errors.unsupported_value(
-            "tool_choice", choice, "a forced tool call (no constrained decoding)"
-        )
-    if isinstance(choice, str):
-        raise errors.invalid_value(
-            "tool_choice", f"must be 'auto', 'none' or an allowed_tools object, got {choice!r}"
-        )
-    obj = require_object(choice, "tool_choice")
-    kind = get_str(obj, "type", "tool_choice.type", required=True)
+    kind, obj = read_tool_choice(body)
+    if obj is None:
+        return kind, None
     if kind != "allowed_tools":
-        if kind in ("function", "custom"):
-            raise errors.unsupported_value(
-                "tool_choice", obj, "a forced named tool call (no constrained decoding)"
-            )
         raise errors.unsupported_value("tool_choice.type", kind, HOSTED)
     mode = get_str(obj, "mode", "tool_choice.mode", required=True)
     if mode == "required":
-        raise errors.unsupported_value(
-            "tool_choice.mode", mode, "a forced tool call (no constrained decoding)"
-        )
+        raise errors.unsupported_value("tool_choice.mode", mode, FORCED_CALL)
     if mode != "auto":
         raise errors.invalid_value("tool_choice.mode", f"must be 'auto', got {mode!r}")
     wanted: set[tuple[str | None, str]] = set()

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ninfer.api import errors
-from ninfer.api.fields import get_bool
+from ninfer.api.fields import get_bool, get_str, require_object
 
 
 def function_template_dict(
@@ -42,3 +42,31 @@ def reject_defer_loading(fn: Mapping[str, Any], param: str) -> None:
         raise errors.unsupported_value(
             f"{param}.defer_loading", True, "deferred tool loading (no tool search)"
         )
+
+
+FORCED_CALL = "a forced tool call (no constrained decoding)"
+
+
+def read_tool_choice(body: Mapping[str, Any]) -> tuple[str, Mapping[str, Any] | None]:
+    """The part of `tool_choice` every OpenAI protocol reads the same way: ("auto", None) or
+    ("none", None) for those choices (absent means auto), else (type, object) for an object
+    choice whose type is not a forced call. "required" and forced named function/custom calls
+    are refused (no constrained decoding); other strings are invalid."""
+    choice = body.get("tool_choice")
+    if choice is None or choice == "auto":
+        return "auto", None
+    if choice == "none":
+        return "none", None
+    if choice == "required":
+        raise errors.unsupported_value("tool_choice", choice, FORCED_CALL)
+    if isinstance(choice, str):
+        raise errors.invalid_value(
+            "tool_choice", f"must be 'auto', 'none' or an allowed_tools object, got {choice!r}"
+        )
+    obj = require_object(choice, "tool_choice")
+    kind = get_str(obj, "type", "tool_choice.type", required=True)
+    if kind in ("function", "custom"):
+        raise errors.unsupported_value(
+            "tool_choice", obj, "a forced named tool call (no constrained decoding)"
+        )
+    return kind, obj
