@@ -367,10 +367,10 @@ class Engine:
         """One iteration; True when a batch ran (so the loop should not sleep)."""
         plan = self._sched.schedule(self._clock())
         self._publish()  # timeouts and pressure finishes need not wait for the device
-        self._stats = self._build_stats()
         if plan is not None:
+            self._stats = self._build_stats()  # gauges show the batch while the device runs it
             self._execute(plan)
-        self._publish()
+            self._publish()
         self._stats = self._build_stats()
         return plan is not None
 
