@@ -129,8 +129,21 @@ def check(url: str) -> dict:
     tb = threading.Thread(
         target=stream, args=(url, model, b), kwargs={"max_tokens": 64, "ignore_eos": True}
     )
-    ta.start(), tb.start(), ta.join(), tb.join()
-    res["concurrent_interleave"] = bool(a and b and a[1][0] < b[-1][0] and b[1][0] < a[-1][0])
+    running: list[float] = []
+    ta.start(), tb.start()
+    while ta.is_alive() or tb.is_alive():  # the server's own count of requests decoding
+        text = httpx.get(url + "/metrics").text
+        running += [
+            float(x.split()[-1])
+            for x in text.splitlines()
+            if x.startswith("ninfer_requests_running")
+        ]
+        time.sleep(0.02)
+    ta.join(), tb.join()
+    res["max_running"] = max(running, default=0)
+    # both in flight at once (content deltas themselves may be held to the end when random
+    # tokens open a tool-call region, so chunk order alone does not show it)
+    res["concurrent"] = bool(a and b and res["max_running"] >= 2)
     res["metrics_ok"] = "ninfer_generation_tokens_total" in httpx.get(url + "/metrics").text
     return res
 
@@ -170,8 +183,10 @@ def main() -> int:
                     row["error"] = f"{type(e).__name__}: {e}"[:2000]
                 print(json.dumps(row), flush=True)
                 results.append(row)
+                Path(args.out).write_text(
+                    json.dumps(results, indent=2)
+                )  # kept if a later row hangs
             path.unlink()
-    Path(args.out).write_text(json.dumps(results, indent=2))
     return 0 if all("error" not in r for r in results) else 1
 
 

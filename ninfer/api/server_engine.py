@@ -105,15 +105,30 @@ def start_engine(state: ServerState, artifact: Artifact) -> None:
         ),
         default_thinking_budget=config.default_thinking_budget,
     )
-    # Warm-up: one real prefill + decode step so the first request pays no first-call costs.
     t1 = time.monotonic()
-    warm = tokenizer.encode("Hello", add_special_tokens=False).ids or [0]
-    engine.submit(
-        Request(tuple(warm), SamplingParams(max_tokens=2, temperature=0.0), session_key=None)
-    ).result(timeout=600)
+    _warm_up(engine, tokenizer, engine_config.max_concurrency, engine_config.max_context)
     log.info("warm-up done in %.2f s", time.monotonic() - t1)
     state.engine = engine
     state.tokenizer = tokenizer
     state.template = template
     state.extra["service"] = service
     state.extra["artifact"] = artifact
+
+
+def _warm_up(engine: Engine, tokenizer: Tokenizer, max_concurrency: int, max_context: int) -> None:
+    """Run real steps before the socket opens so that no request pays a first call: one request
+    alone (one-chunk prefill, batch-1 decode), then up to two together with prompts of different
+    lengths (a multi-chunk prefill step and a batch-2 decode). GPU kernels are compiled per shape
+    class (a count of 1, a multiple of 16, anything else), and a first compile costs ~1 s."""
+    hello = tokenizer.encode("Hello", add_special_tokens=False).ids or [0]
+
+    def request(ids: list[int]) -> Request:
+        ids = ids[: max(1, max_context - 2)]  # room for the two output tokens
+        return Request(tuple(ids), SamplingParams(max_tokens=2, temperature=0.0), session_key=None)
+
+    engine.submit(request(hello)).result(timeout=600)
+    pending = [
+        engine.submit(request(hello * n)) for n in (3, 16)[: max(1, min(2, max_concurrency))]
+    ]
+    for handle in pending:
+        handle.result(timeout=600)

@@ -50,8 +50,10 @@ def test_chunked_matches_transformers_chunk_rule(device) -> None:
     o = gated_delta_rule_chunked(q, k, v, g, beta, state, cu, chunk_size=chunk_size)
     for n in range(len(lens)):
         a, b = int(cu[n]), int(cu[n + 1])
+        # transformers' Qwen3.5 repeats q and k to the value heads before calling the rule
+        qr, kr = (x.repeat_interleave(v.shape[1] // x.shape[1], dim=1) for x in (q, k))
         o_hf, s_hf = torch_chunk_gated_delta_rule(
-            *(x[a:b][None].cpu() for x in (q, k, v, g, beta)),
+            *(x[a:b][None].cpu() for x in (qr, kr, v, g, beta)),
             chunk_size=chunk_size,
             initial_state=s0[n : n + 1].cpu(),
             output_final_state=True,
