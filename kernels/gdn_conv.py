@@ -9,9 +9,15 @@ Contract:
     returns    (y [T, C] in x.dtype, new_state [N, C, W-1] in state.dtype)
     y[t, c] = silu(sum_i weight[c, i] * xx[t - (W-1) + i, c]),  xx = state ++ x of the sequence
 
+Slot-indexed form (``state_slots`` [N] int32/int64, distinct): ``state`` is the whole slot pool
+[S, C, W-1] and sequence n reads and overwrites row state_slots[n] IN PLACE (no gather/scatter
+copies; other rows are untouched); the returned new_state is ``state`` itself.
+
+x may be a view (e.g. columns of a projection output): last dim contiguous, token stride free.
 Decode is the same call with one token per sequence (cu = arange(N+1)). Grid
-(cdiv(max_len, BT), N, cdiv(C, BC)); the state is read by all programs and written to a
-separate tensor by the first T-block of each sequence, so no program sees a half-updated state.
+(cdiv(max_len, BT), N, cdiv(C, BC)) with BT >= W-1, so only the first T-block of a sequence
+reads its state; that same program writes the new state (after a barrier, so no thread of it
+overwrites a state column another thread has yet to read).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ def _conv_kernel(
     y_ptr,
     nst_ptr,
     cu_ptr,
+    slot_ptr,
     C,
     stride_xt,
     stride_yt,
@@ -39,15 +46,20 @@ def _conv_kernel(
     BT: tl.constexpr,
     BC: tl.constexpr,
     ACT: tl.constexpr,
+    HAS_SLOTS: tl.constexpr,
 ):
     tb = tl.program_id(0)
     n = tl.program_id(1)
+    if HAS_SLOTS:
+        row = tl.load(slot_ptr + n).to(tl.int64)  # the sequence's row of the slot pool
+    else:
+        row = n.to(tl.int64)
     c = tl.program_id(2) * BC + tl.arange(0, BC)
     cmask = c < C
     start = tl.load(cu_ptr + n)
     L = tl.load(cu_ptr + n + 1) - start
     t = tb * BT + tl.arange(0, BT)
-    st_base = st_ptr + n.to(tl.int64) * stride_sn + c[None, :] * stride_sc
+    st_base = st_ptr + row * stride_sn + c[None, :] * stride_sc
     if tb * BT < L:
         tmask = t < L
         acc = tl.zeros([BT, BC], dtype=tl.float32)
@@ -87,8 +99,10 @@ def _conv_kernel(
             other=0.0,
         )
         val = tl.where((src >= 0)[:, None], xv.to(tl.float32), sv.to(tl.float32))
+        if HAS_SLOTS:
+            tl.debug_barrier()  # nst_ptr is st_ptr: every state read of this program comes first
         tl.store(
-            nst_ptr + n.to(tl.int64) * stride_sn + c[None, :] * stride_sc + j[:, None],
+            nst_ptr + row * stride_sn + c[None, :] * stride_sc + j[:, None],
             val.to(nst_ptr.dtype.element_ty),
             mask=jmask[:, None] & cmask[None, :],
         )
@@ -102,17 +116,26 @@ def causal_conv1d(
     *,
     max_len: int | None = None,
     activation: bool = True,
+    state_slots: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Varlen causal depthwise conv + SiLU with carried state; see the module docstring.
 
-    max_len: the longest sequence (host int), computed from cu_seqlens (a sync) if omitted."""
-    C = x.shape[1]
+    max_len: the longest sequence (host int), computed from cu_seqlens (a sync) if omitted.
+    state_slots: [N] rows of the pool ``state`` to read and update in place (then the returned
+    new_state is ``state``); None: ``state`` is [N, C, W-1] and is left unchanged."""
+    T, C = x.shape
     W = weight.shape[1]
-    N = state.shape[0]
-    assert state.shape == (N, C, W - 1) and x.stride(-1) == 1 and weight.shape[0] == C
-    state = state.contiguous()
-    y = torch.empty_like(x)
-    new_state = torch.empty_like(state)
+    N = cu_seqlens.shape[0] - 1
+    assert x.stride(-1) == 1 and weight.shape[0] == C and weight.stride(-1) == 1
+    if state_slots is None:
+        assert state.shape == (N, C, W - 1)
+        state = state.contiguous()
+        new_state = torch.empty_like(state)
+    else:
+        assert state_slots.shape == (N,) and state.shape[1:] == (C, W - 1)
+        assert state.stride(-1) == 1
+        new_state = state  # updated in place, row state_slots[n]
+    y = torch.empty((T, C), dtype=x.dtype, device=x.device)
     if N == 0:
         return y, new_state
     if max_len is None:
@@ -127,6 +150,7 @@ def causal_conv1d(
         y,
         new_state,
         cu_seqlens,
+        cu_seqlens if state_slots is None else state_slots,  # unread without slots
         C,
         x.stride(0),
         y.stride(0),
@@ -137,6 +161,7 @@ def causal_conv1d(
         BT=bt,
         BC=bc,
         ACT=activation,
+        HAS_SLOTS=state_slots is not None,
     )
     return y, new_state
 

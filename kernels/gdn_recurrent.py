@@ -7,6 +7,11 @@ Contract (Hv = R * Hk; value head h reads key head h // R):
     cu_seqlens [N+1] int32
     returns o [T, Hv, Dv] in v.dtype
 
+Slot-indexed form (``state_slots`` [N] int32/int64, distinct): ``state`` is the whole slot pool
+[S, Hv, Dk, Dv] and sequence n updates row state_slots[n] in place (other rows untouched), so
+the caller needs no gather/scatter copies. q, k, v, g, beta may be views (e.g. of a projection
+output): the last dim contiguous, token and head strides free.
+
 Per token, in fp32: q, k <- l2norm (if ``qk_l2norm``), q <- q * scale (default Dk^-½);
     S <- e^g S;  δ = β (v − Sᵀk);  S <- S + k δᵀ;  o = Sᵀq
 Grid (N, Hv, cdiv(Dv, BV)): each program keeps its [Dk, BV] slice of S in registers across the
@@ -30,6 +35,7 @@ def _gdr_kernel(
     s_ptr,
     o_ptr,
     cu_ptr,
+    slot_ptr,
     scale,
     stride_qt,
     stride_qh,
@@ -49,6 +55,7 @@ def _gdr_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     L2NORM: tl.constexpr,
+    HAS_SLOTS: tl.constexpr,
 ):
     n = tl.program_id(0)
     h = tl.program_id(1)
@@ -58,7 +65,11 @@ def _gdr_kernel(
     kmask = dk < DK
     vmask = dv < DV
     smask = kmask[:, None] & vmask[None, :]
-    s_ptrs = s_ptr + n.to(tl.int64) * stride_sn + h * stride_sh + dk[:, None] * DV + dv[None, :]
+    if HAS_SLOTS:
+        row = tl.load(slot_ptr + n).to(tl.int64)  # the sequence's row of the slot pool
+    else:
+        row = n.to(tl.int64)
+    s_ptrs = s_ptr + row * stride_sn + h * stride_sh + dk[:, None] * DV + dv[None, :]
     S = tl.load(s_ptrs, mask=smask, other=0.0)  # [BK, BV] fp32
     start = tl.load(cu_ptr + n).to(tl.int64)
     length = tl.load(cu_ptr + n + 1) - tl.load(cu_ptr + n)
@@ -101,15 +112,22 @@ def gated_delta_rule_recurrent(
     *,
     scale: float | None = None,
     qk_l2norm: bool = True,
+    state_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Recurrent gated delta rule; mutates ``state``; returns o [T, Hv, Dv] (module docstring)."""
+    """Recurrent gated delta rule; mutates ``state`` (rows state_slots[n] of the pool when
+    given, else row n of [N, ...]); returns o [T, Hv, Dv] (module docstring)."""
     hk, dk = q.shape[1:]
     hv, dv = v.shape[1:]
-    N = state.shape[0]
-    assert hv % hk == 0 and state.shape == (N, hv, dk, dv) and state.dtype == torch.float32
-    assert state.is_contiguous() and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
+    N = cu_seqlens.shape[0] - 1
+    assert hv % hk == 0 and state.shape[1:] == (hv, dk, dv) and state.dtype == torch.float32
+    if state_slots is None:
+        assert state.shape[0] == N
+    else:
+        assert state_slots.shape == (N,)
+    assert state.stride()[1:] == (dk * dv, dv, 1)
+    assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
     assert g.stride(-1) == 1 and beta.stride(-1) == 1
-    o = torch.empty_like(v)
+    o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if N == 0:
         return o
     bk = triton.next_power_of_2(dk)
@@ -123,6 +141,7 @@ def gated_delta_rule_recurrent(
         state,
         o,
         cu_seqlens,
+        cu_seqlens if state_slots is None else state_slots,  # unread without slots
         dk**-0.5 if scale is None else scale,
         q.stride(0),
         q.stride(1),
@@ -142,6 +161,7 @@ def gated_delta_rule_recurrent(
         BK=bk,
         BV=bv,
         L2NORM=qk_l2norm,
+        HAS_SLOTS=state_slots is not None,
         num_warps=4,
     )
     return o

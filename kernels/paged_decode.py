@@ -201,7 +201,7 @@ def _default_splits(
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     want = triton.cdiv(2 * sms, batch * hkv)
-    return max(1, min(want, 32, triton.cdiv(max_tokens, 4 * block_n)))
+    return max(1, min(want, 32, triton.cdiv(max_tokens, block_n)))
 
 
 def paged_attention_decode(

@@ -110,8 +110,15 @@ def _rotary(ts: Types, a: dict) -> Types:
     return [q, k]
 
 
+# attention's folded prologues (passes/fuse_attention_prologue.py): the inputs after q, k, v
+ATTENTION_PROLOGUES = {
+    "rotary": ("positions",),
+    "qk_norm+rotary": ("positions", "q_norm", "k_norm"),
+}
+
+
 def _attention(ts: Types, a: dict) -> Types:
-    q, k, v = ts
+    q, k, v, *extra = ts
     hd = a["head_dim"]
     _need(q.shape[-1] == a["heads"] * hd, f"attention q {q} is not [T, heads*head_dim]")
     _need(
@@ -119,6 +126,22 @@ def _attention(ts: Types, a: dict) -> Types:
         f"attention k/v {k} {v} are not [T, kv_heads*head_dim]",
     )
     _need(a["heads"] % a["kv_heads"] == 0, "heads must be a multiple of kv_heads")
+    prologue = a.get("prologue")
+    if prologue is None:
+        _need(not extra, "attention: inputs after q, k, v need a folded prologue")
+        return [q]
+    names = ATTENTION_PROLOGUES.get(prologue)
+    _need(names is not None, f"attention: unknown prologue {prologue!r}")
+    _need(
+        len(extra) == len(names), f"attention prologue {prologue} takes q, k, v, {', '.join(names)}"
+    )
+    _need("rope" in a and "rotary_dim" in a, "attention prologue needs rope and rotary_dim")
+    _rotary([q, k, extra[0]], a)
+    _need(extra[0].shape[0] == q.shape[0], f"positions {extra[0]} do not match {q}")
+    if prologue == "qk_norm+rotary":
+        _need("eps" in a and "zero_centered" in a, "attention qk_norm needs eps and zero_centered")
+        for w in extra[1:]:
+            _need(w.rank == 1 and w.shape[0] == hd, f"q/k norm weight {w} is not [head_dim]")
     return [q]
 
 
@@ -244,11 +267,12 @@ SIGNATURES: dict[str, OpSig] = {
         ),
         OpSig(
             "attention",
-            ("q", "k", "v"),
+            ("q", "k", "v", "positions?", "q_norm?", "k_norm?"),
             ("o",),
             ("layer", "heads", "kv_heads", "head_dim", "scale", "cache"),
             _attention,
-            "write k/v into the paged cache, causal attention over each sequence's pages",
+            "write k/v into the paged cache, causal attention over each sequence's pages; with "
+            "a `prologue` attr, first per-head q/k rmsnorm (qk_norm+rotary) and rotary",
         ),
         OpSig("sigmoid_mul", ("x", "gate"), ("y",), (), _sigmoid_mul, "y = x * sigmoid(gate)"),
         OpSig("silu_mul", ("gate", "up"), ("y",), (), _same, "y = silu(gate) * up"),

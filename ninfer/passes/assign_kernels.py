@@ -4,6 +4,10 @@ cpu: torch reference ops (`torch.<kind>`); quantised weights are dequantised to 
 dtype when loaded, so one `torch.linear` serves every format. cuda: Triton kernels where one is
 (or will be) written, cuBLAS for dense bf16 GEMMs, small torch ops for cheap elementwise work.
 Attention and the delta rule name a prefill kernel and a decode kernel (`decode_kernel`).
+An attention with a folded prologue (fuse_attention_prologue) names the prologue first:
+`triton.attention_prologue+paged_attention_decode` (q/k norm, rotary and the KV write in one
+kernel), or, for KV formats that kernel does not write (nvfp4, k8v4), the unfused launches
+`triton.rmsnorm+rotary+kv_write+paged_attention_decode`.
 The plan says which kernel it *would* use even before that kernel exists.
 """
 
@@ -29,8 +33,8 @@ CUDA_KERNELS = {
     "moe_experts": "triton.moe_gemm",
     "moe_experts_gu": "triton.moe_gemm",
     "causal_conv1d": "triton.causal_conv1d",
-    "gdn_gates": "torch.gdn_gates",
-    "gated_delta_rule": "triton.gdn_chunk_prefill",
+    "gdn_gates": "triton.gdn_gates",
+    "gated_delta_rule": "triton.gdn_recurrent_prefill",  # fla chunked from 256 tokens, if installed
     "gated_rmsnorm": "triton.rmsnorm_gated",
     "select_rows": "torch.index_select",
 }
@@ -38,6 +42,8 @@ CUDA_DECODE_KERNELS = {
     "attention": "triton.paged_attention_decode",
     "gated_delta_rule": "triton.gdn_recurrent_decode",
 }
+# KV dtypes kernels/attn_prologue.py writes (others keep the unfused prologue)
+PROLOGUE_KV_DTYPES = ("f32", "bf16", "f16", "int8", "fp8")
 # GEMM by weight storage format on cuda. GGUF blocks and f32 are converted to bf16 at load.
 CUDA_GEMMS = {"fp8": "triton.gemm_fp8", "nvfp4": "triton.gemm_nvfp4"}
 
@@ -55,6 +61,17 @@ def _cuda(g: Graph, op: Op) -> str:
     return CUDA_KERNELS[op.kind]
 
 
+def _attention_prologue(op: Op) -> str:
+    """Kernel-name prefix of an attention's folded prologue ("" when none is folded)."""
+    prologue = op.attrs.get("prologue")
+    if not prologue:
+        return ""
+    if op.attrs.get("kv_dtype") in PROLOGUE_KV_DTYPES:
+        return "triton.attention_prologue+"
+    norm = "rmsnorm+" if prologue == "qk_norm+rotary" else ""
+    return f"triton.{norm}rotary+kv_write+"
+
+
 def _run(graph: Graph, options: CompileOptions) -> Graph:
     g = graph.copy()
     for op in g.ops:
@@ -67,6 +84,10 @@ def _run(graph: Graph, options: CompileOptions) -> Graph:
             op.kernel = _cuda(g, op)
             if op.kind in CUDA_DECODE_KERNELS:
                 op.attrs["decode_kernel"] = CUDA_DECODE_KERNELS[op.kind]
+            if op.kind == "attention" and (prefix := _attention_prologue(op)):
+                decode = op.attrs["decode_kernel"]
+                op.kernel = prefix + op.kernel.removeprefix("triton.")
+                op.attrs["decode_kernel"] = prefix + decode.removeprefix("triton.")
         if fmt is not None and op.kind in ("linear", "logits", "moe_experts", "moe_experts_gu"):
             op.attrs["weight_format"] = fmt
     g.meta["kernels_assigned"] = True

@@ -1,23 +1,25 @@
 """The compile pipeline, as numbered phases. Which passes run is decided once, here, from the
 options (no pass switches itself on or off).
 
-    0 verify               check the IR the builder made
-    1 fuse_qkv             q/k/v (and DeltaNet input) projections -> one GEMM
-    2 fuse_gate_up         gate/up projections (and expert gate/up) -> one GEMM + swiglu
-    3 fuse_residual_norm   residual add + RMSNorm -> add_rmsnorm
-    4 choose_kv            KV dtype, page layout, state slots
-    5 assign_kernels       a kernel per op from weight format and device
-    6 plan_memory          ledger: weights, workspace, KV pages, state slots
-    7 cuda_graphs          decode buckets 1..max_concurrency (cuda only)
-    8 lower                -> ninfer.ir.plan.Plan
+    0 verify                    check the IR the builder made
+    1 fuse_qkv                  q/k/v (and DeltaNet input) projections -> one GEMM
+    2 fuse_gate_up              gate/up projections (and expert gate/up) -> one GEMM + swiglu
+    3 fuse_residual_norm        residual add + RMSNorm -> add_rmsnorm
+    4 fuse_attention_prologue   per-head q/k RMSNorm + rotary folded into attention
+    5 choose_kv                 KV dtype, page layout, state slots
+    6 assign_kernels            a kernel per op from weight format and device
+    7 plan_memory               ledger: weights, workspace, KV pages, state slots
+    8 cuda_graphs               decode buckets 1..max_concurrency (cuda only)
+    9 lower                     -> ninfer.ir.plan.Plan
 
 `run_passes(..., verify_each=True)` re-verifies the graph after every phase (tests do);
-`dump` receives (phase name, graph) after each phase for IR dumps.
+`dump` receives (phase name, graph) after each phase for IR dumps. `disable` names fusion
+passes to leave out (tests compare a plan with and without one; the result must not change).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from ninfer.ir.graph import Graph
@@ -28,6 +30,7 @@ from ninfer.passes.assign_kernels import ASSIGN_KERNELS
 from ninfer.passes.base import Pass
 from ninfer.passes.choose_kv import CHOOSE_KV
 from ninfer.passes.cuda_graphs import CUDA_GRAPHS
+from ninfer.passes.fuse_attention_prologue import FUSE_ATTENTION_PROLOGUE
 from ninfer.passes.fuse_gate_up import FUSE_GATE_UP
 from ninfer.passes.fuse_qkv import FUSE_QKV
 from ninfer.passes.fuse_residual_norm import FUSE_RESIDUAL_NORM
@@ -36,13 +39,17 @@ from ninfer.passes.options import CompileOptions
 from ninfer.passes.plan_memory import PLAN_MEMORY
 from ninfer.passes.verify import VERIFY
 
+# passes that only fuse (the plan computes the same function without them)
+FUSIONS = (FUSE_QKV, FUSE_GATE_UP, FUSE_RESIDUAL_NORM, FUSE_ATTENTION_PROLOGUE)
 
-def build_pipeline(options: CompileOptions) -> list[Pass]:
+
+def build_pipeline(options: CompileOptions, disable: Collection[str] = ()) -> list[Pass]:
+    unknown = set(disable) - {p.name for p in FUSIONS}
+    if unknown:
+        raise ValueError(f"only fusion passes can be disabled, not {sorted(unknown)}")
     phases = [
         VERIFY,
-        FUSE_QKV,
-        FUSE_GATE_UP,
-        FUSE_RESIDUAL_NORM,
+        *(p for p in FUSIONS if p.name not in disable),
         CHOOSE_KV,
         ASSIGN_KERNELS,
         PLAN_MEMORY,
@@ -57,8 +64,9 @@ def run_passes(
     options: CompileOptions,
     verify_each: bool = False,
     dump: Callable[[str, Graph], None] | None = None,
+    disable: Collection[str] = (),
 ) -> Graph:
-    for p in build_pipeline(options):
+    for p in build_pipeline(options, disable):
         graph = p(graph, options)
         if verify_each:
             verify(graph)
@@ -67,8 +75,10 @@ def run_passes(
     return graph
 
 
-def compile_graph(graph: Graph, options: CompileOptions, verify_each: bool = False) -> Plan:
-    return lower(run_passes(graph, options, verify_each), options)
+def compile_graph(
+    graph: Graph, options: CompileOptions, verify_each: bool = False, disable: Collection[str] = ()
+) -> Plan:
+    return lower(run_passes(graph, options, verify_each, disable=disable), options)
 
 
 def graph_for_artifact(artifact: Any, options: CompileOptions) -> Graph:
@@ -79,7 +89,12 @@ def graph_for_artifact(artifact: Any, options: CompileOptions) -> Graph:
     return g
 
 
-def compile_artifact(artifact: Any, options: CompileOptions, verify_each: bool = False) -> Plan:
+def compile_artifact(
+    artifact: Any,
+    options: CompileOptions,
+    verify_each: bool = False,
+    disable: Collection[str] = (),
+) -> Plan:
     """Artifact -> Plan. Raises ConfigError for impossible options, ArtifactError for a model
-    the builders cannot read."""
-    return compile_graph(graph_for_artifact(artifact, options), options, verify_each)
+    the builders cannot read. `disable`: fusion pass names to leave out."""
+    return compile_graph(graph_for_artifact(artifact, options), options, verify_each, disable)

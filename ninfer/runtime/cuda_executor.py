@@ -255,7 +255,7 @@ class CudaExecutor(PlanExecutorBase):
             block_tables=lay.view(dev, "tables").view(lay.N, lay.W),
             seq_lens=lay.view(dev, "seq_lens"),
             cu_seqlens=lay.view(dev, "cu"),
-            state_slots=lay.view(dev, "state").long(),
+            state_slots=lay.view(dev, "state"),
             max_q_len=max_q_len,
             kv=self.kv,
             state=self.state,

@@ -9,6 +9,7 @@ a CUDA Graph and replayed with new metadata copied into the same buffers.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +17,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from kernels.attn_prologue import FUSED_FORMATS, attention_prologue
+from kernels.gated_rmsnorm import gated_rmsnorm as gated_rmsnorm_kernel
 from kernels.gdn_conv import causal_conv1d as conv1d_kernel
+from kernels.gdn_gates import gdn_gates as gdn_gates_kernel
 from kernels.gdn_recurrent import gated_delta_rule_recurrent
 from kernels.moe_gemm import moe_gemm
 from kernels.paged_decode import paged_attention_decode
@@ -27,6 +31,16 @@ from kernels.silu_mul import silu_mul as silu_mul_kernel
 from ninfer.runtime import ops_torch
 from ninfer.runtime.cuda_kv import CudaKVCache, CudaStateSlots
 from ninfer.runtime.cuda_weights import QuantWeight
+
+# Opt-in (NINFER_GDN_PREFILL=fla, package `fla-core`): the chunked Gated DeltaNet rule of fla for
+# prefill chunks of GDN_CHUNKED_MIN_TOKENS or more. On the H200 at Qwen3.5-9B shapes the recurrent
+# kernel takes 0.48 ms at T=256, 1.9 ms at 1024 and 7.8 ms at 4096, fla's chunked one ~1.2 ms up
+# to 1024 (bench/results/h200/gdn_bench.txt). Opt-in until the executor's fla path has been
+# validated on the GPU (its GPU test ran past a 60 s limit in fla's first-call compilation).
+fla_chunk_gated_delta_rule = None
+if os.environ.get("NINFER_GDN_PREFILL", "recurrent") == "fla":
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk_gated_delta_rule
+GDN_CHUNKED_MIN_TOKENS = 256
 
 
 @dataclass
@@ -39,7 +53,7 @@ class DeviceStep:
     block_tables  [N, max_pages] int32
     seq_lens      [N] int32 tokens in the cache after this step (the chunk included)
     cu_seqlens    [N + 1] int32 chunk boundaries in the flat token dimension
-    state_slots   [N] int64 recurrent-state slot of each chunk (hybrid models)
+    state_slots   [N] int32 recurrent-state slot of each chunk (hybrid models)
     max_q_len     longest chunk (host int; 1 for decode)
     """
 
@@ -89,12 +103,19 @@ def add_rmsnorm(s: DeviceStep, a: dict, x: torch.Tensor, r: torch.Tensor, w: tor
     return y, summed
 
 
-def rotary(s: DeviceStep, a: dict, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor):
-    d, rd = a["head_dim"], a["rotary_dim"]
+def _rope_inv_freq(s: DeviceStep, a: dict, device: torch.device) -> torch.Tensor:
+    """inv_freq [rotary_dim // 2] f32 of the op's rope, made once per executor (warm-up fills
+    it before any CUDA Graph capture)."""
+    rd = a["rotary_dim"]
     key = f"{sorted(a['rope'].items())}/{rd}"
     if key not in s.inv_freq:
-        s.inv_freq[key] = ops_torch._inv_freq(a["rope"], rd).to(q.device)
-    inv = s.inv_freq[key]
+        s.inv_freq[key] = ops_torch._inv_freq(a["rope"], rd).to(device)
+    return s.inv_freq[key]
+
+
+def rotary(s: DeviceStep, a: dict, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor):
+    d = a["head_dim"]
+    inv = _rope_inv_freq(s, a, q.device)
     out = []
     for x in (q, k):
         x3 = x.unflatten(-1, (-1, d)).clone()  # [T, heads, d]; rotated in place
@@ -104,16 +125,39 @@ def rotary(s: DeviceStep, a: dict, q: torch.Tensor, k: torch.Tensor, pos: torch.
 
 
 def attention(
-    s: DeviceStep, a: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    s: DeviceStep,
+    a: dict,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pos: torch.Tensor | None = None,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """Folded prologue (attr `prologue`): q/k norm, rotary and the KV write in one launch of
+    kernels.attn_prologue when both KV formats are ones it writes (plain, int8, fp8), else the
+    unfused rmsnorm / rotary kernels and kv.write. Then paged attention, decode or prefill."""
     assert s.kv is not None
     h, kvh, d, layer = a["heads"], a["kv_heads"], a["head_dim"], a["layer"]
     T = q.shape[0]
-    s.kv.write(layer, k.unflatten(-1, (kvh, d)), v.unflatten(-1, (kvh, d)), s.slot_mapping)
-    q3 = q.unflatten(-1, (h, d))  # [T, H, D]
-    if q3.stride(-1) != 1:
-        q3 = q3.contiguous()
     args = s.kv.kernel_args(layer)
+    prologue = a.get("prologue")
+    if prologue and s.kv.k_fmt in FUSED_FORMATS and s.kv.v_fmt in FUSED_FORMATS:
+        q3 = attention_prologue(
+            q.unflatten(-1, (h, d)), k.unflatten(-1, (kvh, d)), v.unflatten(-1, (kvh, d)),
+            pos, _rope_inv_freq(s, a, q.device), q_norm_w=q_norm, k_norm_w=k_norm,
+            eps=a.get("eps", 0.0), zero_centered=a.get("zero_centered", False),
+            slots=s.slot_mapping, **args,
+        )  # fmt: skip
+    else:
+        if prologue:
+            if q_norm is not None:
+                q, k = rmsnorm(s, a, q, q_norm), rmsnorm(s, a, k, k_norm)
+            q, k = rotary(s, a, q, k, pos)
+        s.kv.write(layer, k.unflatten(-1, (kvh, d)), v.unflatten(-1, (kvh, d)), s.slot_mapping)
+        q3 = q.unflatten(-1, (h, d))  # [T, H, D]
+        if q3.stride(-1) != 1:
+            q3 = q3.contiguous()
     if s.decode:
         out = paged_attention_decode(
             q3, block_tables=s.block_tables, seq_lens=s.seq_lens, scale=a["scale"], **args
@@ -173,27 +217,55 @@ def moe_experts(s: DeviceStep, a: dict, x, top_w, top_i, wg, wu, wd) -> torch.Te
 
 
 def causal_conv1d(s: DeviceStep, a: dict, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """In place on the layer's conv-tail pool, rows s.state_slots; x may be a view."""
     assert s.state is not None
-    conv = s.state.conv[a["layer"]]
-    state = conv.index_select(0, s.state_slots)  # [N, C, K-1]
-    y, new_state = conv1d_kernel(
-        _rows(x), w.reshape(w.shape[0], -1), state, s.cu_seqlens, max_len=s.max_q_len
-    )
-    conv.index_copy_(0, s.state_slots, new_state)
+    y, _ = conv1d_kernel(
+        _rows(x), w.reshape(w.shape[0], -1), s.state.conv[a["layer"]], s.cu_seqlens,
+        max_len=s.max_q_len, state_slots=s.state_slots,
+    )  # fmt: skip
     return y
 
 
+def gdn_gates(s: DeviceStep, a: dict, av, bv, a_log, dt_bias):
+    """(g, beta) [T, Hv] f32 in one launch; av, bv may be views of the projection output."""
+    return gdn_gates_kernel(_rows(av), _rows(bv), a_log, dt_bias)
+
+
 def gated_delta_rule(s: DeviceStep, a: dict, q, k, v, g, beta) -> torch.Tensor:
+    """Recurrent kernel in place on the layer's S pool (rows s.state_slots, no copies); long
+    prefill chunks use fla's chunked kernel when installed (see GDN_CHUNKED_MIN_TOKENS)."""
     assert s.state is not None
-    ssm = s.state.ssm[a["layer"]]
+    ssm = s.state.ssm[a["layer"]]  # [slots + 1, Hv, Dk, Dv] f32
     hk, hv, dk, dv = a["k_heads"], a["v_heads"], a["k_dim"], a["v_dim"]
-    state = ssm.index_select(0, s.state_slots)  # [N, Hv, Dk, Dv] f32, contiguous
+    q3, k3 = q.unflatten(-1, (hk, dk)), k.unflatten(-1, (hk, dk))  # [T, Hk, Dk] views
+    v3 = v.unflatten(-1, (hv, dv))  # [T, Hv, Dv]
+    if fla_chunk_gated_delta_rule is not None and s.max_q_len >= GDN_CHUNKED_MIN_TOKENS:
+        return _gated_delta_rule_fla(s, ssm, q3, k3, v3, g, beta).flatten(-2)
     o = gated_delta_rule_recurrent(
-        q.unflatten(-1, (hk, dk)), k.unflatten(-1, (hk, dk)), v.unflatten(-1, (hv, dv)),
-        g.contiguous(), beta.contiguous(), state, s.cu_seqlens, scale=dk**-0.5,
+        q3, k3, v3, _rows(g), _rows(beta), ssm, s.cu_seqlens, scale=dk**-0.5,
+        state_slots=s.state_slots,
     )  # fmt: skip
-    ssm.index_copy_(0, s.state_slots, state)
     return o.flatten(-2)
+
+
+def _gated_delta_rule_fla(s: DeviceStep, ssm, q3, k3, v3, g, beta) -> torch.Tensor:
+    """fla's chunked rule on the gathered states of the step's slots; o [T, Hv, Dv]."""
+    r, dk = v3.shape[1] // q3.shape[1], q3.shape[2]
+    slots = s.state_slots.long()
+    o, final = fla_chunk_gated_delta_rule(
+        q3.repeat_interleave(r, 1)[None], k3.repeat_interleave(r, 1)[None], v3[None],
+        g[None], beta[None], scale=dk**-0.5, initial_state=ssm.index_select(0, slots),
+        output_final_state=True, cu_seqlens=s.cu_seqlens.long(), use_qk_l2norm_in_kernel=True,
+    )  # fmt: skip
+    ssm.index_copy_(0, slots, final.to(ssm.dtype))
+    return o[0]
+
+
+def gated_rmsnorm(
+    s: DeviceStep, a: dict, x: torch.Tensor, z: torch.Tensor, w: torch.Tensor
+) -> torch.Tensor:
+    y = gated_rmsnorm_kernel(_rows(x), _rows(z), w, a["eps"], a["head_dim"])
+    return y.reshape(x.shape)
 
 
 # ops without a dedicated kernel run the reference's torch code (no host syncs in any of them)
@@ -205,8 +277,6 @@ _REFERENCE = (
     "sigmoid_mul",
     "silu_mul",
     "moe_router",
-    "gdn_gates",
-    "gated_rmsnorm",
     "select_rows",
 )
 CUDA_OPS: dict[str, Callable[..., Any]] = {name: getattr(ops_torch, name) for name in _REFERENCE}
@@ -215,3 +285,4 @@ CUDA_OPS.update(
     swiglu=swiglu, moe_experts=moe_experts, moe_experts_gu=moe_experts_gu, causal_conv1d=causal_conv1d,
     gated_delta_rule=gated_delta_rule,
 )  # fmt: skip
+CUDA_OPS.update(gdn_gates=gdn_gates, gated_rmsnorm=gated_rmsnorm)

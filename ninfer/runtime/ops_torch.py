@@ -122,8 +122,22 @@ def rotary(ctx: StepContext, a: dict, q: torch.Tensor, k: torch.Tensor, pos: tor
 
 
 def attention(
-    ctx: StepContext, a: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ctx: StepContext,
+    a: dict,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pos: torch.Tensor | None = None,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """Write k/v into the cache and attend causally, per chunk. A folded prologue (attr
+    `prologue`, inputs pos [T] and the q/k norm weights) first applies exactly the rmsnorm and
+    rotary ops it replaced (its attrs carry their eps / zero_centered / rope / rotary_dim)."""
+    if a.get("prologue"):
+        if q_norm is not None:
+            q, k = rmsnorm(ctx, a, q, q_norm), rmsnorm(ctx, a, k, k_norm)
+        q, k = rotary(ctx, a, q, k, pos)
     h, kvh, d, layer = a["heads"], a["kv_heads"], a["head_dim"], a["layer"]
     out = torch.empty_like(q)
     for c in ctx.chunks:

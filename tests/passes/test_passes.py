@@ -150,7 +150,7 @@ def test_assign_kernels_by_device_and_format(fixture_artifacts, fixture_hf_dir, 
     cuda = ASSIGN_KERNELS(CHOOSE_KV(graph(fixture_artifacts, "qwen3_5", CUDA), CUDA), CUDA)
     gdr = next(op for op in cuda.ops if op.kind == "gated_delta_rule")
     assert (gdr.kernel, gdr.attrs["decode_kernel"]) == (
-        "triton.gdn_chunk_prefill",
+        "triton.gdn_recurrent_prefill",
         "triton.gdn_recurrent_decode",
     )
     assert (

@@ -1,0 +1,152 @@
+"""The CUDA executor's Gated DeltaNet ops compute the reference ops (ninfer.runtime.ops_torch).
+
+One DeltaNet layer's non-GEMM chain, as the plan runs it (split views of the fused in_proj
+output -> causal_conv1d -> split -> gdn_gates -> gated_delta_rule -> gated_rmsnorm), through
+`cuda_ops.CUDA_OPS` on a `DeviceStep` with a `CudaStateSlots` pool, and through `ops_torch.OPS`
+on a `StepContext` with the reference `StateSlots`: a prefill of two sequences in scattered
+slots, then a decode step. On CPU the Triton kernels run under the interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before kernels/ is imported
+
+import pytest
+
+from ninfer.runtime import cuda_ops, ops_torch
+from ninfer.runtime.cuda_kv import CudaStateSlots
+from ninfer.runtime.cuda_ops import CUDA_OPS, DeviceStep
+from ninfer.runtime.kv_cache import StateSlots
+from ninfer.runtime.ops_torch import ChunkView, StepContext
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+HK, HV, DK, DV, KS = 2, 4, 16, 8, 4  # Hv = 2 Hk: value head h reads key head h // 2
+CONV = 2 * HK * DK + HV * DV  # conv channels: q ‖ k ‖ v
+SLOTS = (3, 0)  # the two sequences' state slots, out of order; slots 1, 2 (and scratch 4) idle
+NUM_SLOTS = 4
+CACHES = {
+    "state.L0": {
+        "kind": "state", "layer": 0, "conv_dim": CONV, "kernel_size": KS,
+        "v_heads": HV, "k_dim": DK, "v_dim": DV,
+    }
+}  # fmt: skip
+ATTRS = {
+    "split_in": {"sizes": [CONV, HV * DV, HV, HV]},
+    "conv": {"cache": "state.L0", "kernel_size": KS, "layer": 0},
+    "split_qkv": {"sizes": [HK * DK, HK * DK, HV * DV]},
+    "gdr": {
+        "cache": "state.L0",
+        "layer": 0,
+        "k_heads": HK,
+        "v_heads": HV,
+        "k_dim": DK,
+        "v_dim": DV,
+    },
+    "norm": {"eps": 1e-6, "head_dim": DV},
+}
+
+
+def _layer(ops: dict, step, proj: torch.Tensor, w: dict[str, torch.Tensor]) -> dict:
+    """Run the layer's chain on `proj` [T, CONV + HV*DV + 2 HV]; every intermediate by name."""
+    out: dict[str, torch.Tensor] = {}
+    qkv_raw, z, b, a = ops["split"](step, ATTRS["split_in"], proj)
+    out["conv"] = ops["causal_conv1d"](step, ATTRS["conv"], qkv_raw, w["conv"])
+    q, k, v = ops["split"](step, ATTRS["split_qkv"], out["conv"])
+    out["g"], out["beta"] = ops["gdn_gates"](step, {}, a, b, w["A_log"], w["dt_bias"])
+    out["delta"] = ops["gated_delta_rule"](step, ATTRS["gdr"], q, k, v, out["g"], out["beta"])
+    out["normed"] = ops["gated_rmsnorm"](step, ATTRS["norm"], out["delta"], z, w["norm"])
+    return out
+
+
+def _device_step(lens: list[int], starts: list[int], state: CudaStateSlots) -> DeviceStep:
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    i32 = {"dtype": torch.int32, "device": DEVICE}
+    positions = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lens)])
+    return DeviceStep(
+        decode=all(n == 1 for n in lens),
+        positions=positions.to(**i32),
+        slot_mapping=positions.to(**i32),  # unused: no attention layer here
+        block_tables=torch.zeros(len(lens), 1, **i32),
+        seq_lens=torch.tensor([s + n for s, n in zip(starts, lens)], **i32),
+        cu_seqlens=torch.tensor(cu, **i32),
+        state_slots=torch.tensor(SLOTS, dtype=torch.int64, device=DEVICE),
+        max_q_len=max(lens),
+        kv=None,
+        state=state,
+    )
+
+
+def _context(lens: list[int], starts: list[int], state: StateSlots) -> StepContext:
+    chunks, begin = [], 0
+    for n, s, slot in zip(lens, starts, SLOTS):
+        chunks.append(ChunkView(begin, n, s, (0,), slot))
+        begin += n
+    return StepContext(chunks, None, state, {})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gdn_layer_ops_match_reference(dtype) -> None:
+    assert set(cuda_ops._REFERENCE).isdisjoint({"gdn_gates", "gated_rmsnorm"})
+    gen = torch.Generator().manual_seed(0)
+    w = {
+        "conv": torch.randn(CONV, 1, KS, generator=gen),
+        "A_log": torch.randn(HV, generator=gen),
+        "dt_bias": torch.randn(HV, generator=gen),
+        "norm": 1 + 0.2 * torch.randn(DV, generator=gen),
+    }
+    w = {k: t.to(DEVICE, dtype) for k, t in w.items()}
+    dev_state = CudaStateSlots(CACHES, NUM_SLOTS, dtype, torch.device(DEVICE))
+    ref_state = StateSlots(CACHES, NUM_SLOTS + 1, dtype, torch.device(DEVICE))
+    # the pools start from random states (as after earlier steps), equal in both
+    for t_dev, t_ref in zip(dev_state.tensors(), ref_state.tensors()):
+        t_dev.copy_(torch.randn(t_dev.shape, generator=gen).to(t_dev.dtype))
+        t_ref.copy_(t_dev)
+    idle = [t[[1, 2, NUM_SLOTS]].clone() for t in dev_state.tensors()]
+    tol = {"rtol": 1e-4, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 5e-2, "atol": 5e-2}
+
+    width = CONV + HV * DV + 2 * HV
+    lens_starts = [([7, 3], [0, 0]), ([1, 1], [7, 3]), ([1, 1], [8, 4])]  # prefill, 2 decodes
+    for lens, starts in lens_starts:
+        proj = torch.randn(sum(lens), width, generator=gen).to(DEVICE, dtype)
+        got = _layer(CUDA_OPS, _device_step(lens, starts, dev_state), proj, w)
+        want = _layer(ops_torch.OPS, _context(lens, starts, ref_state), proj, w)
+        for name in want:
+            assert got[name].dtype == want[name].dtype, name
+            torch.testing.assert_close(got[name].float(), want[name].float(), **tol, msg=name)
+        for slot in SLOTS:
+            torch.testing.assert_close(
+                dev_state.conv[0][slot].float(), ref_state.conv[0][slot].float(), **tol
+            )
+            torch.testing.assert_close(dev_state.ssm[0][slot], ref_state.ssm[0][slot], **tol)
+    for before, t in zip(idle, dev_state.tensors()):
+        assert torch.equal(t[[1, 2, NUM_SLOTS]], before)  # in place, and only the step's slots
+
+
+def test_long_prefill_matches_reference(monkeypatch) -> None:
+    """A chunk of GDN_CHUNKED_MIN_TOKENS or more: fla's chunked rule on gathered states when it
+    is opted in (NINFER_GDN_PREFILL=fla), else the recurrent kernel; either computes the
+    reference."""
+    monkeypatch.setattr(cuda_ops, "GDN_CHUNKED_MIN_TOKENS", 4)  # a short "long" prefill
+    lens = [6, 1]
+    T = sum(lens)
+    gen = torch.Generator().manual_seed(1)
+    state = CudaStateSlots(CACHES, NUM_SLOTS, torch.float32, torch.device(DEVICE))
+    ref = StateSlots(CACHES, NUM_SLOTS + 1, torch.float32, torch.device(DEVICE))
+    q, k = (torch.randn(T, HK * DK, generator=gen).to(DEVICE) for _ in range(2))
+    v = torch.randn(T, HV * DV, generator=gen).to(DEVICE)
+    g = -torch.rand(T, HV, generator=gen).to(DEVICE)
+    beta = torch.rand(T, HV, generator=gen).to(DEVICE)
+    args = (q, k, v, g, beta)
+    got = CUDA_OPS["gated_delta_rule"](_device_step(lens, [0, 0], state), ATTRS["gdr"], *args)
+    want = ops_torch.gated_delta_rule(_context(lens, [0, 0], ref), ATTRS["gdr"], *args)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        state.ssm[0][:NUM_SLOTS], ref.ssm[0][:NUM_SLOTS], rtol=1e-4, atol=1e-4
+    )
