@@ -31,7 +31,7 @@ import triton.language as tl
 
 from kernels.kv_cache import as_kernel_arg, kv_strides, write_kv
 from kernels.rmsnorm import rmsnorm_reference
-from kernels.rotary import rotary_reference
+from kernels.rotary import cos_sin, rotary_reference
 
 FUSED_FORMATS = {"plain": 0, "int8": 1, "fp8": 2}
 
@@ -174,14 +174,7 @@ def _prologue_kernel(
     RND = q_ptr.dtype.element_ty
     if HAS_ROPE:
         inv = tl.load(inv_freq_ptr + j, mask=jmask, other=0.0)
-        ang = tl.load(pos_ptr + t).to(tl.float32) * inv  # [BLOCK_HALF]
-        # as kernels/rotary.py: reduce to [-pi, pi] (Cody-Waite, 2*pi = 6.28125 + c2 + c3)
-        kk = tl.floor(ang * 0.15915494309189535 + 0.5)
-        red = ang - kk * 6.28125
-        red = red - kk * 0.0019353071693331003
-        red = red - kk * 1.0253131677018246e-11
-        c = tl.cos(red)[None, :]
-        s = tl.sin(red)[None, :]
+        c, s = cos_sin(tl.load(pos_ptr + t).to(tl.float32) * inv)  # [1, BLOCK_HALF] each
     else:
         c = tl.zeros([1, BLOCK_HALF], dtype=tl.float32)
         s = tl.zeros([1, BLOCK_HALF], dtype=tl.float32)

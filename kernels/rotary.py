@@ -33,6 +33,18 @@ def rope_inv_freq(
 
 
 @triton.jit
+def cos_sin(ang):
+    """(cos, sin) of fp32 angles [N] as [1, N] rows. The angles are first reduced to [-pi, pi]
+    so that fast sin/cos stay accurate at large positions (Cody-Waite: 2*pi = 6.28125 + c2 + c3,
+    the first with few mantissa bits so k*6.28125 is exact)."""
+    k = tl.floor(ang * 0.15915494309189535 + 0.5)
+    r = ang - k * 6.28125
+    r = r - k * 0.0019353071693331003
+    r = r - k * 1.0253131677018246e-11
+    return tl.cos(r)[None, :], tl.sin(r)[None, :]
+
+
+@triton.jit
 def _rope_kernel(
     x_ptr,
     pos_ptr,
@@ -62,15 +74,7 @@ def _rope_kernel(
         )
     else:
         pos = tl.zeros([BLOCK_HALF], dtype=tl.int64) + p0
-    ang = pos.to(tl.float32) * inv  # [BLOCK_HALF]
-    # reduce to [-pi, pi] so that fast sin/cos stay accurate at large positions (Cody-Waite:
-    # 2*pi = 6.28125 + c2 + c3, the first with few mantissa bits so k*6.28125 is exact)
-    k = tl.floor(ang * 0.15915494309189535 + 0.5)
-    r = ang - k * 6.28125
-    r = r - k * 0.0019353071693331003
-    r = r - k * 1.0253131677018246e-11
-    c = tl.cos(r)[None, :]
-    s = tl.sin(r)[None, :]
+    c, s = cos_sin(pos.to(tl.float32) * inv)  # [1, BLOCK_HALF] each
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = (heads < n_heads)[:, None] & jmask[None, :]
     ptr = x_ptr + t * stride_t + heads[:, None].to(tl.int64) * stride_h + j[None, :]
