@@ -22,12 +22,7 @@ from ninfer.runtime.step import SeqChunk, StateCopy, StepBatch
 OPTS = CompileOptions(max_concurrency=3, kv_capacity=512)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @functools.cache

@@ -14,12 +14,7 @@ from ninfer.runtime.request import RequestError
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @functools.cache
