@@ -269,17 +269,7 @@ class CudaExecutor(PlanExecutorBase):
         return step, inputs
 
     def _forward(self, step: DeviceStep, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        env: dict[str, Any] = dict(self.weights)
-        env.update(inputs)
-        for i, call in enumerate(self.plan.calls):
-            out = CUDA_OPS[call.op](step, call.attrs, *[env[n] for n in call.inputs])
-            if len(call.outputs) == 1:
-                env[call.outputs[0]] = out
-            else:
-                for name, t in zip(call.outputs, out):
-                    env[name] = t
-            for name in self._last_use.get(i, ()):
-                env.pop(name, None)
+        env = self._interpret(CUDA_OPS, step, {**self.weights, **inputs})
         return env[self.plan.outputs[0]]
 
     def _eager(self, chunks: tuple[SeqChunk, ...], decode: bool, all_logits: bool) -> torch.Tensor:

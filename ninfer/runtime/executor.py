@@ -107,15 +107,7 @@ class Executor(PlanExecutorBase):
         env["positions"] = torch.tensor(positions, dtype=torch.int32, device=self.device)
         env["logit_rows"] = torch.tensor(rows, dtype=torch.int32, device=self.device)
         ctx = StepContext(chunks, self.kv, self.state, self._rope)
-        for i, call in enumerate(self.plan.calls):
-            out = OPS[call.op](ctx, call.attrs, *[env[n] for n in call.inputs])
-            if len(call.outputs) == 1:
-                env[call.outputs[0]] = out
-            else:
-                for name, t in zip(call.outputs, out):
-                    env[name] = t
-            for name in self._last_use.get(i, ()):
-                env.pop(name, None)
+        env = self._interpret(OPS, ctx, env)
         self.last_step_seconds = time.perf_counter() - t0
         self.tokens_computed += batch.num_tokens
         return env[self.plan.outputs[0]]

@@ -10,6 +10,7 @@ on the current stream on CUDA (pinned host buffers; `snapshot.wait()` before rea
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -34,6 +35,21 @@ class PlanExecutorBase:
             if n not in self.plan.outputs:
                 out.setdefault(i, []).append(n)
         return out
+
+    def _interpret(self, ops: dict[str, Any], ctx: Any, env: dict[str, Any]) -> dict[str, Any]:
+        """Run the plan's calls in order, `ops[call.op](ctx, call.attrs, *inputs)`, binding
+        outputs in `env` (weights and step inputs on entry) and dropping each activation after
+        its last reader; returns `env`."""
+        for i, call in enumerate(self.plan.calls):
+            out = ops[call.op](ctx, call.attrs, *[env[n] for n in call.inputs])
+            if len(call.outputs) == 1:
+                env[call.outputs[0]] = out
+            else:
+                for name, t in zip(call.outputs, out):
+                    env[name] = t
+            for name in self._last_use.get(i, ()):
+                env.pop(name, None)
+        return env
 
     # -- state slots ---------------------------------------------------------------------------
     def copy_state(self, src_slot: int, dst_slot: int) -> None:
