@@ -59,17 +59,22 @@ class GenerationRequest:
     tools: OpenAI-style function tools [{"type": "function", "function": {"name",
       "description", "parameters"}}] (member order preserved) or None.
     parse_tools: parse Qwen XML tool calls out of the output (False when tool_choice is none).
+    callable_tools: the subset of `tools` whose calls the output may make (allowed_tools);
+      None means all of `tools`. Calls of any other tool stay ordinary text.
     max_tokens: output cap; None = --default-max-tokens; 0 = prompt processing only.
     continue_final_message: the last message is an assistant prefill to continue (Anthropic).
     thinking_budget: explicit per-request thinking cap (Anthropic budget_tokens), else the
       server default applies to thinking-mode requests.
     cache_points: extra message indexes after which a prefix checkpoint is wanted (cache hints).
+    implicit_cache_point: also want one at the end of the last message's text, before its
+      closing tokens (OpenAI prompt caching's automatic candidate), when a write slot is left.
     session_key: engine session key of a conversation chain (Responses previous_response_id).
     """
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
     parse_tools: bool = True
+    callable_tools: list[dict[str, Any]] | None = None
     template_options: TemplateOptions = field(default_factory=TemplateOptions)
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
     max_tokens: int | None = None
@@ -77,6 +82,7 @@ class GenerationRequest:
     continue_final_message: bool = False
     thinking_budget: int | None = None
     cache_points: tuple[int, ...] = ()
+    implicit_cache_point: bool = False
     session_key: str | None = None
     protocol: str = "chat"
     ignore_eos: bool = False

@@ -4,12 +4,16 @@ Aggregate responses carry `message.reasoning_content`, `tool_calls`, usage with 
 reasoning token details, and llama.cpp-compatible `timings`. Streams send an assistant-role
 chunk, separate reasoning / content / tool-call deltas, a finish-reason chunk, an optional
 usage chunk (`stream_options.include_usage`), then `[DONE]`; `timings` rides on the last JSON
-chunk. Preparation and admission errors are HTTP errors; the stream starts only after
-admission, so 429/503/400 are real statuses, not in-stream events.
+chunk; with `stream_options.include_usage` every other chunk carries `"usage": null`.
+Preparation and admission errors are HTTP errors (429/503/400 are real statuses): the stream
+starts at admission, or, for a request still waiting after five seconds, with `: keep-alive`
+comments, and a failure after that is an in-stream `{"error": ...}` chunk before `[DONE]`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import json
 import time
@@ -36,7 +40,7 @@ from ninfer.api.generation import (
     ToolCallStart,
 )
 from ninfer.api.openai_chat_models import ChatRequest, parse_chat_request
-from ninfer.api.sse import with_keepalive
+from ninfer.api.sse import KEEPALIVE, first_event, open_events, with_keepalive
 from ninfer.api.state import ServerState
 from ninfer.api.template_options import ThinkingDefaults, resolve_template_options
 
@@ -60,11 +64,13 @@ def to_generation_request(chat: ChatRequest, state: ServerState) -> GenerationRe
         messages=chat.template_messages(),
         tools=chat.template_tools(),
         parse_tools=bool(callable_tools),
+        callable_tools=callable_tools,  # every declared tool is in the prompt; these parse
         template_options=options,
         sampling=dataclasses.replace(s, temperature=temperature, top_p=top_p),
         max_tokens=chat.max_tokens,
         stop=chat.stop,
         cache_points=chat.explicit_cache_messages,
+        implicit_cache_point=chat.prompt_cache_mode == "implicit",
         protocol="chat",
         ignore_eos=chat.ignore_eos,
     )
@@ -143,22 +149,40 @@ class ChatCompletion:
             if delta is None
             else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
         }
+        if self.chat.include_usage:  # OpenAI: every other chunk carries "usage": null
+            out["usage"] = None
         out.update(extra)
         return out
 
     async def stream(
-        self, first: GenerationEvent, events: AsyncIterator[GenerationEvent]
+        self,
+        first: GenerationEvent | asyncio.Task[GenerationEvent],
+        events: AsyncIterator[GenerationEvent],
     ) -> AsyncIterator[dict[str, Any]]:
-        """Chunks of one streamed completion; closing it cancels the generation."""
-        yield self.chunk({"role": "assistant", "content": ""})
+        """Chunks of one streamed completion; closing it cancels the generation.
+
+        `first` is the first event, or (a stream opened before admission, see `open_events`)
+        the task still waiting for it: an admission or preparation failure then becomes an
+        in-stream error chunk, since the HTTP status has already been sent."""
         self._processed = -1  # the last prompt_progress sent: they never move backwards
         try:
+            if isinstance(first, asyncio.Task):
+                try:
+                    first = await first
+                except ApiError as e:
+                    yield {"error": e.body()["error"]}
+                    return
+            yield self.chunk({"role": "assistant", "content": ""})
             for out in self._on_event(first):
                 yield out
             async for e in events:
                 for out in self._on_event(e):
                     yield out
         finally:
+            if isinstance(first, asyncio.Task) and not first.done():
+                first.cancel()
+                with contextlib.suppress(BaseException):
+                    await first
             await events.aclose()  # a client that hung up cancels its generation
 
     def _on_event(self, e: GenerationEvent) -> list[dict[str, Any]]:
@@ -220,12 +244,22 @@ class ChatCompletion:
         return out
 
 
-async def _sse(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
-    async for c in chunks:
-        yield (
-            b"data: " + json.dumps(c, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
-        )
-    yield b"data: [DONE]\n\n"
+async def _sse(
+    chunks: AsyncIterator[dict[str, Any]], waiting: bool = False
+) -> AsyncIterator[bytes]:
+    """SSE frames of `chunks`, then `[DONE]`. `waiting`: the stream opens before admission,
+    already a keep-alive interval after the request arrived, so it starts with a keep-alive."""
+    try:
+        if waiting:
+            yield KEEPALIVE
+        async for c in chunks:
+            data = json.dumps(c, ensure_ascii=False, separators=(",", ":")).encode()
+            yield b"data: " + data + b"\n\n"
+        yield b"data: [DONE]\n\n"
+    finally:
+        aclose = getattr(chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
@@ -239,29 +273,22 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
         gen = to_generation_request(chat, state)
         request_id = getattr(request.state, "request_id", "")
         events = service.generate(gen, request_id=request_id)
-        first = await _first(events)  # raises ApiError before any byte is sent
         completion = ChatCompletion(state, chat)
         if not chat.stream:
-            final = first
+            final = await first_event(events)  # raises ApiError before any byte is sent
             async for e in events:
                 final = e
             assert isinstance(final, Finished)
             if final.reason == "error":
                 raise errors.internal_error()
             return Response(completion.aggregate(final))
+        first = await open_events(events)  # raises ApiError when it fails in time
         return Stream(
-            with_keepalive(_sse(completion.stream(first, events))),
+            with_keepalive(
+                _sse(completion.stream(first, events), waiting=isinstance(first, asyncio.Task))
+            ),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
 
     return [chat_completions]
-
-
-async def _first(events: AsyncIterator[GenerationEvent]) -> GenerationEvent:
-    try:
-        return await events.__anext__()
-    except StopAsyncIteration:  # pragma: no cover - the service always ends with Finished
-        raise ApiError(
-            500, "generation produced no events", type=errors.SERVER_ERROR, code="internal_error"
-        ) from None

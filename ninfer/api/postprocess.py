@@ -60,8 +60,11 @@ class PostProcessor:
         self.detok = IncrementalDetokenizer(tokenizer)
         self.stops = StopMatcher(req.stop) if req.stop else None
         self.reasoning = ReasoningParser(starts_in_thinking)
+        callable_tools = req.tools if req.callable_tools is None else req.callable_tools
         self.tools = (
-            toolcalls.ToolCallParser(req.tools or []) if req.tools and req.parse_tools else None
+            toolcalls.ToolCallParser(callable_tools)
+            if req.tools and callable_tools and req.parse_tools
+            else None
         )
         self.stop_match: str | None = None
         self.ignore_eos = req.ignore_eos

@@ -72,6 +72,12 @@ class PromptEncoder:
         """Ordinary text encoding: no control token (and no sentinel) is recognised."""
         return self._bare.encode(text, add_special_tokens=False).ids if text else []
 
+    def control_positions(self, ids: Sequence[int]) -> list[int]:
+        """Indexes of the control-token ids in `ids` (an `encode` result): the i-th is the
+        token of the i-th special span, since control spellings outside spans encode as text."""
+        control = set(self._remap.values())
+        return [i for i, t in enumerate(ids) if t in control]
+
     def encode(self, text: str, special_spans: Sequence[tuple[int, int]] = ()) -> list[int]:
         """Token ids of `text` with `special_spans` as control tokens and the rest as text."""
         spans = sorted(special_spans)

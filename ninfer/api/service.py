@@ -52,6 +52,8 @@ from ninfer.runtime.request import (
     TokensEvent,
 )
 
+MAX_CACHE_WRITES = 4  # prompt-cache write candidates one request may carry
+
 
 @dataclass(frozen=True)
 class SamplerDefaults:
@@ -151,6 +153,10 @@ class ModelService:
                 param="messages",
             )
         checkpoints = self._checkpoints(req, rendered.text, ids)
+        if req.implicit_cache_point and len(req.cache_points) < MAX_CACHE_WRITES:
+            implicit = self._content_end(req, rendered.text, rendered.special_spans, ids)
+            if implicit is not None:
+                checkpoints = tuple(sorted({*checkpoints, implicit}))
         starts = prompt_starts_in_thinking(rendered.text, rendered.special_spans)
         return Prepared(ids, rendered.text, starts, checkpoints)
 
@@ -176,6 +182,45 @@ class ModelService:
             if 0 < len(prefix_ids) < len(ids) and prefix_ids == ids[: len(prefix_ids)]:
                 points.add(len(prefix_ids))
         return tuple(sorted(points))
+
+    def _content_end(
+        self,
+        req: GenerationRequest,
+        text: str,
+        spans: tuple[tuple[int, int], ...],
+        ids: list[int],
+    ) -> int | None:
+        """The token frontier at the end of the last message's text, just before the control
+        token that closes it (the automatic prompt-cache candidate: a later request whose last
+        message grew shares it). None when that text is empty, not found right before a control
+        token, or not an exact token prefix of the prompt."""
+        content = req.messages[-1].get("content") if req.messages else None
+        if isinstance(content, list):
+            last = content[-1] if content else None
+            content = last.get("text") if isinstance(last, dict) else None
+        if not isinstance(content, str) or not content:
+            return None
+        ordered = sorted(spans)
+        starts = {a: j for j, (a, _) in enumerate(ordered)}
+        end = len(text)
+        while (i := text.rfind(content, 0, end)) >= 0:
+            end = i + len(content)
+            if end in starts:
+                break
+            end = i + len(content) - 1
+        else:
+            return None
+        # Control tokens split the encoding into independent pieces, so the prompt's own ids up
+        # to the closing token are the prefix's encoding: no second pass over a long prompt.
+        # Only the piece since the previous control token is re-encoded, as a check.
+        j = starts[end]
+        at = self.encoder.control_positions(ids)
+        if len(at) != len(ordered) or at[j] == 0:
+            return None
+        begin, first = (ordered[j - 1][1], at[j - 1] + 1) if j else (0, 0)
+        if self.encoder.encode(text[begin:end]) != ids[first : at[j]]:
+            return None
+        return at[j]
 
     def count_tokens(self, req: GenerationRequest) -> int:
         return len(self.prepare(req).prompt_ids)

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from ninfer.api import errors
+
+if TYPE_CHECKING:
+    from ninfer.api.generation import GenerationEvent
 
 KEEPALIVE = b": keep-alive\n\n"
 KEEPALIVE_AFTER_S = 5.0
@@ -40,3 +46,24 @@ async def with_keepalive(
                 await aclose()
             except RuntimeError:  # already running/closed generator
                 pass
+
+
+async def first_event(events: AsyncIterator[GenerationEvent]) -> GenerationEvent:
+    """The first event of a generation; preparation errors and admission refusals raise here."""
+    try:
+        return await events.__anext__()
+    except StopAsyncIteration:  # the service always ends with Finished
+        raise errors.internal_error() from None
+
+
+async def open_events(
+    events: AsyncIterator[GenerationEvent], wait_s: float = KEEPALIVE_AFTER_S
+) -> GenerationEvent | asyncio.Task[GenerationEvent]:
+    """The first event of a stream, or, when none came within `wait_s` (a request waiting for
+    admission), the task still awaiting it: the stream then opens and keep-alive comments
+    heartbeat the waiting client, so that a vanished one is noticed (spec: "including while the
+    request is waiting"). Errors that arrive in time raise here, before any byte, as real HTTP
+    statuses (429/503/400)."""
+    task = asyncio.ensure_future(first_event(events))
+    done, _ = await asyncio.wait({task}, timeout=wait_s)
+    return task.result() if done else task

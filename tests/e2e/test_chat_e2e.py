@@ -166,6 +166,37 @@ def test_tool_choice_none_leaves_markup_as_text(client):
     assert not msg.tool_calls
 
 
+def test_allowed_tools_limit_which_calls_are_structured(client):
+    p = by_name("alarm_and_weather")  # calls set_alarm, then get_weather
+    names = [t["function"]["name"] for t in p["tools"]]
+    full = create(client, p)
+    assert [c.function.name for c in full.choices[0].message.tool_calls] == names
+
+    def allow(*allowed):
+        tools = [{"type": "function", "function": {"name": n}} for n in allowed]
+        return {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": tools}}
+
+    assert create(client, p, tool_choice=allow(*reversed(names))).choices[0].message.tool_calls
+    # every declared tool is still in the prompt, so the model writes the same markup; a call
+    # of a tool outside the allowed set returns the whole region to text
+    only = create(client, p, tool_choice=allow("set_alarm"))
+    choice = only.choices[0]
+    assert not choice.message.tool_calls and choice.finish_reason == "stop"
+    assert "<tool_call>" in choice.message.content and "get_weather" in choice.message.content
+    got = collect_stream(create(client, p, tool_choice=allow("set_alarm"), stream=True))
+    assert got["calls"] == [] and got["text"] == choice.message.content
+
+
+def test_seed_makes_sampling_reproducible(client):
+    p = {**by_name("sum_think"), "messages": [{"role": "user", "content": "Hi!"}]}  # uncertain
+    runs = [
+        create(client, p, temperature=1.0, seed=seed, max_tokens=12).choices[0].message
+        for seed in (-7, -7, 8)
+    ]
+    texts = [(m.content, m.model_extra.get("reasoning_content")) for m in runs]
+    assert texts[0] == texts[1] and texts[0] != texts[2]
+
+
 def test_stop_string(client):
     p = by_name("capital")  # "The capital of France is Paris."
     full = create(client, p, stop=["France"])
@@ -179,6 +210,8 @@ def test_max_tokens_finishes_with_length(client):
     p = by_name("capital")
     full = create(client, p, max_tokens=3)
     assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 3
+    newer = create(client, p, max_tokens=50, max_completion_tokens=2)  # the newer spelling wins
+    assert newer.choices[0].finish_reason == "length" and newer.usage.completion_tokens == 2
     zero = create(client, p, max_tokens=0)
     assert zero.usage.completion_tokens == 0 and zero.choices[0].finish_reason == "length"
 
@@ -197,23 +230,23 @@ def test_cached_tokens_on_a_repeated_long_prompt(client):
 
 def test_rejections_name_the_field(client):
     p = by_name("hello")
+    unsupported, invalid = "unsupported_value", "invalid_value"
     cases = [
-        ({"n": 2}, "n"),
-        ({"logit_bias": {"5": 3}}, "logit_bias"),
-        ({"logprobs": True}, "logprobs"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"tool_choice": "required", "tools": by_name("weather_paris")["tools"]}, "tool_choice"),
-        ({"extra_body": {"guided_json": {"type": "object"}}}, "guided_json"),
-        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
-        ({"temperature": -1}, "temperature"),
-    ]
-    for kw, param in cases:
+        ({"n": 2}, "n", unsupported),
+        ({"logit_bias": {"5": 3}}, "logit_bias.5", unsupported),
+        ({"logprobs": True}, "logprobs", unsupported),
+        ({"response_format": {"type": "json_object"}}, "response_format.type", unsupported),
+        ({"tool_choice": "required", "tools": by_name("weather_paris")["tools"]}, "tool_choice", unsupported),
+        ({"extra_body": {"guided_json": {"type": "object"}}}, "guided_json", "unsupported_parameter"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop", invalid),
+        ({"temperature": -1}, "temperature", invalid),
+        ({"max_completion_tokens": -1}, "max_completion_tokens", invalid),
+    ]  # fmt: skip
+    for kw, param, code in cases:
         with pytest.raises(openai.BadRequestError) as e:
             create(client, p, **kw)
-        assert e.value.status_code == 400
-        assert param in (e.value.body.get("param") or "") or param in e.value.body.get(
-            "message", ""
-        ), (kw, e.value.body)
+        assert (e.value.status_code, e.value.param, e.value.code) == (400, param, code), kw
+        assert e.value.type == "invalid_request_error" and param in e.value.message
     with pytest.raises(openai.NotFoundError) as e:
         create(client, p, model="gpt-4o")
     assert e.value.body["code"] == "model_not_found"
