@@ -20,6 +20,8 @@ Response's chain gets the engine session key "resp:<root id>"; children inherit 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -46,7 +48,7 @@ from ninfer.api.responses_store import (
     make_record,
     response_not_found,
 )
-from ninfer.api.sse import with_keepalive
+from ninfer.api.sse import first_event, open_events, with_keepalive
 from ninfer.api.state import ServerState
 from ninfer.api.template_options import (
     TemplateOptions,
@@ -126,12 +128,7 @@ def prepare(
         req.tools,
         instructions=req.instructions,
         history=len(history),
-        cache_mode=req.prompt_cache_mode,
     )
-    if req.tool_choice == "none" or req.allowed is None:
-        rendered = req.tools.template_tools()
-    else:  # allowed_tools: only the allowed subset is offered (and parseable)
-        rendered = req.tools.template_tools(req.allowed)
     if not req.store:
         session = None  # store:false stays anonymous and never moves the chain's endpoint
     elif parent is not None and parent.session_key is not None:
@@ -140,12 +137,16 @@ def prepare(
         session = SESSION_PREFIX + rid
     generation = GenerationRequest(
         messages=lowered.messages,
-        tools=rendered,
+        # Every declared function is rendered: allowed_tools restricts which calls become
+        # function_call Items, never the prompt (as OpenAI keeps the tools list for caching).
+        tools=req.tools.template_tools(),
         parse_tools=bool(req.callable_functions),
+        callable_tools=None if req.allowed is None else req.tools.template_tools(req.allowed),
         template_options=options,
         sampling=SamplingOptions(temperature=req.temperature, top_p=req.top_p),
         max_tokens=req.max_output_tokens,
         cache_points=lowered.cache_points,
+        implicit_cache_point=req.prompt_cache_mode == "implicit",
         session_key=session,
         protocol="responses",
     )
@@ -279,9 +280,15 @@ async def _create_json(
 
 
 async def _create_sse(
-    state: ServerState, p: Prepared, first: GenerationEvent, events: AsyncIterator[GenerationEvent]
+    state: ServerState,
+    p: Prepared,
+    first: GenerationEvent | asyncio.Task[GenerationEvent],
+    events: AsyncIterator[GenerationEvent],
 ) -> AsyncIterator[bytes]:
-    """Semantic events of one streamed Response; closing it cancels the generation."""
+    """Semantic events of one streamed Response; closing it cancels the generation. `first` is
+    the first generation event, or the task still waiting for it (a request queued for
+    admission): response.created and response.in_progress go out at once, the transport's
+    keep-alive comments cover the wait, and a later refusal ends in response.failed."""
     created = int(time.time())
     framer = SseFramer()
     builder = OutputBuilder(p.req.tools)
@@ -290,8 +297,11 @@ async def _create_sse(
     yield framer.frame({"type": "response.in_progress", "response": start})
     fin: Finished | None = None
     failure: ApiError | None = None
+    waiting = first if isinstance(first, asyncio.Task) else None
     try:
-        async for ev in _chain(first, events):
+        if waiting is not None:
+            first = await waiting
+        async for ev in _chain(first, events):  # type: ignore[arg-type]
             if isinstance(ev, Finished):
                 fin = ev
                 for out in builder.finish(ev):
@@ -304,6 +314,10 @@ async def _create_sse(
     except Exception as e:  # noqa: BLE001 - after the stream started, report; never leak detail
         failure = _failure(None, e, state.config.pending_timeout_ms)
     finally:
+        if waiting is not None and not waiting.done():
+            waiting.cancel()  # the client hung up while the request waited for admission
+            with contextlib.suppress(BaseException):
+                await waiting
         await events.aclose()  # a client that hung up cancels its generation
     if fin is not None and fin.reason == "cancelled":
         return
@@ -337,13 +351,6 @@ async def _chain(
         yield ev
 
 
-async def _first(events: AsyncIterator[GenerationEvent]) -> GenerationEvent:
-    try:
-        return await events.__anext__()
-    except StopAsyncIteration:  # the service always ends with Finished
-        raise errors.internal_error() from None
-
-
 # -----------------------------------------------------------------------------------------------
 # Routes
 # -----------------------------------------------------------------------------------------------
@@ -358,14 +365,15 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
         _precheck_store(state, p, state.model_id)
         service = _service(state)
         events = service.generate(p.generation, request_id=getattr(request.state, "request_id", ""))
-        first = await _first(events)  # preparation/admission errors raise here, before any byte
         if not req.stream:
+            first = await first_event(events)  # preparation/admission errors raise here
             try:
                 return Response(await _create_json(state, p, first, events))
             finally:
                 await events.aclose()
+        first_or_wait = await open_events(events)  # in-time errors are ordinary HTTP errors
         return Stream(
-            with_keepalive(_create_sse(state, p, first, events)),
+            with_keepalive(_create_sse(state, p, first_or_wait, events)),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )

@@ -52,7 +52,6 @@ def items_to_messages(
     *,
     instructions: str | None = None,
     history: int = 0,
-    cache_mode: str = "implicit",
 ) -> PromptMessages:
     """Lower a conversation of canonical Items (see module docstring). The first `history`
     Items came from stored Responses (errors there name previous_response_id)."""
@@ -150,18 +149,14 @@ def items_to_messages(
         if any("prompt_cache_breakpoint" in p for p in item["content"]):
             explicit.append(len(messages) - 1)
     flush_results()
-    return PromptMessages(messages, _cache_points(messages, explicit, cache_mode))
+    return PromptMessages(messages, _cache_points(explicit))
 
 
-def _cache_points(
-    messages: list[dict[str, Any]], explicit: list[int], mode: str
-) -> tuple[int, ...]:
-    """The latest four explicit markers; then the implicit candidate (the last message) when
-    mode is implicit and a write slot is left."""
-    points = sorted(set(explicit))[-MAX_CACHE_WRITES:]
-    if mode == "implicit" and len(points) < MAX_CACHE_WRITES and messages:
-        points = sorted(set(points) | {len(messages) - 1})
-    return tuple(points)
+def _cache_points(explicit: list[int]) -> tuple[int, ...]:
+    """The latest four explicit markers. The implicit candidate (end of the last message's
+    text, before its closing tokens) is placed by the service when a write slot is left
+    (`GenerationRequest.implicit_cache_point`)."""
+    return tuple(sorted(set(explicit))[-MAX_CACHE_WRITES:])
 
 
 def _parts_content(parts: Sequence[dict[str, Any]]) -> str | list[dict[str, Any]]:

@@ -122,7 +122,8 @@ def parse_create_request(body: dict[str, Any], *, model_id: str, vision: bool) -
 
 
 def parse_count_request(body: dict[str, Any], *, model_id: str, vision: bool) -> ResponsesRequest:
-    """Validate a `POST /v1/responses/input_tokens` body (prompt-shaping fields only)."""
+    """Validate a `POST /v1/responses/input_tokens` body (prompt-shaping fields only; `model`
+    may be omitted and then means the served model)."""
     return _parse(body, COUNT_FIELDS, model_id=model_id, vision=vision, count=True)
 
 
@@ -134,7 +135,8 @@ def _parse(
             raise errors.unsupported_parameter(name, UNSUPPORTED_FEATURES[name])
         if name not in known and name not in UNSUPPORTED_FEATURES:
             raise unknown_parameter(name)
-    model = get_str(body, "model", required=True, nonempty=True)
+    # A count may omit the model (as OpenAI's input_tokens endpoint allows): the served one.
+    model = get_str(body, "model", required=not count, nonempty=True) or model_id
     if model != model_id:
         raise errors.model_not_found(model, model_id)  # type: ignore[arg-type]
     _reject_unsupported(body)

@@ -228,17 +228,9 @@ def test_cache_points():
         }
         for i in range(6)
     ]
-    assert lower(msgs).cache_points == (
-        2,
-        3,
-        4,
-        5,
-    )  # the latest four explicit markers, no implicit slot
-    assert lower(msgs[:2] + [{"role": "user", "content": "x"}]).cache_points == (0, 1, 2)
-    assert lower(
-        msgs[:2] + [{"role": "user", "content": "x"}], cache_mode="explicit"
-    ).cache_points == (0, 1)
-    assert lower([{"role": "user", "content": "x"}], instructions="i").cache_points == (1,)
+    assert lower(msgs).cache_points == (2, 3, 4, 5)  # the latest four explicit markers
+    assert lower(msgs[:2] + [{"role": "user", "content": "x"}]).cache_points == (0, 1)
+    assert lower([{"role": "user", "content": "x"}], instructions="i").cache_points == ()
 
 
 @pytest.mark.parametrize(

@@ -53,7 +53,12 @@ def test_chain_replays_history_and_instructions_apply_once(state):
     assert p2.generation.messages == [
         {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Again"}
     ]  # fmt: skip
-    assert p2.generation.protocol == "responses" and p2.generation.cache_points == (2,)
+    assert p2.generation.protocol == "responses" and p2.generation.cache_points == ()
+    # the automatic candidate (end of the last message's text) is the service's to place
+    assert p2.generation.implicit_cache_point
+    explicit = {"model": MODEL, "input": "x", "prompt_cache_options": {"mode": "explicit"}}
+    p3 = prepare(state, parse_create_request(explicit, model_id=MODEL, vision=False))
+    assert not p3.generation.implicit_cache_point
 
 
 def test_children_inherit_preserve_thinking_unless_they_set_it(state):
@@ -134,9 +139,11 @@ def test_tool_choice_controls_rendering_and_parsing(state):
             vision=False,
         ),
     )
-    assert [t["function"]["name"] for t in only_b.generation.tools] == [
-        "b"
-    ] and only_b.generation.parse_tools
+    # allowed_tools keeps the whole declared list in the prompt; only "b" may become a call
+    names = lambda tools: [t["function"]["name"] for t in tools]
+    assert names(only_b.generation.tools) == ["a", "b"] and only_b.generation.parse_tools
+    assert names(only_b.generation.callable_tools) == ["b"]
+    assert none.generation.callable_tools is None
 
 
 def test_count_request_prepares_the_same_prompt(state):

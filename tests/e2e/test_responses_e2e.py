@@ -223,6 +223,37 @@ def test_tool_round_trip_without_stored_state(client):
     assert r2.output_text == PROMPTS["add_result"]["expected"]["content"]
 
 
+def test_allowed_tools_keep_the_prompt_and_restrict_calls(client):
+    """allowed_tools renders every declared function (the prompt, and so its cache prefix, is
+    the tool_choice:auto one) and only allowed functions become function_call Items: the
+    agent's call of a function left out stays ordinary text, byte for byte."""
+    p = PROMPTS["alarm_and_weather"]
+    tools = tools_of("alarm_and_weather")
+    only_alarm = {
+        "type": "allowed_tools",
+        "mode": "auto",
+        "tools": [{"type": "function", "name": "set_alarm"}],
+    }
+    args = {"input": p["messages"][0]["content"], "tools": tools, "reasoning": {"effort": "none"}}
+    auto = client.responses.input_tokens.count(model=MODEL, **args).input_tokens
+    allowed = client.responses.input_tokens.count(model=MODEL, tool_choice=only_alarm, **args)
+    assert allowed.input_tokens == auto
+    r = create(client, tool_choice=only_alarm, **args)
+    assert r.usage.input_tokens == auto
+    assert not [o for o in r.output if o.type == "function_call"]
+    text = r.output_text
+    assert "<function=set_alarm>" in text and "<function=get_weather>" in text
+    assert r.tool_choice.type == "allowed_tools"  # echoed as sent
+
+
+def test_input_tokens_model_may_be_omitted(client):
+    """As with OpenAI's endpoint, a count without `model` counts for the served model."""
+    with_model = client.responses.input_tokens.count(model=MODEL, input="Hi!").input_tokens
+    assert client.responses.input_tokens.count(input="Hi!").input_tokens == with_model
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_tokens.count(model="other-model", input="Hi!")
+
+
 def test_stream_event_order_reasoning_text_and_tool(client, live_server):
     """search_recipes: reasoning, then text, then a tool call, in one streamed Response."""
     p = PROMPTS["search_recipes"]

@@ -1,0 +1,67 @@
+"""A streamed Response whose request waits for admission: the stream opens at once with
+response.created / response.in_progress, keep-alive comments cover the wait, and a refusal that
+arrives after the stream started ends it in response.failed (spec: "All three generation SSE
+endpoints emit ... keep-alive ... including while the request is waiting"). The event source
+stands in for a queued engine request; the real queue is exercised by the e2e overload tests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+from ninfer.api import errors
+from ninfer.api.config import ServeConfig
+from ninfer.api.generation import GenerationEvent
+from ninfer.api.openai_responses import _create_sse, prepare
+from ninfer.api.responses_request import parse_create_request
+from ninfer.api.sse import KEEPALIVE, open_events, with_keepalive
+from ninfer.api.state import ServerState
+
+MODEL = "tiny-model"
+
+
+async def queued_then_refused(delay_s: float) -> AsyncIterator[GenerationEvent]:
+    await asyncio.sleep(delay_s)
+    raise errors.ApiError(503, "queue timeout", code="request_queue_timeout")
+    yield  # pragma: no cover - makes this an async generator
+
+
+def test_waiting_stream_opens_with_keepalives_and_fails_in_band():
+    state = ServerState(config=ServeConfig(max_context=4096), model_id=MODEL)
+    req = parse_create_request(
+        {"model": MODEL, "input": "Hi", "stream": True}, model_id=MODEL, vision=False
+    )
+    p = prepare(state, req)
+
+    async def run() -> list[bytes]:
+        events = queued_then_refused(0.3)
+        first = await open_events(events, wait_s=0.05)
+        assert isinstance(first, asyncio.Task)  # nothing yet: the stream opens anyway
+        return [f async for f in with_keepalive(_create_sse(state, p, first, events), 0.05)]
+
+    frames = asyncio.run(run())
+    assert KEEPALIVE in frames
+    names = [f.split(b"\n", 1)[0].decode() for f in frames if f != KEEPALIVE]
+    assert names == [
+        "event: response.created",
+        "event: response.in_progress",
+        "event: response.failed",
+    ]
+    assert frames.index(KEEPALIVE) > 1  # the heartbeat follows the opening events
+    failed = json.loads(frames[-1].split(b"data: ", 1)[1])
+    assert failed["response"]["status"] == "failed"
+    assert failed["response"]["error"]["code"] == "request_queue_timeout"
+    assert failed["sequence_number"] == 2
+
+
+def test_in_time_refusal_is_raised_before_the_stream():
+    async def run() -> None:
+        await open_events(queued_then_refused(0.0), wait_s=1.0)
+
+    try:
+        asyncio.run(run())
+    except errors.ApiError as e:
+        assert e.code == "request_queue_timeout"
+    else:
+        raise AssertionError("an in-time refusal must be an HTTP error")
