@@ -22,8 +22,9 @@ is an Assistant prefill. Rules (spec/serving.md, "Anthropic Messages"):
 - a final assistant turn of text only is a prefill to continue; one with thinking, tool calls
   or media is refused; an empty final assistant turn is dropped.
 
-Cache breakpoints (`Breakpoint`) carry the template message index when the marked block is the
-last thing rendered for that message, else None (a legal but unrepresentable boundary).
+Cache breakpoints (`Breakpoint`) carry where the marked block ends (`CachePoint`): after its
+text or image inside the template message's content, after its tool call, or, for a tool_result
+block, after the whole result.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any, Literal
 
 from ninfer.api import errors
 from ninfer.api.fields import get_bool, get_enum, get_object, get_str, require_object
+from ninfer.api.generation import CachePoint, content_units
 
 BILLING_HEADER = "x-anthropic-billing-header:"
 CACHE_TTLS = ("5m", "1h")
@@ -55,11 +57,11 @@ _SERVER_RESULT = "server-tool results (no server-side executor)"
 @dataclass(frozen=True)
 class Breakpoint:
     """A cache_control marker on one block. `serial` identifies the block (wire order over
-    tools, system and messages); `message` is the template message index it ends, or None."""
+    tools, system and messages); `point` is where the block ends in the prompt."""
 
     serial: int
     ttl: str
-    message: int | None
+    point: CachePoint | None
     param: str
 
 
@@ -71,7 +73,7 @@ class Conversation:
     breakpoints: list[Breakpoint] = field(default_factory=list)
     prefill: bool = False
     has_media: bool = False
-    last_cacheable: tuple[int, int | None, str] | None = None  # (serial, message, param)
+    last_cacheable: tuple[int, CachePoint | None, str] | None = None  # (serial, point, param)
 
 
 def parse_cache_control(obj: dict[str, Any], param: str) -> str | None:
@@ -90,6 +92,20 @@ def parse_cache_control(obj: dict[str, Any], param: str) -> str | None:
     return ttl
 
 
+# A lowered tool_result: (call id, template tool message, [(block, param, end offset)]).
+_Result = tuple[str, dict[str, Any], list[tuple[dict[str, Any], str, int]]]
+
+
+def _unit_ends(parts: list[tuple[dict[str, Any], str]], start: int) -> list[int]:
+    """Where each validated text/image block ends in the content it is lowered into, in
+    `CachePoint.offset` units (a character of text, one per image), counting from `start`."""
+    ends, units = [], start
+    for block, _ in parts:
+        units += len(block.get("text") or "") if block.get("type") == "text" else 1
+        ends.append(units)
+    return ends
+
+
 class _Lowering:
     """One pass over the conversation; `serial` numbers cacheable blocks in wire order."""
 
@@ -100,14 +116,14 @@ class _Lowering:
 
     # -- blocks ------------------------------------------------------------------------------
 
-    def mark(self, block: dict[str, Any], param: str, message: int | None) -> int:
+    def mark(self, block: dict[str, Any], param: str, point: CachePoint | None) -> int:
         """Register a cacheable block: its breakpoint (if any) and last-cacheable position."""
         serial = self.serial
         self.serial += 1
         ttl = parse_cache_control(block, param)
         if ttl is not None:
-            self.out.breakpoints.append(Breakpoint(serial, ttl, message, param))
-        self.out.last_cacheable = (serial, message, param)
+            self.out.breakpoints.append(Breakpoint(serial, ttl, point, param))
+        self.out.last_cacheable = (serial, point, param)
         return serial
 
     def text(self, block: dict[str, Any], param: str) -> str:
@@ -165,6 +181,7 @@ class _Lowering:
             if isinstance(first, str) and first.startswith(BILLING_HEADER):
                 start = 1  # Claude Code attribution metadata: consumed with its cache_control
         texts: list[str] = []
+        offset = 0
         for i in range(start, len(blocks)):
             bparam = f"{param}[{i}]"
             kind = get_str(blocks[i], "type", f"{bparam}.type", required=True)
@@ -173,7 +190,8 @@ class _Lowering:
                     f"{bparam}.type", f"system blocks must be text, got {kind!r}"
                 )
             texts.append(self.text(blocks[i], bparam))
-            self.mark(blocks[i], bparam, index if i == len(blocks) - 1 else None)
+            offset += len(texts[-1])
+            self.mark(blocks[i], bparam, CachePoint(message=index, offset=offset))
         if start < len(blocks):
             self.out.messages.append({"role": "system", "content": "".join(texts)})
 
@@ -184,12 +202,14 @@ class _Lowering:
         thinking: list[str] | None = None
         calls: list[dict[str, Any]] = []
         ids: list[str] = []
-        ends: dict[str, tuple[dict[str, Any], str]] = {}  # last block of each rendered part
+        points: list[tuple[dict[str, Any], str, CachePoint]] = []  # where each block ends
+        offset = 0
         for block, param in blocks:
             kind = get_str(block, "type", f"{param}.type", required=True)
             if kind == "text":
                 texts.append(self.text(block, param))
-                ends["text"] = (block, param)
+                offset += len(texts[-1])
+                points.append((block, param, CachePoint(message=index, offset=offset)))
             elif kind == "thinking":
                 text = get_str(block, "thinking", f"{param}.thinking", required=True)
                 get_str(block, "signature", f"{param}.signature")  # opaque; ignored on input
@@ -214,17 +234,15 @@ class _Lowering:
                         "function": {"name": name, "arguments": args},
                     }
                 )
-                ends["tool_use"] = (block, param)
+                points.append((block, param, CachePoint(message=index, tool_call=len(calls) - 1)))
             elif kind == "image":
                 raise errors.invalid_value(
                     f"{param}.type", "assistant messages cannot contain images"
                 )
             else:
                 self.refuse(kind, param, "assistant")  # type: ignore[arg-type]
-        last = ends.get("tool_use") or ends.get("text")
-        for block, param in blocks:
-            if block.get("type") in ("text", "tool_use"):
-                self.mark(block, param, index if last is not None and block is last[0] else None)
+        for block, param, point in points:
+            self.mark(block, param, point)
         msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
         if thinking is not None:
             msg["reasoning_content"] = "".join(thinking)
@@ -240,7 +258,7 @@ class _Lowering:
 
         `pending`: call ids of the previous assistant turn (None when there was no assistant
         turn yet, so results may appear unmatched)."""
-        results: list[tuple[str, dict[str, Any], list[tuple[dict[str, Any], str]]]] = []
+        results: list[_Result] = []
         rest: list[tuple[dict[str, Any], str]] = []
         for block, bparam in blocks:
             kind = get_str(block, "type", f"{bparam}.type", required=True)
@@ -267,13 +285,13 @@ class _Lowering:
         for call_id, msg, parts in results:
             index = len(self.out.messages)
             self.out.messages.append(msg)
-            for j, (block, bparam) in enumerate(parts):  # the last inner block, then the result
-                self.mark(block, bparam, index if j >= len(parts) - 2 else None)
+            for block, bparam, offset in parts:  # the inner blocks, then the result itself
+                self.mark(block, bparam, CachePoint(message=index, offset=offset))
         if rest or not results:
             index = len(self.out.messages)
             self.out.messages.append({"role": "user", "content": self.content(rest)})
-            for j, (block, bparam) in enumerate(rest):
-                self.mark(block, bparam, index if j == len(rest) - 1 else None)
+            for (block, bparam), offset in zip(rest, _unit_ends(rest, 0)):
+                self.mark(block, bparam, CachePoint(message=index, offset=offset))
 
     def content(self, parts: list[tuple[dict[str, Any], str]]) -> str | list[dict[str, Any]]:
         """Text joined without separators, or ordered text/image items when there is media."""
@@ -289,10 +307,9 @@ class _Lowering:
             return items
         return "".join(i["text"] for i in items)
 
-    def tool_result(
-        self, block: dict[str, Any], param: str
-    ) -> tuple[str, dict[str, Any], list[tuple[dict[str, Any], str]]]:
-        """(call id, template tool message, the blocks whose cache markers end it)."""
+    def tool_result(self, block: dict[str, Any], param: str) -> _Result:
+        """(call id, template tool message, its cacheable blocks with the content offset where
+        each ends: the inner blocks, then the result block itself at the end)."""
         call_id = get_str(
             block, "tool_use_id", f"{param}.tool_use_id", required=True, nonempty=True
         )
@@ -323,19 +340,20 @@ class _Lowering:
                 content[0]["text"] = ERROR_PREFIX + content[0]["text"]
             else:
                 content.insert(0, {"type": "text", "text": ERROR_PREFIX})
-        # The result block's own marker ends the tool message; inner markers end it when last.
-        parts.append((block, param))
+        shift = len(ERROR_PREFIX) if is_error else 0
+        ends = [(b, p, o + shift) for (b, p), o in zip(parts, _unit_ends(parts, 0))]
+        ends.append((block, param, content_units(content)))  # the result block ends the message
         msg = {"role": "tool", "tool_call_id": call_id, "content": content}
-        return call_id, msg, parts  # type: ignore[return-value]
+        return call_id, msg, ends
 
     def match_results(
         self,
-        results: list[tuple[str, dict[str, Any], list[tuple[dict[str, Any], str]]]],
+        results: list[_Result],
         pending: list[str] | None,
         param: str,
-    ) -> list[tuple[str, dict[str, Any], list[tuple[dict[str, Any], str]]]]:
+    ) -> list[_Result]:
         """Check the results against the previous turn's calls; return them in call order."""
-        by_id: dict[str, tuple[str, dict[str, Any], list[tuple[dict[str, Any], str]]]] = {}
+        by_id: dict[str, _Result] = {}
         for r in results:
             if r[0] in by_id:
                 raise errors.invalid_value(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ninfer.api import errors
 from ninfer.api.errors import ApiError
 
 ANTHROPIC_PREFIX = "/v1/messages"
@@ -51,6 +52,20 @@ def anthropic_status(err: ApiError) -> tuple[int, str]:
     if err.status < 500:
         return err.status, _BY_STATUS.get(err.status, "invalid_request_error")
     return err.status, "api_error"
+
+
+def generation_failure(cause: BaseException | None, *, pending_timeout_ms: int) -> ApiError:
+    """The API error of a generation that ended with reason "error" after it started, from the
+    engine's cause: typed refusals map as they do before admission (overload -> 429, hence 529;
+    queue timeout -> 503 request_queue_timeout, hence 504; invalid request -> 400), anything
+    else is 500 engine_error. Aggregate and streamed responses both use it."""
+    if isinstance(cause, ApiError):
+        return cause
+    if cause is not None:
+        mapped = errors.from_engine_error(cause, pending_timeout_ms=pending_timeout_ms)
+        if mapped is not None:
+            return mapped
+    return ApiError(500, "generation failed", type=errors.SERVER_ERROR, code="engine_error")
 
 
 def anthropic_error_body(err: ApiError, request_id: str | None) -> tuple[int, dict[str, Any]]:

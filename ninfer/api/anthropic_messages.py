@@ -26,7 +26,11 @@ from litestar.handlers import BaseRouteHandler
 from litestar.response import Stream
 
 from ninfer.api import errors
-from ninfer.api.anthropic_errors import REQUEST_ID_HEADER, anthropic_error_body
+from ninfer.api.anthropic_errors import (
+    REQUEST_ID_HEADER,
+    anthropic_error_body,
+    generation_failure,
+)
 from ninfer.api.anthropic_models import MessagesRequest, parse_messages_request
 from ninfer.api.anthropic_sse import (
     KEEP_ALIVE,
@@ -35,6 +39,7 @@ from ninfer.api.anthropic_sse import (
     aggregate_message,
     new_message_id,
 )
+from ninfer.api.disconnect import CLIENT_CLOSED_STATUS, unless_disconnected
 from ninfer.api.errors import ApiError
 from ninfer.api.fields import parse_json_object
 from ninfer.api.generation import Finished, GenerationEvent
@@ -64,14 +69,15 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
         req = await parse(request, count_only=False)
         service = _service(state)
         events = service.generate(req.generation_request(), request_id=rid)
+        pending_ms = state.config.pending_timeout_ms
         if req.stream:
-            return await _stream_response(events, req, rid)
-        finished = await _until_finished(events, request)
+            return await _stream_response(events, req, rid, pending_ms)
+        finished = await unless_disconnected(_drain(events), request, events)
         if finished is None:  # the client went away; nobody reads this
-            return Response({}, status_code=499, headers={REQUEST_ID_HEADER: rid})
+            return Response({}, status_code=CLIENT_CLOSED_STATUS, headers={REQUEST_ID_HEADER: rid})
         if finished.reason == "error":
             log.error("generation %s failed: %r", rid, finished.error)
-            raise ApiError(500, "generation failed", type=errors.SERVER_ERROR, code="engine_error")
+            raise generation_failure(finished.error, pending_timeout_ms=pending_ms)
         body = aggregate_message(finished, message_id=new_message_id(), model=req.model)
         return Response(body, status_code=200, headers={REQUEST_ID_HEADER: rid})
 
@@ -125,41 +131,12 @@ def _service(state: ServerState) -> Any:
 # -----------------------------------------------------------------------------------------------
 
 
-async def _until_finished(
-    events: AsyncIterator[GenerationEvent], request: Request[Any, Any, Any]
-) -> Finished | None:
-    """Drain `events` to their Finished event, cancelling the generation when the client
-    disconnects first (then None). ApiErrors raised by the service propagate."""
-
-    async def drain() -> Finished:
-        async for event in events:
-            if isinstance(event, Finished):
-                return event
-        raise RuntimeError("generation ended without a Finished event")
-
-    work = asyncio.ensure_future(drain())
-    watch = asyncio.ensure_future(_disconnected(request))
-    try:
-        done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        work.cancel()
-        raise
-    finally:
-        watch.cancel()
-    if work in done:
-        return work.result()
-    work.cancel()  # runs the service's cleanup, which cancels the engine request
-    with contextlib.suppress(asyncio.CancelledError):
-        await work
-    return None
-
-
-async def _disconnected(request: Request[Any, Any, Any]) -> None:
-    """Returns once the client has disconnected (the body was already read)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
+async def _drain(events: AsyncIterator[GenerationEvent]) -> Finished:
+    """The Finished event of `events`; ApiErrors raised by the service propagate."""
+    async for event in events:
+        if isinstance(event, Finished):
+            return event
+    raise RuntimeError("generation ended without a Finished event")
 
 
 # -----------------------------------------------------------------------------------------------
@@ -200,10 +177,12 @@ class _EventPump:
 
 
 async def _stream_response(
-    events: AsyncIterator[GenerationEvent], req: MessagesRequest, rid: str
+    events: AsyncIterator[GenerationEvent], req: MessagesRequest, rid: str, pending_ms: int
 ) -> Response[Any]:
     pump = _EventPump(events)
-    writer = MessageStreamWriter(message_id=new_message_id(), model=req.model)
+    writer = MessageStreamWriter(
+        message_id=new_message_id(), model=req.model, pending_timeout_ms=pending_ms
+    )
     try:
         first = await pump.next(KEEP_ALIVE_S)  # quick failures become HTTP errors
     except BaseException:

@@ -18,7 +18,8 @@ decoded /v1/messages (or, with `count_only=True`, /v1/messages/count_tokens) bod
   `disable_parallel_tool_use` with callable tools are refused naming the capability.
 - cache_control: at most four block-level breakpoints; a request-level `cache_control`
   targets the last cacheable block (merge at the same TTL, conflict at another, needs a free
-  slot otherwise). Breakpoints that end a template message become `cache_points`.
+  slot otherwise). Each breakpoint becomes a `CachePoint` at the end of its block (a tool's
+  definition, a text/image block, a tool_use, a whole tool_result).
 - Output-only fields (sampling, stop, stream, max_tokens) are ignored by count_tokens.
 Advisory fields (metadata, service_tier, inference_geo, ...) and unknown fields are accepted.
 """
@@ -40,7 +41,7 @@ from ninfer.api.fields import (
     get_str,
     require_object,
 )
-from ninfer.api.generation import GenerationRequest, SamplingOptions
+from ninfer.api.generation import CachePoint, GenerationRequest, SamplingOptions
 from ninfer.api.stops import validate_stops
 from ninfer.api.template_options import (
     TemplateOptions,
@@ -76,7 +77,7 @@ class MessagesRequest:
     thinking_budget: int | None = None
     template_options: TemplateOptions = field(default_factory=TemplateOptions)
     prefill: bool = False
-    cache_points: tuple[int, ...] = ()
+    cache_points: tuple[CachePoint, ...] = ()
     has_media: bool = False
 
     def generation_request(self) -> GenerationRequest:
@@ -310,14 +311,15 @@ def _parse_effort(body: dict[str, Any]) -> str | None:
 
 def _cache_points(
     body: dict[str, Any], conv: Conversation, tool_marks: list[tuple[int, str, str]]
-) -> tuple[int, ...]:
-    """Validate block-level and request-level cache_control; return the template message
-    indexes after which a prefix checkpoint is wanted. Tool-definition breakpoints have no
-    message boundary and are accepted without one."""
-    # target serial -> (ttl, message index or None)
-    targets: dict[int, tuple[str, int | None]] = {s: (ttl, None) for s, ttl, _ in tool_marks}
+) -> tuple[CachePoint, ...]:
+    """Validate block-level and request-level cache_control; return where each marked block
+    ends, in wire order (tools, system, messages)."""
+    # target serial -> (ttl, point); a tool's serial is its index
+    targets: dict[int, tuple[str, CachePoint | None]] = {
+        s: (ttl, CachePoint(tool=s)) for s, ttl, _ in tool_marks
+    }
     for bp in conv.breakpoints:
-        targets[bp.serial] = (bp.ttl, bp.message)
+        targets[bp.serial] = (bp.ttl, bp.point)
     if len(targets) > MAX_BREAKPOINTS:
         raise errors.invalid_value(
             "cache_control",
@@ -330,7 +332,7 @@ def _cache_points(
             raise errors.invalid_value(
                 "cache_control", "the request has no cacheable block to mark"
             )
-        serial, message, param = last
+        serial, point, param = last
         if serial in targets:
             if targets[serial][0] != ttl:
                 raise errors.invalid_value(
@@ -344,5 +346,5 @@ def _cache_points(
                 "request-level breakpoint",
             )
         else:
-            targets[serial] = (ttl, message)
-    return tuple(sorted({m for _, m in targets.values() if m is not None}))
+            targets[serial] = (ttl, point)
+    return tuple(p for _, (_, p) in sorted(targets.items()) if p is not None)

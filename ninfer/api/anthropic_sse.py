@@ -27,7 +27,7 @@ import json
 import uuid
 from typing import Any
 
-from ninfer.api.anthropic_errors import anthropic_stream_error
+from ninfer.api.anthropic_errors import anthropic_stream_error, generation_failure
 from ninfer.api.errors import ApiError
 from ninfer.api.generation import (
     Admitted,
@@ -142,9 +142,10 @@ class MessageStreamWriter:
     the message (or reports the error). `error(err)` reports a failure raised instead of events.
     """
 
-    def __init__(self, *, message_id: str, model: str) -> None:
+    def __init__(self, *, message_id: str, model: str, pending_timeout_ms: int = 0) -> None:
         self.message_id = message_id
         self.model = model
+        self.pending_timeout_ms = pending_timeout_ms  # for a queue-timeout failure's message
         self.started = False
         self.ended = False
         self._index = -1  # index of the last opened block
@@ -259,9 +260,8 @@ class MessageStreamWriter:
     def _finish(self, finished: Finished) -> list[str]:
         out = self._close()
         if finished.reason == "error":
-            return out + self.error(
-                ApiError(500, "generation failed", type="server_error", code="engine_error")
-            )
+            cause = generation_failure(finished.error, pending_timeout_ms=self.pending_timeout_ms)
+            return out + self.error(cause)
         if finished.reason == "cancelled":
             self.ended = True
             return out

@@ -26,9 +26,9 @@ from ninfer.api.toolcalls import ToolCallArgumentsDelta as ToolCallArgs
 from ninfer.api.toolcalls import ToolCallEnd as ToolCallDone
 
 __all__ = [
-    "Admitted", "ContentText", "FinishReason", "Finished", "GenerationEvent", "GenerationRequest",
-    "PromptProgress", "ReasoningText", "SamplingOptions", "Timings", "ToolCall", "ToolCallArgs",
-    "ToolCallDone", "ToolCallStart", "Usage",
+    "Admitted", "CachePoint", "ContentText", "FinishReason", "Finished", "GenerationEvent",
+    "GenerationRequest", "PromptProgress", "ReasoningText", "SamplingOptions", "Timings",
+    "ToolCall", "ToolCallArgs", "ToolCallDone", "ToolCallStart", "Usage", "content_units",
 ]  # fmt: skip
 
 FinishReason = Literal["stop", "length", "tool_calls", "cancelled", "error"]
@@ -49,6 +49,43 @@ class SamplingOptions:
 
 
 @dataclass(frozen=True)
+class CachePoint:
+    """An explicit prompt-cache breakpoint: the engine should keep a prefix checkpoint where the
+    marked part ends in the rendered prompt (spec/serving.md, "OpenAI prompt caching" and the
+    Anthropic cache_control rules). Exactly one form:
+
+    - `CachePoint(message=i, offset=k)`: after the first k content units of template message i,
+      the end of a marked text or media part. A text character is one unit and a media item
+      (image, video) one unit, so k counts the same way over a string content and over a list
+      of text/media items (`content_units`).
+    - `CachePoint(message=i, tool_call=j)`: after message i's j-th tool call (Anthropic tool_use).
+    - `CachePoint(tool=j)`: after the definition of tool j.
+
+    The service keeps the checkpoint only where that boundary is an exact token frontier of the
+    prompt; otherwise the hint is ignored (the prompt never changes).
+    """
+
+    message: int | None = None
+    offset: int | None = None
+    tool_call: int | None = None
+    tool: int | None = None
+
+
+def content_units(content: Any) -> int:
+    """Length of a template message content in `CachePoint.offset` units: characters of a
+    string, or over a list of items the characters of text items plus one per media item."""
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(
+            len(it.get("text") or "") if it.get("type") == "text" else 1
+            for it in content
+            if isinstance(it, dict)
+        )
+    return 0
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """One generation, protocol-free.
 
@@ -65,10 +102,12 @@ class GenerationRequest:
     continue_final_message: the last message is an assistant prefill to continue (Anthropic).
     thinking_budget: explicit per-request thinking cap (Anthropic budget_tokens), else the
       server default applies to thinking-mode requests.
-    cache_points: extra message indexes after which a prefix checkpoint is wanted (cache hints).
+    cache_points: explicit cache breakpoints (`CachePoint`), at most four, in input order.
     implicit_cache_point: also want one at the end of the last message's text, before its
       closing tokens (OpenAI prompt caching's automatic candidate), when a write slot is left.
     session_key: engine session key of a conversation chain (Responses previous_response_id).
+    semantic_change: a Responses continuation whose explicit preserve_thinking differs from its
+      parent's resolved value, so the history renders differently (request_start log flag).
     """
 
     messages: list[dict[str, Any]]
@@ -81,11 +120,12 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     continue_final_message: bool = False
     thinking_budget: int | None = None
-    cache_points: tuple[int, ...] = ()
+    cache_points: tuple[CachePoint, ...] = ()
     implicit_cache_point: bool = False
     session_key: str | None = None
     protocol: str = "chat"
     ignore_eos: bool = False
+    semantic_change: bool = False
 
 
 @dataclass(frozen=True)

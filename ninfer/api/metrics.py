@@ -10,13 +10,14 @@ never resets anything. Engine counters are reported relative to the snapshot tak
 `ServerMetrics` is built (after the startup warm-up), so they start at zero for clients. After an
 engine failure the last snapshot stays readable and `ninfer_engine_ready` is 0.
 
-Every family of the spec is always present. Families the engine does not measure yet
-(speculative decoding, host context, transfers, host-work phases, materializing) read optional
-snapshot attributes and are 0 until the engine publishes them:
+Every family of the spec is always present. Host-work phases (ninfer.runtime.host_work), host
+context bytes and snapshot transfers come from the engine. Families this engine has nothing to
+count for read optional snapshot attributes and stay 0: speculative decoding (no --spec backend
+runs here) and `materializing` (no context is materialized outside binding):
 
     spec_decode_{rounds,draft_tokens,accepted_tokens,fallback_steps}_total: int
-    materializing: int;  host_context_{used,reserved,capacity,peak}_bytes: int
-    context_transfer_bytes: dict[(resource, direction), int];  host_work_seconds: dict[phase, float]
+    materializing: int;  context_transfer_bytes: dict[(resource, direction), int]
+    host_work_seconds: dict[phase, float]  (the five HOST_WORK_PHASES; device wait is separate)
 
 Labels are bounded (outcome, phase, resource, direction, and the fixed model identity).
 """

@@ -26,6 +26,7 @@ from litestar.handlers import BaseRouteHandler
 from litestar.response import Stream
 
 from ninfer.api import errors
+from ninfer.api.disconnect import CLIENT_CLOSED_STATUS, unless_disconnected
 from ninfer.api.errors import ApiError
 from ninfer.api.fields import parse_json_object
 from ninfer.api.generation import (
@@ -69,7 +70,7 @@ def to_generation_request(chat: ChatRequest, state: ServerState) -> GenerationRe
         sampling=dataclasses.replace(s, temperature=temperature, top_p=top_p),
         max_tokens=chat.max_tokens,
         stop=chat.stop,
-        cache_points=chat.explicit_cache_messages,
+        cache_points=chat.explicit_cache_points,
         implicit_cache_point=chat.prompt_cache_mode == "implicit",
         protocol="chat",
         ignore_eos=chat.ignore_eos,
@@ -262,6 +263,14 @@ async def _sse(
             await aclose()
 
 
+async def _last_event(events: AsyncIterator[GenerationEvent]) -> GenerationEvent:
+    """The last event of a generation (its Finished); errors before the first raise."""
+    final = await first_event(events)  # raises ApiError before any byte is sent
+    async for e in events:
+        final = e
+    return final
+
+
 def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
     @post("/v1/chat/completions", status_code=200)
     async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
@@ -275,9 +284,9 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
         events = service.generate(gen, request_id=request_id)
         completion = ChatCompletion(state, chat)
         if not chat.stream:
-            final = await first_event(events)  # raises ApiError before any byte is sent
-            async for e in events:
-                final = e
+            final = await unless_disconnected(_last_event(events), request, events)
+            if final is None:  # the client went away; nobody reads this
+                return Response({}, status_code=CLIENT_CLOSED_STATUS)
             assert isinstance(final, Finished)
             if final.reason == "error":
                 raise errors.internal_error()

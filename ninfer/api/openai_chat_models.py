@@ -36,6 +36,7 @@ from ninfer.api.fields import (
     get_str,
     require_object,
 )
+from ninfer.api.generation import CachePoint
 from ninfer.api.generation import SamplingOptions as ChatSampling  # sampler fields as requested
 from ninfer.api.openai_chat_messages import (
     ChatMessage,
@@ -122,13 +123,18 @@ class ChatRequest:
         return any(m.media for m in self.messages)
 
     @property
-    def explicit_cache_messages(self) -> tuple[int, ...]:
-        """Indexes of the messages carrying an explicit prompt_cache_breakpoint, ascending; when
-        more than four do, the latest four (one request writes at most four candidates)."""
-        marked = [
-            i for i, m in enumerate(self.messages) if any(p.cache_breakpoint for p in m.parts)
-        ]
-        return tuple(marked[-MAX_CACHE_WRITES:])
+    def explicit_cache_points(self) -> tuple[CachePoint, ...]:
+        """The end of every content part carrying an explicit prompt_cache_breakpoint, in input
+        order; when more than four parts do, the latest four (one request writes at most four
+        candidates)."""
+        points: list[CachePoint] = []
+        for i, m in enumerate(self.messages):
+            offset = 0
+            for p in m.parts:
+                offset += len(p.text) if isinstance(p, TextPart) else 1
+                if p.cache_breakpoint:
+                    points.append(CachePoint(message=i, offset=offset))
+        return tuple(points[-MAX_CACHE_WRITES:])
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.template_dict() for m in self.messages]

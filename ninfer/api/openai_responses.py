@@ -34,6 +34,7 @@ from litestar.params import FromPath
 from litestar.response import Stream
 
 from ninfer.api import errors
+from ninfer.api.disconnect import CLIENT_CLOSED_STATUS, unless_disconnected
 from ninfer.api.errors import ApiError
 from ninfer.api.fields import parse_json_object
 from ninfer.api.generation import Finished, GenerationEvent, GenerationRequest, SamplingOptions
@@ -123,6 +124,15 @@ def prepare(
         chat_template_kwargs=req.chat_template_kwargs,
         defaults=ThinkingDefaults.from_flags(cfg.thinking, cfg.preserve_thinking),
     )
+    explicit = req.preserve_thinking
+    if explicit is None:
+        explicit = kwargs.get("preserve_thinking")
+    # the chain's thinking history renders differently from the parent's (request_start flag)
+    semantic_change = (
+        parent is not None
+        and explicit is not None
+        and bool(options.preserve_thinking) != bool(parent.preserve_thinking)
+    )
     lowered = items_to_messages(
         items,
         req.tools,
@@ -149,6 +159,7 @@ def prepare(
         implicit_cache_point=req.prompt_cache_mode == "implicit",
         session_key=session,
         protocol="responses",
+        semantic_change=semantic_change,
     )
     return Prepared(rid, req, parent, generation, options, session)
 
@@ -366,11 +377,18 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
         service = _service(state)
         events = service.generate(p.generation, request_id=getattr(request.state, "request_id", ""))
         if not req.stream:
-            first = await first_event(events)  # preparation/admission errors raise here
+
+            async def aggregate() -> dict[str, Any]:
+                first = await first_event(events)  # preparation/admission errors raise here
+                return await _create_json(state, p, first, events)
+
             try:
-                return Response(await _create_json(state, p, first, events))
+                obj = await unless_disconnected(aggregate(), request, events)
             finally:
                 await events.aclose()
+            if obj is None:  # the client went away; nobody reads this
+                return Response({}, status_code=CLIENT_CLOSED_STATUS)
+            return Response(obj)
         first_or_wait = await open_events(events)  # in-time errors are ordinary HTTP errors
         return Stream(
             with_keepalive(_create_sse(state, p, first_or_wait, events)),

@@ -3,7 +3,7 @@ request log"; the schema is documented in docs/request-log.md).
 
 One JSON object per line, appended and flushed per event, every one carrying
 
-    {"schema": "ninfer_serve_request_log", "schema_version": 1, "event": ...,
+    {"schema": "ninfer_serve_request_log", "schema_version": 24, "event": ...,
      "timestamp_unix_ms": ..., "server_instance_id": ..., ...}
 
 Events: server_start, request_start, request_rejected, request_scheduling, request_done,
@@ -34,7 +34,14 @@ from ninfer.api.observe import RequestRecord, Sink
 from ninfer.errors import ConfigError
 
 SCHEMA = "ninfer_serve_request_log"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 24  # spec/serving.md: "one ninfer_serve_request_log schema-v24 JSON object"
+HOST_PHASES = (
+    "engine_boundary",
+    "program_submit",
+    "program_post",
+    "engine_commit_output",
+    "engine_maintenance",
+)
 REDACTED = "<redacted>"
 SECRET_FLAGS = ("--api-key",)
 
@@ -144,8 +151,10 @@ class RequestLogSink(Sink):
         self.log.write("request_start", {
             **_identity(rec),
             **_options(rec),
+            "responses_semantic_change": rec.request.semantic_change if rec.protocol == "responses" else None,
             "request_shape": _shape(rec),
-            "media_items": 0,
+            "media_items": _media_items(rec),
+            "media": _media(rec),
             "prompt_tokens": rec.prompt_tokens,
             "enable_thinking": rec.starts_in_thinking,
             "thinking_budget": self._thinking_budget(rec),
@@ -160,7 +169,7 @@ class RequestLogSink(Sink):
             **_identity(rec),
             **_options(rec),
             "request_shape": _shape(rec),
-            "media_items": 0,
+            "media_items": _media_items(rec),
             "phase": "prepare",
             "outcome": rec.outcome,
             "error": _error(err),
@@ -178,7 +187,7 @@ class RequestLogSink(Sink):
                 **_identity(rec),
                 "boundary": "terminal",
                 "preemption_index": usage.preemptions,
-                "route": "replay" if usage.replayed_tokens > 0 else None,
+                "route": _route(usage),
                 "elapsed_ns": int(rec.total_s * 1e9),
                 "progress": {"request": {"prefill_tokens": usage.prefill_tokens,
                                          "decode_tokens": usage.completion_tokens,
@@ -223,11 +232,8 @@ class RequestLogSink(Sink):
                 "decode": t.decode_s if t else None,
                 "total": rec.total_s,
             },
-            "engine_timing": {
-                "queue_wait_seconds": t.queue_s if t else None,
-                "paused_seconds": t.paused_s if t else 0.0,
-                "engine_total_seconds": t.total_s if t else None,
-            },
+            "thinking_budget": _thinking_counters(rec, usage),
+            "engine_timing": _engine_timing(t),
             "speculative": {"backend": None, "draft_window": 0, "rounds": 0, "drafted_tokens": 0,
                             "accepted_tokens": 0, "fallback_steps": 0, "accepted_per_position": []},
             "error": _error(err) if err is not None else _engine_error(finished),
@@ -272,6 +278,83 @@ def _options(rec: RequestRecord) -> dict[str, Any]:
     return {
         "requested_reasoning_effort": opts.requested_reasoning_effort,
         "preserve_thinking": opts.requested_preserve_thinking,
+    }
+
+
+def _route(usage: Any) -> str | None:
+    """The saved representation the request's pauses used: snapshot or replay; null when no
+    restore happened yet or both routes were used (the per-cycle route is not published)."""
+    snap, replay = usage.snapshot_restores, usage.replay_restores
+    if snap and not replay:
+        return "snapshot"
+    if replay and not snap:
+        return "replay"
+    return None
+
+
+def _media_items(rec: RequestRecord) -> int:
+    """Media parts (images, videos) of the request's messages: list items that are not text."""
+    return sum(
+        1
+        for m in rec.request.messages
+        if isinstance(m.get("content"), list)
+        for it in m["content"]
+        if isinstance(it, dict) and it.get("type") != "text"
+    )
+
+
+def _media(rec: RequestRecord) -> dict[str, Any]:
+    """Request-scoped media acquisition / preprocessing / cache / payload fields: zeros without
+    media; null where this server does not measure them yet."""
+    n = _media_items(rec)
+    unmeasured: Any = 0 if n == 0 else None
+    return {
+        "items": n,
+        "acquisition_seconds": unmeasured,
+        "preprocess_wall_seconds": unmeasured,
+        "preprocess_work_seconds": unmeasured,
+        "cache_hits": unmeasured,
+        "cache_misses": unmeasured,
+        "single_flight_waits": unmeasured,
+        "payload_bytes": unmeasured,
+    }
+
+
+def _thinking_counters(rec: RequestRecord, usage: Any) -> dict[str, Any]:
+    """How the thinking budget applied: output tokens counted against it, whether it was reached
+    with the block open, and the closing-suffix tokens the engine committed unsampled."""
+    r = rec.engine_request
+    budget = r.thinking_budget if r is not None else None
+    used = getattr(usage, "thinking_tokens", 0) if usage is not None else 0
+    forced = getattr(usage, "thinking_forced_tokens", 0) if usage is not None else 0
+    return {
+        "budget": budget,
+        "thinking_tokens": used,
+        "budget_reached": budget is not None and used >= budget,
+        "forced_close": forced > 0,
+        "injected_tokens": forced,
+    }
+
+
+def _engine_timing(t: Any) -> dict[str, Any]:
+    """request_done.engine_timing: FIFO queue wait, pauses, and the engine worker time the
+    request was exposed to from initial admission to its finish (ninfer.runtime.host_work):
+    five mutually exclusive host phases with their exact `total`, device wait apart, and the
+    decode-class share. Shared by every request of a batch: never sum across requests."""
+    exp = getattr(t, "exposure", None) if t is not None else None
+    host = {p: exp["host"].get(p, 0.0) for p in HOST_PHASES} if exp else None
+    return {
+        "queue_wait_seconds": t.queue_s if t else None,
+        "paused_seconds": t.paused_s if t else 0.0,
+        "engine_total_seconds": t.total_s if t else None,
+        "device_wait_exposed_seconds": exp["device_wait"] if exp else None,
+        "host_exposed_seconds": {**host, "total": sum(host.values())} if host else None,
+        "decode": {
+            "host_exposed_seconds": exp["decode_host"],
+            "device_wait_exposed_seconds": exp["decode_device_wait"],
+        }
+        if exp
+        else None,
     }
 
 

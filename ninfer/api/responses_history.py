@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ninfer.api.errors import ApiError
+from ninfer.api.generation import CachePoint, content_units
 from ninfer.api.responses_tools import ToolSet
 
 MAX_CACHE_WRITES = 4
@@ -37,10 +38,10 @@ def invalid_tool_history(param: str | None, message: str) -> ApiError:
 
 @dataclass(frozen=True)
 class PromptMessages:
-    """Template-form messages and the message indexes wanted as prefix-cache write points."""
+    """Template-form messages and the explicit prefix-cache write points (the latest four)."""
 
     messages: list[dict[str, Any]]
-    cache_points: tuple[int, ...]
+    cache_points: tuple[CachePoint, ...]
 
 
 _PHASE = {"reasoning": 0, "message": 1, "function_call": 2}
@@ -60,7 +61,7 @@ def items_to_messages(
         return f"input[{i - history}]" if i >= history else "previous_response_id"
 
     messages: list[dict[str, Any]] = []
-    explicit: list[int] = []
+    explicit: list[CachePoint] = []
     if instructions is not None:
         messages.append({"role": "developer", "content": instructions})
     turn: dict[str, Any] | None = None  # the assistant turn being grouped
@@ -81,10 +82,10 @@ def items_to_messages(
             )  # fmt: skip
         by_id = {r["call_id"]: r for _, r in results}
         for call_id in pending:  # declaration order
-            msg = _result_message(by_id[call_id])
-            if msg.pop("_bp"):
-                explicit.append(len(messages))
-            messages.append(msg)
+            output = by_id[call_id]["output"]
+            if not isinstance(output, str):
+                explicit.extend(_marked_ends(output, len(messages), 0))
+            messages.append(_result_message(by_id[call_id]))
         results.clear()
         pending = {}
 
@@ -108,9 +109,9 @@ def items_to_messages(
                     p["text"] for p in item["content"]
                 )
             elif kind == "message":
+                before = content_units(turn["content"])
+                explicit.extend(_marked_ends(item["content"], len(messages) - 1, before))
                 _append_content(turn, item["content"])
-                if any("prompt_cache_breakpoint" in p for p in item["content"]):
-                    explicit.append(len(messages) - 1)
             else:
                 call_id = item["call_id"]
                 if call_id in pending:
@@ -145,18 +146,28 @@ def items_to_messages(
             continue
         flush_results()
         pending = {}
+        explicit.extend(_marked_ends(item["content"], len(messages), 0))
         messages.append(_input_message(item))
-        if any("prompt_cache_breakpoint" in p for p in item["content"]):
-            explicit.append(len(messages) - 1)
     flush_results()
-    return PromptMessages(messages, _cache_points(explicit))
+    # The latest four explicit markers. The implicit candidate (end of the last message's text,
+    # before its closing tokens) is placed by the service when a write slot is left
+    # (`GenerationRequest.implicit_cache_point`).
+    return PromptMessages(messages, tuple(explicit[-MAX_CACHE_WRITES:]))
 
 
-def _cache_points(explicit: list[int]) -> tuple[int, ...]:
-    """The latest four explicit markers. The implicit candidate (end of the last message's
-    text, before its closing tokens) is placed by the service when a write slot is left
-    (`GenerationRequest.implicit_cache_point`)."""
-    return tuple(sorted(set(explicit))[-MAX_CACHE_WRITES:])
+def _marked_ends(parts: Sequence[dict[str, Any]], message: int, before: int) -> list[CachePoint]:
+    """The ends of the parts carrying prompt_cache_breakpoint, as points of template message
+    `message` whose content already holds `before` units (`CachePoint.offset`)."""
+    out, units = [], before
+    for p in parts:
+        kind = p["type"]
+        if kind in ("input_image", "input_video"):
+            units += 1
+        else:
+            units += len(p["refusal"] if kind == "refusal" else p["text"])
+        if "prompt_cache_breakpoint" in p:
+            out.append(CachePoint(message=message, offset=units))
+    return out
 
 
 def _parts_content(parts: Sequence[dict[str, Any]]) -> str | list[dict[str, Any]]:
@@ -200,8 +211,7 @@ def _input_message(item: dict[str, Any]) -> dict[str, Any]:
 def _result_message(item: dict[str, Any]) -> dict[str, Any]:
     output = item["output"]
     content = output if isinstance(output, str) else _parts_content(output)
-    bp = not isinstance(output, str) and any("prompt_cache_breakpoint" in p for p in output)
-    return {"role": "tool", "content": content, "tool_call_id": item["call_id"], "_bp": bp}
+    return {"role": "tool", "content": content, "tool_call_id": item["call_id"]}
 
 
 def has_user_message(items: Sequence[dict[str, Any]]) -> bool:

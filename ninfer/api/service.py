@@ -30,6 +30,7 @@ from ninfer.api.generation import (
 )
 from ninfer.api.observe import NO_TRACK, Observer, RequestTrack
 from ninfer.api.postprocess import PostProcessor
+from ninfer.api.prompt_cache import explicit_checkpoints, frontier
 from ninfer.api.prompt_encoding import PromptEncoder
 from ninfer.api.reasoning import (
     THINK_CLOSE,
@@ -38,7 +39,7 @@ from ninfer.api.reasoning import (
     thinking_budget_suffix_ids,
 )
 from ninfer.api.sampling import FIELDS, SamplerPolicy
-from ninfer.api.template import ChatTemplate
+from ninfer.api.template import ChatTemplate, RenderedPrompt
 from ninfer.runtime.request import (
     AdmittedEvent,
     EngineError,
@@ -152,7 +153,7 @@ class ModelService:
                 code="context_length_exceeded",
                 param="messages",
             )
-        checkpoints = self._checkpoints(req, rendered.text, ids)
+        checkpoints = self._checkpoints(req, rendered, ids)
         if req.implicit_cache_point and len(req.cache_points) < MAX_CACHE_WRITES:
             implicit = self._content_end(req, rendered.text, rendered.special_spans, ids)
             if implicit is not None:
@@ -160,28 +161,23 @@ class ModelService:
         starts = prompt_starts_in_thinking(rendered.text, rendered.special_spans)
         return Prepared(ids, rendered.text, starts, checkpoints)
 
-    def _checkpoints(self, req: GenerationRequest, text: str, ids: list[int]) -> tuple[int, ...]:
+    def _checkpoints(
+        self, req: GenerationRequest, rendered: RenderedPrompt, ids: list[int]
+    ) -> tuple[int, ...]:
         """Prefix checkpoints at semantic boundaries: the end of the conversation before the
-        generation prompt (what a follow-up turn shares) and after each message a cache hint
-        marks (at most four). A boundary counts only where the prefix's own rendering is a
-        token prefix of the full prompt."""
-        cuts = [] if req.continue_final_message or len(req.messages) < 2 else [len(req.messages)]
-        cuts += [i + 1 for i in req.cache_points[-4:] if 0 <= i < len(req.messages) - 1]
-        points = set()
-        for cut in cuts:
-            try:
-                prefix = self.template.render(
-                    req.messages[:cut],
-                    tools=req.tools,
-                    add_generation_prompt=False,
-                    options=req.template_options,
-                )
-            except ApiError:
-                continue
-            prefix_ids = self.encoder.encode(prefix.text, prefix.special_spans)
-            if 0 < len(prefix_ids) < len(ids) and prefix_ids == ids[: len(prefix_ids)]:
-                points.add(len(prefix_ids))
-        return tuple(sorted(points))
+        generation prompt and the end of each part a cache hint marks (ninfer.api.prompt_cache).
+        A boundary counts only where it is an exact token frontier of the prompt."""
+
+        def render(messages: list[dict[str, Any]], generation_prompt: bool) -> RenderedPrompt:
+            return self.template.render(
+                messages,
+                tools=req.tools,
+                add_generation_prompt=generation_prompt,
+                continue_final_message=req.continue_final_message,
+                options=req.template_options,
+            )
+
+        return explicit_checkpoints(req, rendered, ids, self.encoder, render)
 
     def _content_end(
         self,
@@ -201,7 +197,7 @@ class ModelService:
         if not isinstance(content, str) or not content:
             return None
         ordered = sorted(spans)
-        starts = {a: j for j, (a, _) in enumerate(ordered)}
+        starts = {a for a, _ in ordered}
         end = len(text)
         while (i := text.rfind(content, 0, end)) >= 0:
             end = i + len(content)
@@ -210,17 +206,11 @@ class ModelService:
             end = i + len(content) - 1
         else:
             return None
-        # Control tokens split the encoding into independent pieces, so the prompt's own ids up
-        # to the closing token are the prefix's encoding: no second pass over a long prompt.
-        # Only the piece since the previous control token is re-encoded, as a check.
-        j = starts[end]
         at = self.encoder.control_positions(ids)
-        if len(at) != len(ordered) or at[j] == 0:
+        if len(at) != len(ordered):
             return None
-        begin, first = (ordered[j - 1][1], at[j - 1] + 1) if j else (0, 0)
-        if self.encoder.encode(text[begin:end]) != ids[first : at[j]]:
-            return None
-        return at[j]
+        f = frontier(text, ordered, at, ids, end, self.encoder)  # encodes only the last piece
+        return f if f is not None and 0 < f < len(ids) else None
 
     def count_tokens(self, req: GenerationRequest) -> int:
         return len(self.prepare(req).prompt_ids)

@@ -7,9 +7,11 @@ thread or the device), takes counter deltas against the previous one and emits
              running 2 (prefill 1, decode 1), waiting 1, batch 1.80, device 3.20 s (64%)`
     JSONL:  a `throughput` event with the raw deltas, seconds and end-of-interval gauges
 
-Fully idle intervals (no step ran, no token moved, no request present) are omitted. prefill
-counts prompt-suffix tokens computed (cache hits excluded); decode counts tokens committed by
-decode rounds (each request's first token excluded); batch is decode row-rounds per round.
+Fully idle intervals (no step ran, no token moved, no context byte transferred, no request
+present) are omitted. prefill counts prompt-suffix tokens computed (cache hits excluded); decode
+counts tokens committed by decode rounds (each request's first token excluded); batch is decode
+row-rounds per round; `host` is the engine worker's host-active time (the five phases of
+ninfer.runtime.host_work, device wait excluded) and its fraction of the interval.
 """
 
 from __future__ import annotations
@@ -51,6 +53,13 @@ GAUGES = (
     "materializing",
 )
 RESOURCES = ("kv_pages_used", "kv_pages_capacity", "state_slots_used", "state_slots_capacity")
+HOST_CONTEXT = (
+    "host_context_used_bytes",
+    "host_context_reserved_bytes",
+    "host_context_capacity_bytes",
+    "host_context_peak_bytes",
+)
+STATS_DETAIL = "stats_publication"
 
 
 @dataclass(frozen=True)
@@ -62,18 +71,58 @@ class ThroughputInterval:
     gauges: dict[str, int]
     resources: dict[str, int]
     host_work: dict[str, float] | None  # phase -> seconds, when the engine publishes phases
+    # (work class, "host" | "device_wait") -> seconds; stats-publication detail seconds / calls
+    work_class: dict[tuple[str, str], float] | None = None
+    detail_seconds: float = 0.0
+    detail_invocations: int = 0
+    transfers: dict[tuple[str, str], int] | None = None  # (resource, direction) -> bytes
+    host_context: dict[str, int] | None = None  # end-of-interval host context gauges
 
     @property
     def idle(self) -> bool:
-        return not any(self.deltas.values()) and not any(self.gauges.values())
+        return (
+            not any(self.deltas.values())
+            and not any(self.gauges.values())
+            and not any((self.transfers or {}).values())
+        )
+
+    def _host_work(self) -> dict[str, Any]:
+        """throughput.host_work: the aggregation authority for worker time."""
+        d = self.deltas
+        rounds, rows = d["decode_rounds"], d["decode_rows"]
+        if self.host_work is None:
+            return {"elapsed_seconds": None, "device_wait_seconds": d["device_wait_seconds"]}
+        elapsed = {**self.host_work, "total": sum(self.host_work.values())}
+        classes: dict[str, dict[str, float]] = {}
+        for (cls, kind), v in (self.work_class or {}).items():
+            classes.setdefault(cls, {})[kind] = v
+        decode_host = classes.get("decode", {}).get("host", 0.0)
+        n = self.detail_invocations
+        return {
+            "elapsed_seconds": elapsed,
+            "device_wait_seconds": d["device_wait_seconds"],
+            "work_class_seconds": classes,
+            "detail_subset_seconds": {STATS_DETAIL: self.detail_seconds},
+            "detail_invocations": {STATS_DETAIL: n},
+            "normalized_seconds": {
+                "decode_host_per_round": decode_host / rounds if rounds else None,
+                "decode_host_per_row_round": decode_host / rows if rows else None,
+                "stats_publication_per_invocation": self.detail_seconds / n if n else None,
+            },
+        }
+
+    def _context_cache(self) -> dict[str, Any]:
+        """throughput.context_cache: transfer deltas and end-of-interval host occupancy."""
+        moved = self.transfers or {}
+        return {
+            "transfer_bytes": {f"{r}.{d}": int(n) for (r, d), n in sorted(moved.items())},
+            "occupancy": dict(self.host_context or {}),
+        }
 
     def fields(self) -> dict[str, Any]:
         """The JSONL `throughput` event body (unrounded)."""
         d = self.deltas
         rounds = d["decode_rounds"]
-        elapsed = None
-        if self.host_work is not None:
-            elapsed = {**self.host_work, "total": sum(self.host_work.values())}
         return {
             "interval_seconds": self.seconds,
             "tokens": {k: int(d[k]) for k in ("prompt_tokens", "cached_tokens", "prefill_tokens",
@@ -88,8 +137,8 @@ class ThroughputInterval:
                                                   "replayed_tokens")},
             "scheduler": {**self.gauges, "capture_pending": 0, "terminal_pending": 0},
             "resources": dict(self.resources),
-            "host_work": {"elapsed_seconds": elapsed, "device_wait_seconds": d["device_wait_seconds"]},
-            "context_cache": None,  # no host context cache in this engine yet
+            "host_work": self._host_work(),
+            "context_cache": self._context_cache(),
         }  # fmt: skip
 
     def message(self) -> str:
@@ -128,12 +177,30 @@ def interval(prev: Any, cur: Any, seconds: float) -> ThroughputInterval:
     deltas = {k: max(0.0, _num(cur, attr) - _num(prev, attr)) for k, attr in COUNTERS.items()}
     gauges = {k: int(_num(cur, k)) for k in GAUGES}
     resources = {k: int(_num(cur, k)) for k in RESOURCES}
-    now, then = getattr(cur, "host_work_seconds", None), getattr(prev, "host_work_seconds", None)
-    host = None
-    if isinstance(now, dict):
-        then = then if isinstance(then, dict) else {}
-        host = {k: max(0.0, float(v) - float(then.get(k, 0.0))) for k, v in now.items()}
-    return ThroughputInterval(seconds, deltas, gauges, resources, host)
+    host = _dict_delta(prev, cur, "host_work_seconds")
+    return ThroughputInterval(
+        seconds,
+        deltas,
+        gauges,
+        resources,
+        host or None,  # an engine without phases (an old snapshot) reports device time only
+        _dict_delta(prev, cur, "work_class_seconds"),
+        max(0.0, _num(cur, "stats_publication_seconds") - _num(prev, "stats_publication_seconds")),
+        int(
+            _num(cur, "stats_publication_invocations") - _num(prev, "stats_publication_invocations")
+        ),
+        _dict_delta(prev, cur, "context_transfer_bytes"),
+        {k.removeprefix("host_context_"): int(_num(cur, k)) for k in HOST_CONTEXT},
+    )
+
+
+def _dict_delta(prev: Any, cur: Any, attr: str) -> dict[Any, Any]:
+    """Per-key counter deltas of a dict attribute (missing: empty)."""
+    now, then = getattr(cur, attr, None), getattr(prev, attr, None)
+    if not isinstance(now, dict):
+        return {}
+    then = then if isinstance(then, dict) else {}
+    return {k: max(0.0, float(v) - float(then.get(k, 0.0))) for k, v in now.items()}
 
 
 def _num(snap: Any, attr: str) -> float:

@@ -26,7 +26,9 @@ from typing import Self
 from ninfer.errors import ConfigError, NinferError
 from ninfer.runtime.config import EngineConfig
 from ninfer.runtime.executor_api import Executor
+from ninfer.runtime.host_work import DEVICE_WAIT, HostWork
 from ninfer.runtime.request import (
+    AdmittedEvent,
     EngineError,
     EngineOverloaded,
     FinishEvent,
@@ -40,7 +42,7 @@ from ninfer.runtime.request import (
 )
 from ninfer.runtime.sampler import Sampler, SampleRow
 from ninfer.runtime.scheduler import Scheduler, StepPlan
-from ninfer.runtime.sequence import Sequence
+from ninfer.runtime.sequence import finish_event
 
 log = logging.getLogger("ninfer.engine")
 
@@ -88,6 +90,12 @@ class EngineStats:
     step_failures_total: int = 0
     device_wait_seconds_total: float = 0.0
     requests_by_outcome: dict[str, int] = field(default_factory=dict)
+    # worker wall time (host_work.py): the five host phases, and per (work class, "host" |
+    # "device_wait"); stats publication is a detail already inside engine_maintenance
+    host_work_seconds: dict[str, float] = field(default_factory=dict)
+    work_class_seconds: dict[tuple[str, str], float] = field(default_factory=dict)
+    stats_publication_seconds: float = 0.0
+    stats_publication_invocations: int = 0
     # bytes copied by (resource "main_kv" | "state", direction "device_to_host" | "host_to_device")
     context_transfer_bytes: dict[tuple[str, str], int] = field(default_factory=dict)
 
@@ -250,8 +258,9 @@ class Engine:
         self._next_id = 0  # guarded by _wake
         self._closing = False  # guarded by _wake
         self._handles: dict[int, RequestHandle] = {}  # worker only
+        self._exposure: dict[int, tuple[float, ...]] = {}  # worker only: seq id -> mark
         self._step_failures = 0
-        self._device_s = 0.0
+        self._work = HostWork()
         self._ready = True
         self._stats = self._build_stats()
         self._thread = threading.Thread(target=self._run, name="ninfer-engine", daemon=True)
@@ -326,6 +335,7 @@ class Engine:
                         self._wake.wait(_IDLE_WAIT_S if self._sched.has_work() else None)
                     commands, self._inbox = self._inbox, []
                     closing = self._closing
+                self._work.start()
                 self._apply(commands)
                 if closing:
                     self._abort_all("cancelled", None)
@@ -361,22 +371,31 @@ class Engine:
             else:
                 _, seq_id, reason, keep = cmd
                 self._sched.abort(seq_id, reason, now, keep_tokens=keep)
+        self._work.lap("engine_boundary")
         self._publish()
 
     def _step(self) -> bool:
         """One iteration; True when a batch ran (so the loop should not sleep)."""
         plan = self._sched.schedule(self._clock())
+        if plan is not None:  # a batch of decode rows only is decode work
+            decode = all(s.decode_ready for s in plan.chunk_seqs)
+            self._work.work_class = "decode" if decode else "prefill"
+        self._work.lap("program_submit")
         self._publish()  # timeouts and pressure finishes need not wait for the device
         if plan is not None:
-            self._stats = self._build_stats()  # gauges show the batch while the device runs it
+            self._publish_stats()  # gauges show the batch while the device runs it
             self._execute(plan)
             self._publish()
-        self._stats = self._build_stats()
+        self._publish_stats()
+        self._work.work_class = "control"
         return plan is not None
+
+    def _publish_stats(self) -> None:
+        self._stats = self._build_stats()
+        self._work.stats(self._work.lap("engine_maintenance"))
 
     def _execute(self, plan: StepPlan) -> None:
         seqs = plan.logit_seqs
-        t0 = self._clock()
         try:
             self._sched.run_transfers(plan, self._executor)  # pause snapshots and restores
             logits = self._executor.run(plan.batch)  # [len(seqs), vocab]
@@ -385,11 +404,13 @@ class Engine:
         except Exception as e:
             log.exception("step %d failed", plan.batch.step_index)
             self._step_failures += 1
+            self._work.lap(DEVICE_WAIT)
             self._sched.fail_step(plan, self._clock(), EngineError(f"the step failed: {e}"))
+            self._work.lap("program_post")
             return
-        finally:
-            self._device_s += self._clock() - t0
+        self._work.lap(DEVICE_WAIT)
         self._sched.commit(plan, sampled, self._clock())
+        self._work.lap("program_post")
 
     def _publish(self) -> None:
         for seq, tokens, finished, notice in self._sched.drain_updates():
@@ -397,15 +418,20 @@ class Engine:
             if handle is None:
                 continue
             if notice is not None:
+                if isinstance(notice, AdmittedEvent):
+                    self._exposure[seq.seq_id] = self._work.exposure_mark()
                 handle._push(notice)
             if tokens:
                 handle._push(TokensEvent(tokens))
             if finished:
                 del self._handles[seq.seq_id]
                 self._sampler.forget(seq.seq_id)
-                handle._push(_finish_event(seq))
+                mark = self._exposure.pop(seq.seq_id, None)
+                exposure = None if mark is None else self._work.exposure_since(mark)
+                handle._push(finish_event(seq, exposure))
                 with self._wake:
                     self._outstanding -= 1
+        self._work.lap("engine_commit_output")
 
     def _abort_all(self, reason: str, error: BaseException | None) -> None:
         now = self._clock()
@@ -447,33 +473,11 @@ class Engine:
             decode_rounds_total=c.decode_rounds,
             decode_rows_total=c.decode_rows,
             step_failures_total=self._step_failures,
-            device_wait_seconds_total=self._device_s,
+            device_wait_seconds_total=self._work.seconds[DEVICE_WAIT],
             requests_by_outcome=dict(c.outcomes),
             context_transfer_bytes=dict(s.preemption.transfer_bytes),
+            host_work_seconds=self._work.host_seconds(),
+            work_class_seconds=dict(self._work.class_seconds),
+            stats_publication_seconds=self._work.stats_seconds,
+            stats_publication_invocations=self._work.stats_invocations,
         )
-
-
-def _finish_event(seq: Sequence) -> FinishEvent:
-    usage = Usage(
-        prompt_tokens=seq.num_prompt,
-        completion_tokens=seq.num_output,
-        cached_tokens=seq.cached_tokens,
-        reuse_path=seq.reuse_path,
-        prefill_tokens=seq.prefill_tokens,
-        replayed_tokens=seq.replayed_tokens,
-        preemptions=seq.preemptions,
-        snapshot_restores=seq.snapshot_restores,
-        replay_restores=seq.replay_restores,
-    )
-    end = seq.finished_s if seq.finished_s is not None else seq.arrival_s
-    first, admitted = seq.first_token_s, seq.admitted_s
-    timings = Timings(
-        queue_s=None if admitted is None else admitted - seq.arrival_s,
-        ttft_s=None if first is None else first - seq.arrival_s,
-        prefill_s=None if first is None or admitted is None else first - admitted,
-        decode_s=None if first is None else end - first,
-        total_s=end - seq.arrival_s,
-        paused_s=seq.paused_s,
-    )
-    reason = seq.finish_reason or "error"
-    return FinishEvent(reason, usage, timings, tuple(seq.output_ids), seq.error)  # type: ignore[arg-type]

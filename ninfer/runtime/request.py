@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from ninfer.errors import NinferError
 
@@ -161,6 +161,8 @@ class Usage:
     a recurrent-state checkpoint on hybrid models), 'root' when it prefilled from the start.
     prefill_tokens: prompt tokens actually computed by the initial prefill.
     replayed_tokens: tokens recomputed to rebuild state after pauses (not new output).
+    thinking_tokens: output tokens counted against the thinking budget (0 without a budget).
+    thinking_forced_tokens: closing-suffix tokens committed unsampled because the budget ran out.
     """
 
     prompt_tokens: int
@@ -172,6 +174,8 @@ class Usage:
     preemptions: int = 0
     snapshot_restores: int = 0  # pauses recovered from a host snapshot
     replay_restores: int = 0  # pauses recovered by recomputation
+    thinking_tokens: int = 0
+    thinking_forced_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -181,6 +185,9 @@ class Timings:
     queue_s: arrival -> first admission. ttft_s: arrival -> first committed token.
     prefill_s: admission -> first token. decode_s: first token -> finish. paused_s: total time
     spent paused for resource pressure. None where the request never reached that point.
+    exposure: engine worker wall time from initial admission to the finish (every resident
+    request sees a whole shared step): {"host": {phase: s}, "device_wait": s, "decode_host": s,
+    "decode_device_wait": s} (ninfer.runtime.host_work); None when never admitted.
     """
 
     queue_s: float | None
@@ -189,6 +196,7 @@ class Timings:
     decode_s: float | None
     total_s: float
     paused_s: float = 0.0
+    exposure: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

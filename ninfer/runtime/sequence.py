@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ninfer.runtime.prefix_cache import CacheNode
-from ninfer.runtime.request import Request, ReusePath
+from ninfer.runtime.request import FinishEvent, Request, ReusePath, Timings, Usage
 from ninfer.runtime.thinking import ThinkingBudget
 
 if TYPE_CHECKING:
@@ -110,3 +110,36 @@ class Sequence:
             and self.num_output == 0
             and self.computed >= self.high_water
         )
+
+
+def finish_event(seq: Sequence, exposure: dict[str, Any] | None = None) -> FinishEvent:
+    """The terminal event of a finished sequence: reason, usage, timings (with the engine's
+    host / device exposure of the request, when measured) and the output ids."""
+    usage = Usage(
+        prompt_tokens=seq.num_prompt,
+        completion_tokens=seq.num_output,
+        cached_tokens=seq.cached_tokens,
+        reuse_path=seq.reuse_path,
+        prefill_tokens=seq.prefill_tokens,
+        replayed_tokens=seq.replayed_tokens,
+        preemptions=seq.preemptions,
+        snapshot_restores=seq.snapshot_restores,
+        replay_restores=seq.replay_restores,
+        thinking_tokens=seq.thinking.used if seq.thinking is not None else 0,
+        thinking_forced_tokens=len(seq.thinking.suffix)
+        if seq.thinking is not None and seq.thinking.forced
+        else 0,
+    )
+    end = seq.finished_s if seq.finished_s is not None else seq.arrival_s
+    first, admitted = seq.first_token_s, seq.admitted_s
+    timings = Timings(
+        queue_s=None if admitted is None else admitted - seq.arrival_s,
+        ttft_s=None if first is None else first - seq.arrival_s,
+        prefill_s=None if first is None or admitted is None else first - admitted,
+        decode_s=None if first is None else end - first,
+        total_s=end - seq.arrival_s,
+        paused_s=seq.paused_s,
+        exposure=exposure,
+    )
+    reason = seq.finish_reason or "error"
+    return FinishEvent(reason, usage, timings, tuple(seq.output_ids), seq.error)  # type: ignore[arg-type]

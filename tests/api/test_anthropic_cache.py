@@ -1,8 +1,10 @@
 """Anthropic cache_control (no engine): block-level and request-level breakpoints, the
-four-breakpoint limit, and their mapping to template message ends."""
+four-breakpoint limit, and where each marked block ends (`CachePoint`). Where those ends land
+in real prompts: tests/api/test_cache_point_positions.py."""
 
 from __future__ import annotations
 
+from ninfer.api.generation import CachePoint
 from tests.api.test_anthropic_request import (
     EPHEMERAL,
     WEATHER,
@@ -18,20 +20,24 @@ from tests.api.test_anthropic_request import (
 # -- cache_control ------------------------------------------------------------------------------
 
 
-def test_block_breakpoints_map_to_message_ends():
+def at(message: int, offset: int) -> CachePoint:
+    return CachePoint(message=message, offset=offset)
+
+
+def test_block_breakpoints_map_to_block_ends():
     req = parse(
         {
             "tools": [{**WEATHER, "cache_control": EPHEMERAL}],
             "system": [text("S", cache_control={"type": "ephemeral", "ttl": "1h"})],
             "messages": [
-                user([text("a", cache_control=EPHEMERAL), text("b")]),  # not the end: ignored
+                user([text("a", cache_control=EPHEMERAL), text("b")]),  # inside the message
                 assistant("ok"),
                 user([text("c", cache_control=EPHEMERAL)]),
             ],
         }
     )
-    # system (0), user "ab" (1) no, assistant (2), user "c" (3)
-    assert req.cache_points == (0, 3)
+    # the tool, system "S" (0), "a" of user "ab" (1), user "c" (3)
+    assert req.cache_points == (CachePoint(tool=0), at(0, 1), at(1, 1), at(3, 1))
 
 
 def test_tool_result_breakpoint_ends_its_tool_message():
@@ -44,7 +50,28 @@ def test_tool_result_breakpoint_ends_its_tool_message():
             ]
         }
     )
-    assert req.cache_points == (2,)
+    assert req.cache_points == (at(2, 1),)
+
+
+def test_tool_use_and_error_result_breakpoints():
+    req = parse(
+        {
+            "messages": [
+                user("q"),
+                assistant(
+                    [text("hm"), {**tool_use("t1"), "cache_control": EPHEMERAL}, tool_use("t2")]
+                ),
+                user(
+                    [
+                        result("t1", "bad", is_error=True, cache_control=EPHEMERAL),
+                        result("t2", "ok"),
+                    ]
+                ),
+            ]
+        }
+    )
+    # the first call of message 1; the whole error result "Error: bad" (message 2)
+    assert req.cache_points == (CachePoint(message=1, tool_call=0), at(2, len("Error: bad")))
 
 
 def test_more_than_four_breakpoints_refused():
@@ -54,7 +81,7 @@ def test_more_than_four_breakpoints_refused():
     ]
     refused({"messages": blocks}, "invalid_value", "cache_control")
     ok = parse({"messages": blocks[:7]})
-    assert ok.cache_points == (0, 2, 4, 6)
+    assert ok.cache_points == tuple(at(i, 1) for i in (0, 2, 4, 6))
 
 
 def test_request_level_cache_control_merge_conflict_and_slots():
@@ -63,7 +90,8 @@ def test_request_level_cache_control_merge_conflict_and_slots():
         for i in range(7)
     ]
     # merges with the explicit breakpoint on the last block (same TTL)
-    assert parse({"messages": four, "cache_control": EPHEMERAL}).cache_points == (0, 2, 4, 6)
+    merged = parse({"messages": four, "cache_control": EPHEMERAL}).cache_points
+    assert merged == tuple(at(i, 1) for i in (0, 2, 4, 6))
     # conflicts at the same target with another TTL
     refused(
         {"messages": four, "cache_control": {"type": "ephemeral", "ttl": "1h"}},
@@ -75,7 +103,7 @@ def test_request_level_cache_control_merge_conflict_and_slots():
     refused({"messages": five, "cache_control": EPHEMERAL}, "invalid_value", "cache_control")
     # otherwise it marks the last cacheable block
     req = parse({"messages": [user("a"), assistant("b"), user("c")], "cache_control": EPHEMERAL})
-    assert req.cache_points == (2,)
+    assert req.cache_points == (at(2, 1),)
 
 
 def test_cache_control_ttl_and_type_validation():

@@ -327,8 +327,9 @@ def test_only_the_latest_four_explicit_breakpoints_are_write_candidates():
     msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": [marked]} for i in range(6)]
     msgs.insert(3, {"role": "user", "content": "unmarked"})
     r = parse(body(messages=msgs))
-    assert r.explicit_cache_messages == (2, 4, 5, 6)
-    assert parse(body()).explicit_cache_messages == ()
+    assert [p.message for p in r.explicit_cache_points] == [2, 4, 5, 6]
+    assert {p.offset for p in r.explicit_cache_points} == {1}  # the end of the marked part
+    assert parse(body()).explicit_cache_points == ()
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from ninfer.api.observability import Observability
 from ninfer.api.state import ServerState
 from ninfer.artifact import Artifact
 from ninfer.commands import serve
+from ninfer.runtime import host_work
 from tests.api.conftest import METRIC_FAMILIES
 
 KEY = "metrics-test-key"
@@ -132,6 +133,10 @@ def test_counters_move_by_exactly_the_tokens_of_a_request(server):
     assert delta("ninfer_generation_tokens") == 7
     assert delta("ninfer_decode_tokens") == 6  # the first token belongs to prefill
     assert delta("ninfer_replayed_tokens") == 0
+    # the engine worker measures its host phases (exclusive of device wait) for real
+    for phase in metrics.HOST_WORK_PHASES:
+        assert delta("ninfer_host_work_seconds", phase=phase) > 0, phase
+    assert delta("ninfer_device_wait_seconds") > 0
     assert delta("ninfer_requests", outcome="length") == 1
     assert sum(delta("ninfer_requests", outcome=o) for o in metrics.OUTCOMES) == 1
     for h in HISTOGRAMS:
@@ -176,6 +181,10 @@ def test_metrics_follow_the_api_key(server):
     assert client.get("/metrics").status_code == 401
     assert client.get("/metrics", headers={"x-api-key": KEY}).status_code == 200
     assert client.get("/health").status_code == 200
+
+
+def test_host_work_phases_are_the_engines():
+    assert metrics.HOST_WORK_PHASES == host_work.PHASES
 
 
 def test_histogram_buckets_are_cumulative_and_inclusive():

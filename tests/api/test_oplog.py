@@ -108,3 +108,29 @@ def test_reporter_omits_idle_intervals(tmp_path, stderr):
     assert [r["event"] for r in records] == ["throughput"]
     assert records[0]["tokens"]["decode_tokens"] == 5 and records[0]["interval_seconds"] == 5.0
     assert stderr.getvalue().count(" INFO throughput 5.00 s: decode 5 tok (1.00 tok/s)") == 1
+
+
+def test_interval_host_work_is_the_engines_phases_with_nulls_for_empty_denominators():
+    phases = dict.fromkeys(("engine_boundary", "program_submit", "program_post",
+                            "engine_commit_output", "engine_maintenance"), 0.0)  # fmt: skip
+    a = stats(host_work_seconds=phases, stats_publication_seconds=0.1,
+              stats_publication_invocations=10, context_transfer_bytes={("main_kv", "device_to_host"): 64})  # fmt: skip
+    b = stats(host_work_seconds={**phases, "program_submit": 0.25, "engine_maintenance": 0.5},
+              work_class_seconds={("decode", "host"): 0.75, ("decode", "device_wait"): 1.0},
+              stats_publication_seconds=0.3, stats_publication_invocations=14,
+              device_wait_seconds_total=1.0, context_transfer_bytes={("main_kv", "device_to_host"): 192},
+              host_context_used_bytes=128, host_context_capacity_bytes=1024)  # fmt: skip
+    iv = interval(a, b, 2.0)
+    assert not iv.idle  # context bytes moved even without tokens
+    hw = iv.fields()["host_work"]
+    assert hw["elapsed_seconds"]["total"] == pytest.approx(0.75)
+    assert hw["work_class_seconds"]["decode"] == {"host": 0.75, "device_wait": 1.0}
+    assert hw["detail_subset_seconds"]["stats_publication"] == pytest.approx(0.2)
+    assert hw["detail_invocations"]["stats_publication"] == 4
+    norm = hw["normalized_seconds"]
+    assert norm["decode_host_per_round"] is None and norm["decode_host_per_row_round"] is None
+    assert norm["stats_publication_per_invocation"] == pytest.approx(0.05)
+    cc = iv.fields()["context_cache"]
+    assert cc["transfer_bytes"] == {"main_kv.device_to_host": 128}
+    assert cc["occupancy"]["used_bytes"] == 128 and cc["occupancy"]["capacity_bytes"] == 1024
+    assert " host 750 ms (38%)" in iv.message()

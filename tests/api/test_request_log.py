@@ -250,3 +250,24 @@ def test_requests_log_their_sequence_and_fields(served, tiny_agent_prompts):
     text = path.read_text(encoding="utf-8")
     assert SECRET_PROMPT not in text and KEY not in text
     assert tool["messages"][-1]["content"] not in text
+
+
+def test_responses_semantic_change_flag_marks_a_changed_preserve_thinking(served):
+    client, path = served
+    n0 = len(read_log(path))
+    base = {"model": "tiny-agent", "temperature": 0, "max_output_tokens": 2}
+    parent = client.post("/v1/responses", headers=AUTH, json={**base, "input": "Hi!"})
+    assert parent.status_code == 200, parent.text
+    pid = parent.json()["id"]
+    for extra in ({"preserve_thinking": True}, {"preserve_thinking": False}, {}):
+        child = client.post("/v1/responses", headers=AUTH, json={
+            **base, "input": "And then?", "previous_response_id": pid, **extra})  # fmt: skip
+        assert child.status_code == 200, child.text
+    starts = [r for r in read_log(path)[n0:] if r["event"] == "request_start"]
+    flags = [r["responses_semantic_change"] for r in starts]
+    # the parent resolved preserve_thinking to the server default (off): only an explicit True
+    # changes how the chain's history renders; an equal value or an omitted one does not
+    assert flags == [False, True, False, False]
+    assert all(r["protocol"] == "responses" and r["media"]["items"] == 0 for r in starts)
+    done = [r for r in read_log(path)[n0:] if r["event"] == "request_done"]
+    assert all(r["thinking_budget"]["forced_close"] is False for r in done)

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from ninfer.api.errors import ApiError
+from ninfer.api.generation import CachePoint
 from ninfer.api.responses_history import items_to_messages
 from ninfer.api.responses_items import parse_input
 from ninfer.api.responses_tools import ToolSet, parse_tools
@@ -228,8 +229,10 @@ def test_cache_points():
         }
         for i in range(6)
     ]
-    assert lower(msgs).cache_points == (2, 3, 4, 5)  # the latest four explicit markers
-    assert lower(msgs[:2] + [{"role": "user", "content": "x"}]).cache_points == (0, 1)
+    # the latest four explicit markers, each at the end of its marked part
+    assert lower(msgs).cache_points == tuple(CachePoint(message=i, offset=1) for i in (2, 3, 4, 5))
+    two = lower(msgs[:2] + [{"role": "user", "content": "x"}]).cache_points
+    assert [p.message for p in two] == [0, 1]
     assert lower([{"role": "user", "content": "x"}], instructions="i").cache_points == ()
 
 

@@ -419,3 +419,31 @@ def test_timings_per_token_and_return_progress(live_server):
     counts = [c["timings"]["predicted_n"] for c in visible]
     assert counts == sorted(counts) and counts[-1] > 0
     assert "timings" in chunks[-1]  # terminal timings always
+
+
+def _generated_tokens(base_url: str) -> tuple[float, float]:
+    """(ninfer_generation_tokens_total, ninfer_requests_running) from /metrics."""
+    values = {}
+    for line in httpx.get(base_url + "/metrics").text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("ninfer_generation_tokens_total", "ninfer_requests_running"):
+            values[name] = float(value)
+    return values["ninfer_generation_tokens_total"], values["ninfer_requests_running"]
+
+
+def test_a_dropped_aggregate_request_is_cancelled(live_server):
+    """A non-streamed request whose client hangs up stops in the engine at once instead of
+    generating its remaining tokens (ignore_eos keeps it from ending early)."""
+    base = live_server.base_url
+    before, _ = _generated_tokens(base)
+    body = {**LONG, "stream": False, "max_tokens": 1500, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+        httpx.post(base + "/v1/chat/completions", json=body, timeout=httpx.Timeout(10, read=0.5))
+    deadline = time.monotonic() + 3
+    while (state := _generated_tokens(base))[1] != 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    generated, running = state
+    assert running == 0
+    time.sleep(0.3)  # nothing more is generated for it afterwards
+    assert _generated_tokens(base)[0] == generated
+    assert 0 < generated - before < 1500

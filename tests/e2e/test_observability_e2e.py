@@ -24,6 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.api.conftest import METRIC_FAMILIES as FAMILIES
 from tests.e2e.conftest import TINY_AGENT
 
+HOST_PHASES = ("engine_boundary", "program_submit", "program_post", "engine_commit_output",
+               "engine_maintenance")  # fmt: skip
+
 KEY = "e2e-observability-key-9931"
 SECRET = "Quokka lanterns 5123 are a private prompt"
 RECORD = re.compile(
@@ -91,10 +94,17 @@ def test_observability_end_to_end(server):
     assert sample(m0, "ninfer_generation_tokens", "_total") == 0
 
     # -- a known request moves the token counters by exactly its tokens ------------------------
+    t0 = time.monotonic()
     known = chat(server, SECRET, max_tokens=6, ignore_eos=True)
+    wall = time.monotonic() - t0
     assert known.status_code == 200, known.text
     usage = known.json()["usage"]
     m1 = metrics(server)
+    # the engine worker measured every host phase; the segments are exclusive, so host work plus
+    # device wait fit inside the request's wall time
+    host = {p: sample(m1, "ninfer_host_work_seconds", "_total", phase=p) for p in HOST_PHASES}
+    assert all(v > 0 for v in host.values()), host
+    assert sum(host.values()) + sample(m1, "ninfer_device_wait_seconds", "_total") < wall + 0.5
     assert sample(m1, "ninfer_prompt_tokens", "_total") == usage["prompt_tokens"]
     assert (
         sample(m1, "ninfer_prefill_tokens", "_total")
@@ -154,7 +164,7 @@ def test_observability_end_to_end(server):
     assert records[0]["event"] == "server_start"
     assert records[0]["argv"][records[0]["argv"].index("--api-key") + 1] == "<redacted>"
     assert {r["server_instance_id"] for r in records} == {records[0]["server_instance_id"]}
-    assert all(r["schema"] == "ninfer_serve_request_log" and isinstance(r["schema_version"], int)
+    assert all(r["schema"] == "ninfer_serve_request_log" and r["schema_version"] == 24
                and isinstance(r["timestamp_unix_ms"], int) for r in records)  # fmt: skip
     seq: dict[int, list[dict[str, Any]]] = {}
     for r in records:
@@ -180,6 +190,15 @@ def test_observability_end_to_end(server):
         and streamed_done["finish_reason"] == "length"
     )
     assert streamed_done["timings_seconds"]["ttft"] > 0
+    et = known_done["engine_timing"]  # host exposure from admission to finish, device wait apart
+    exposed = et["host_exposed_seconds"]
+    assert set(exposed) == {*HOST_PHASES, "total"} and exposed["program_post"] > 0
+    assert exposed["total"] == pytest.approx(sum(exposed[p] for p in HOST_PHASES))
+    assert et["device_wait_exposed_seconds"] > 0
+    assert 0 < exposed["total"] + et["device_wait_exposed_seconds"] <= et["engine_total_seconds"]
+    assert et["decode"]["device_wait_exposed_seconds"] > 0  # five decode rounds
+    assert seq[ids[0]][0]["responses_semantic_change"] is None  # a chat request
+    assert known_done["thinking_budget"]["budget"] is None
     assert seq[ids[2]][0]["error"]["code"] == "context_length_exceeded"
     assert seq[ids[3]][1]["kind"] == "cancelled" and seq[ids[3]][1]["first_token_seen"]
     assert (
@@ -187,7 +206,18 @@ def test_observability_end_to_end(server):
         and seq[ids[4]][1]["outcome"] == "timeout"
     )
     assert seq[ids[5]][0]["error"]["status"] == 429 and seq[ids[5]][0]["outcome"] == "overloaded"
-    assert any(r["event"] == "throughput" and r["tokens"]["decode_tokens"] > 0 for r in records)
+    busy = [r for r in records if r["event"] == "throughput" and r["tokens"]["decode_tokens"] > 0]
+    assert busy
+    for r in busy:  # the worker's host phases are the aggregation authority
+        hw = r["host_work"]
+        elapsed = hw["elapsed_seconds"]
+        assert set(elapsed) == {*HOST_PHASES, "total"} and elapsed["total"] > 0
+        assert elapsed["total"] == pytest.approx(sum(elapsed[p] for p in HOST_PHASES))
+        assert elapsed["total"] + hw["device_wait_seconds"] <= r["interval_seconds"] * 1.05 + 0.01
+        classes = hw["work_class_seconds"]
+        assert classes["decode"]["device_wait"] > 0
+        assert sum(c["host"] for c in classes.values()) == pytest.approx(elapsed["total"])
+        assert hw["detail_invocations"]["stats_publication"] > 0
     text = log_path.read_text(encoding="utf-8")
     assert SECRET not in text and KEY not in text
 
@@ -225,7 +255,9 @@ def test_observability_end_to_end(server):
         if re.search(r"request \d+ chat length: .*cache \d+ \(\d+%, [a-z ]+\)", line)
     ]
     assert len(done) == 2
-    assert any(" INFO throughput " in line and "tok/s" in line for line in lines)
+    assert any(
+        " INFO throughput " in line and "tok/s" in line and " host " in line for line in lines
+    )
     assert any("rejected: 429 server_overloaded" in line for line in lines)
     assert any(
         re.search(r"request \d+ chat cancelled by the client after .*first token seen", line)
