@@ -130,3 +130,18 @@ def qwen_template(qwen_tokenizer: Tokenizer):
 
     source = (TEMPLATES_DIR / "qwen_xml.jinja").read_text(encoding="utf-8")
     return chat_template_for(source, qwen_tokenizer, special_tokens={"eos_token": "<|im_end|>"})
+
+
+@pytest.fixture
+def prompt_service(qwen_tokenizer: Tokenizer, qwen_template):
+    """A ModelService that only prepares (renders and encodes) requests: no engine."""
+    from ninfer.api.service import ModelService
+
+    return ModelService(
+        engine=None,
+        tokenizer=qwen_tokenizer,
+        template=qwen_template,
+        eos_ids=(),
+        max_context=8192,
+        default_max_tokens=16,
+    )

@@ -26,15 +26,8 @@ QUESTION = " What is the weather in Paris?"
 
 
 @pytest.fixture
-def service(qwen_tokenizer, qwen_template) -> ModelService:
-    return ModelService(
-        engine=None,  # prepare() renders and encodes only
-        tokenizer=qwen_tokenizer,
-        template=qwen_template,
-        eos_ids=(),
-        max_context=8192,
-        default_max_tokens=16,
-    )
+def service(prompt_service) -> ModelService:
+    return prompt_service
 
 
 def chat(service: ModelService, messages: list[dict[str, Any]], **fields: Any):
