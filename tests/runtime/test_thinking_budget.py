@@ -81,6 +81,8 @@ def test_the_suffix_is_forced_once_at_the_cap_and_the_model_continues_from_it(bu
     streamed = [t for e in events if isinstance(e, TokensEvent) for t in e.token_ids]
     assert streamed == out and len(out) == max_tokens
     assert fin.reason == "length" and fin.usage.completion_tokens == max_tokens
+    # the request log's thinking-budget counters: the model's thinking tokens, the forced ones
+    assert (fin.usage.thinking_tokens, fin.usage.thinking_forced_tokens) == (budget, len(SUFFIX))
     assert stats.generation_tokens_total == max_tokens
     assert stats.decode_tokens_total == max_tokens - 1
 
@@ -93,6 +95,7 @@ def test_a_natural_close_before_the_cap_forces_nothing():
     with make_engine() as eng:
         out = eng.submit(budget_request(p, budget, 40, close=(free[k],))).result(timeout=T)
     assert list(out.token_ids) == free  # exactly the model alone: no suffix anywhere
+    assert (out.usage.thinking_tokens, out.usage.thinking_forced_tokens) == (k, 0)
 
 
 def test_the_close_token_written_at_the_cap_is_a_natural_close():
