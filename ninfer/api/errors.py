@@ -13,6 +13,7 @@ The helpers below are the only spellings of each code, so handlers and tests agr
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ninfer.errors import NinferError
@@ -265,3 +266,16 @@ def from_engine_error(exc: BaseException, *, pending_timeout_ms: int) -> ApiErro
     if isinstance(exc, RequestError):
         return ApiError(400, str(exc), code="invalid_request")
     return None
+
+
+def generation_failure(cause: BaseException | None, *, pending_timeout_ms: int) -> ApiError:
+    """The API error of a generation that failed after it started: an ApiError as it is, a typed
+    engine refusal mapped by `from_engine_error`, anything else (logged) 500 internal_error."""
+    if isinstance(cause, ApiError):
+        return cause
+    if cause is not None:
+        mapped = from_engine_error(cause, pending_timeout_ms=pending_timeout_ms)
+        if mapped is not None:
+            return mapped
+        logging.getLogger("ninfer.serve").error("generation failed", exc_info=cause)
+    return internal_error()

@@ -110,6 +110,7 @@ class ChatCompletion:
         self.created = int(time.time())
         self.model = state.model_id
         self.chat = chat
+        self.pending_timeout_ms = state.config.pending_timeout_ms
 
     def aggregate(self, f: Finished) -> dict[str, Any]:
         message: dict[str, Any] = {
@@ -234,7 +235,10 @@ class ChatCompletion:
             )
         elif isinstance(e, Finished):
             if e.reason == "error":
-                out.append({"error": errors.internal_error().body()["error"]})
+                failure = errors.generation_failure(
+                    e.error, pending_timeout_ms=self.pending_timeout_ms
+                )
+                out.append({"error": failure.body()["error"]})
                 return out
             timings = e.timings.as_dict()
             if chat.include_usage:
@@ -289,7 +293,9 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
                 return Response({}, status_code=CLIENT_CLOSED_STATUS)
             assert isinstance(final, Finished)
             if final.reason == "error":
-                raise errors.internal_error()
+                raise errors.generation_failure(
+                    final.error, pending_timeout_ms=state.config.pending_timeout_ms
+                )
             return Response(completion.aggregate(final))
         first = await open_events(events)  # raises ApiError when it fails in time
         return Stream(

@@ -253,15 +253,8 @@ def _precheck_store(state: ServerState, p: Prepared, model: str) -> None:
 
 def _failure(fin: Finished | None, exc: BaseException | None, pending_timeout_ms: int) -> ApiError:
     """The API error of a generation that failed after it started."""
-    if isinstance(exc, ApiError):
-        return exc
     cause = exc if exc is not None else (fin.error if fin is not None else None)
-    if cause is not None:
-        mapped = errors.from_engine_error(cause, pending_timeout_ms=pending_timeout_ms)
-        if mapped is not None:
-            return mapped
-        log.error("response generation failed", exc_info=cause)
-    return errors.internal_error()
+    return errors.generation_failure(cause, pending_timeout_ms=pending_timeout_ms)
 
 
 # -----------------------------------------------------------------------------------------------

@@ -144,3 +144,41 @@ def test_leaving_while_waiting_cancels_the_generation():
 
     asyncio.run(main())
     assert closed == ["closed"]
+
+
+@pytest.mark.parametrize(
+    "cause, code",
+    [
+        (None, "internal_error"),
+        ("overloaded", "server_overloaded"),
+        ("queue_timeout", "request_queue_timeout"),
+        ("engine", "internal_error"),
+    ],
+)
+def test_a_generation_failure_after_admission_keeps_its_cause(cause, code):
+    """A stream whose generation fails after admission ends with an error chunk naming the
+    engine's cause (as the HTTP status would before the stream): not always internal_error."""
+    from ninfer.runtime.request import EngineError, EngineOverloaded, QueueTimeout
+
+    error = {
+        None: None,
+        "overloaded": EngineOverloaded("busy"),
+        "queue_timeout": QueueTimeout("waited"),
+        "engine": EngineError("the step failed"),
+    }[cause]
+    failed = finished("")
+    failed = Finished(
+        "error", "", "", (), failed.usage, failed.timings, error=error
+    )  # fmt: skip
+
+    async def go() -> list[dict[str, Any]]:
+        async def events() -> AsyncIterator[GenerationEvent]:
+            yield failed
+
+        it = events()
+        first = await open_events(it, wait_s=1.0)
+        return [c async for c in completion().stream(first, it)]
+
+    chunks = asyncio.run(go())
+    assert chunks[-1]["error"]["code"] == code
+    assert errors.generation_failure(error, pending_timeout_ms=1).body()["error"]["code"] == code
