@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -230,7 +231,8 @@ class ModelService:
             min_p=float(r["min_p"]),
             presence_penalty=float(r["presence_penalty"]),
             frequency_penalty=float(r["frequency_penalty"]),
-            seed=r["seed"],
+            # a request without a seed gets a fresh one here, so the request log can record it
+            seed=r["seed"] if r["seed"] is not None else secrets.randbits(63),
             ignore_eos=req.ignore_eos,
         )
 
