@@ -6,6 +6,11 @@ Reads a llama.cpp GGUF with the `gguf` package and writes the v3 artifact:
   (`blk.N.attn_q.weight` -> `model.layers.N.self_attn.q_proj.weight`, ...);
 - GGUF dims are stored innermost first: a weight GGUF calls [K, N] is the [N, K] matrix of
   Hugging Face, and the reader's numpy view already has the [N, ...] row order;
+- qwen3moe stores each layer's experts fused: `ffn_{gate,up,down}_exps` [E, I, H] / [E, H, I]
+  (outermost first). They are split into the per-expert tensors convert_hf writes
+  (`model.layers.N.mlp.experts.E.gate_proj.weight`, ...), and the router `ffn_gate_inp` becomes
+  `mlp.gate`. GGML blocks run along the innermost (row) dim, so expert E's rows are whole blocks
+  and quantised experts split exactly, without dequantising;
 - llama GGUF stores attn_q / attn_k rows permuted for interleaved rotary
   (per head: rows [0, 2, 4, ..., 1, 3, 5, ...] of the rotate-half layout); they are permuted back.
   Quantised rows are whole GGML blocks, so raw block rows permute exactly;
@@ -43,6 +48,7 @@ from ninfer.errors import ConvertError
 ARCHITECTURES: dict[str, tuple[str, str, str]] = {
     "llama": ("llama", "llama", "LlamaForCausalLM"),
     "qwen3": ("qwen3", "qwen3", "Qwen3ForCausalLM"),
+    "qwen3moe": ("qwen3_moe", "qwen3_moe", "Qwen3MoeForCausalLM"),
 }
 BLOCK_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
 PLAIN_TYPES = ("F32", "F16", "BF16")
@@ -64,7 +70,15 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",
+    # fused experts [E, ...]: named like the IR's stacked weight, split per expert when written
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
 }
+_FUSED_EXPERTS = re.compile(
+    r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_proj|up_proj|down_proj)\.weight$"
+)
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.weight$")
 # Same policy as convert_hf: fp8/nvfp4 only for projections; other matrices bf16; vectors f32.
 _QUANTISABLE = re.compile(r"\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)\.weight$")
@@ -88,7 +102,16 @@ def expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         config["num_key_value_heads"] * config["head_dim"],
         config["head_dim"],
     )
-    return {
+    shapes: dict[str, tuple[int, ...]] = {}
+    if "num_experts" in config:
+        e, m = config["num_experts"], config["moe_intermediate_size"]
+        shapes = {
+            "mlp.gate": (e, h),
+            "mlp.experts.gate_proj": (e, m, h),
+            "mlp.experts.up_proj": (e, m, h),
+            "mlp.experts.down_proj": (e, h, m),
+        }
+    return shapes | {
         "input_layernorm": (h,),
         "post_attention_layernorm": (h,),
         "self_attn.q_proj": (q, h),
@@ -111,7 +134,10 @@ def _check_shape(target: str, shape: tuple[int, ...], config: dict[str, Any]) ->
             raise ConvertError(
                 f"tensor {target} lies past the {layers} layers the GGUF metadata declares"
             )
-        expect = expected_shapes(config)[m.group(2)]
+        shapes = expected_shapes(config)
+        if m.group(2) not in shapes:
+            raise ConvertError(f"tensor {target} has no place in a {config['model_type']} model")
+        expect = shapes[m.group(2)]
     elif target == "model.norm.weight":
         expect = (config["hidden_size"],)
     else:  # embedding and head
@@ -125,8 +151,11 @@ def _check_shape(target: str, shape: tuple[int, ...], config: dict[str, Any]) ->
 def _required(gguf_arch: str, layers: int) -> set[str]:
     """GGUF names every file of this architecture must have (`output.weight` is optional: tied)."""
     per_layer = ["attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output"]
-    per_layer += ["ffn_gate", "ffn_up", "ffn_down"]
-    if gguf_arch == "qwen3":
+    if gguf_arch == "qwen3moe":  # llama.cpp's qwen3moe has experts in every layer
+        per_layer += ["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]
+    else:
+        per_layer += ["ffn_gate", "ffn_up", "ffn_down"]
+    if gguf_arch in ("qwen3", "qwen3moe"):
         per_layer += ["attn_q_norm", "attn_k_norm"]
     names = {"token_embd.weight", "output_norm.weight"}
     return names | {f"blk.{i}.{t}.weight" for i in range(layers) for t in per_layer}
@@ -180,7 +209,12 @@ def _config(meta: dict[str, Any], gguf_arch: str, tie: bool, vocab_size: int) ->
     def get(key: str, default: Any = None) -> Any:
         return meta.get(f"{gguf_arch}.{key}", default)
 
-    for key in ("embedding_length", "block_count", "feed_forward_length", "attention.head_count"):
+    needed = ["embedding_length", "block_count", "attention.head_count"]
+    if arch == "qwen3_moe":
+        needed += ["expert_count", "expert_used_count", "expert_feed_forward_length"]
+    else:
+        needed += ["feed_forward_length"]
+    for key in needed:
         if get(key) is None:
             raise ConvertError(f"the GGUF metadata lacks {gguf_arch}.{key}")
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
@@ -191,7 +225,7 @@ def _config(meta: dict[str, Any], gguf_arch: str, tie: bool, vocab_size: int) ->
         "model_type": model_type,
         "vocab_size": int(get("vocab_size") or vocab_size),
         "hidden_size": hidden,
-        "intermediate_size": int(get("feed_forward_length")),
+        "intermediate_size": int(get("feed_forward_length") or get("expert_feed_forward_length")),
         "num_hidden_layers": int(get("block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(get("attention.head_count_kv") or heads),
@@ -217,7 +251,27 @@ def _config(meta: dict[str, Any], gguf_arch: str, tie: bool, vocab_size: int) ->
         }
     if arch == "llama":
         config["mlp_bias"] = False
+    if arch == "qwen3_moe":
+        config |= _moe_config(gguf_arch, int(get("expert_count")), int(get("expert_used_count")))
+        config["moe_intermediate_size"] = int(get("expert_feed_forward_length"))
     return config
+
+
+def _moe_config(gguf_arch: str, experts: int, used: int) -> dict[str, Any]:
+    """The Qwen3-MoE keys convert_hf's artifacts carry. llama.cpp's qwen3moe routes every layer
+    through experts and always renormalises the top-k weights (norm_topk_prob)."""
+    if not 0 < used <= experts:
+        raise ConvertError(
+            f"the GGUF metadata routes each token to {gguf_arch}.expert_used_count={used} "
+            f"of {gguf_arch}.expert_count={experts} experts"
+        )
+    return {
+        "num_experts": experts,
+        "num_experts_per_tok": used,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+    }
 
 
 def _sources(reader: Any) -> list[_Source]:
@@ -252,6 +306,33 @@ def _stored_as_is(src: _Source, data: np.ndarray) -> StoredTensor:
     rows = int(np.prod(src.shape[:-1], dtype=np.int64)) if len(src.shape) > 1 else 1
     blocks = data.reshape(rows, -1) if len(src.shape) > 1 else data.reshape(1, -1)
     return StoredTensor(f"gguf:{src.type_name}", src.shape, {"data": blocks})
+
+
+def split_experts(stored: StoredTensor) -> list[StoredTensor]:
+    """A fused expert tensor [E, N, K] -> E tensors [N, K] in the same storage format.
+
+    Plain formats slice the values; `gguf:<TYPE>` data is uint8 [E*N, row bytes] and every
+    expert owns N whole rows of blocks, so each slice is exact, still-quantised data.
+    """
+    if len(stored.shape) != 3:
+        raise ConvertError(f"fused experts need 3 dims [E, N, K], got shape {list(stored.shape)}")
+    experts, rows, cols = stored.shape
+    data = stored.parts["data"]
+    if stored.format.startswith("gguf:"):
+        data = data.reshape(experts, rows, -1)  # [E, N, row bytes]
+    return [
+        StoredTensor(stored.format, (rows, cols), {"data": np.ascontiguousarray(data[e])})
+        for e in range(experts)
+    ]
+
+
+def _split_experts(target: str, stored: StoredTensor) -> list[tuple[str, StoredTensor]]:
+    """(artifact name, tensor) pairs: per-expert tensors for a fused expert weight, else itself."""
+    m = _FUSED_EXPERTS.match(target)
+    if not m:
+        return [(target, stored)]
+    prefix, proj = m.groups()
+    return [(f"{prefix}.{e}.{proj}.weight", part) for e, part in enumerate(split_experts(stored))]
 
 
 def _requantised(name: str, exact: StoredTensor, weights: str) -> StoredTensor:
@@ -352,10 +433,10 @@ def convert_gguf(
                 kind = _LAYER_RE.match(s.name)
                 if kind and kind.group(2) in permute:
                     data = unpermute_rotary(np.asarray(data), permute[kind.group(2)])
-                stored = _stored_as_is(s, data)
-                if weights is not None:
-                    stored = _requantised(target, stored, weights)
-                writer.add(target, stored)
+                for part_name, stored in _split_experts(target, _stored_as_is(s, data)):
+                    if weights is not None:
+                        stored = _requantised(part_name, stored, weights)
+                    writer.add(part_name, stored)
                 bar.advance()
     finally:
         bar.done()
