@@ -5,7 +5,8 @@ contiguous, so views into the fused qkv buffer work; one dtype for the three):
 
     qn = rmsnorm(q, q_norm_w) per head, rounded to q.dtype      (skipped when q_norm_w is None)
     kn = rmsnorm(k, k_norm_w) per head, rounded to k.dtype      (skipped when k_norm_w is None)
-    q_out = rotary(qn), kr = rotary(kn), rounded to their dtype  (skipped when inv_freq is None)
+    q_out = rotary(qn), kr = rotary(kn), rounded to their dtype  (skipped when inv_freq is None;
+            cos and sin multiplied by `scale`, 1.0 by default, as in kernels.rotary)
     cache[slots[t]] <- quantize(kr[t]), quantize(v[t])          (formats plain, int8, fp8)
     returns q_out [T, H, D] contiguous, in q.dtype
 
@@ -154,7 +155,7 @@ def _store_kv(x1, x2, xp, data_ptr, scale_ptr, slot, heads, hmask, j, jmask, r, 
 def _prologue_kernel(
     q_ptr, k_ptr, v_ptr, qo_ptr, pos_ptr, inv_freq_ptr, qw_ptr, kw_ptr, slot_ptr,
     kc_ptr, vc_ptr, ks_ptr, vs_ptr,
-    H, HKV, D, eps,
+    H, HKV, D, eps, scale,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, so_t, so_h,
     kc_slot, kc_head, ks_slot, ks_head, vc_slot, vc_head, vs_slot, vs_head,
     HALF: tl.constexpr, ROT: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_REST: tl.constexpr,
@@ -175,6 +176,8 @@ def _prologue_kernel(
     if HAS_ROPE:
         inv = tl.load(inv_freq_ptr + j, mask=jmask, other=0.0)
         c, s = cos_sin(tl.load(pos_ptr + t).to(tl.float32) * inv)  # [1, BLOCK_HALF] each
+        c = c * scale
+        s = s * scale
     else:
         c = tl.zeros([1, BLOCK_HALF], dtype=tl.float32)
         s = tl.zeros([1, BLOCK_HALF], dtype=tl.float32)
@@ -234,12 +237,14 @@ def attention_prologue(
     v_scale: torch.Tensor | None = None,
     k_fmt: str = "plain",
     v_fmt: str = "plain",
+    scale: float = 1.0,
 ) -> torch.Tensor:
     """Norm + rotate q and k, write k and v into the paged cache; returns q_out [T, H, D]
     (see the module docstring). Mutates k_cache/v_cache (and their scales) at ``slots``.
 
     positions: int [T] (plain rotary only); inv_freq: fp32 [rotary_dim // 2], or None with
-    positions None for no rotary; slots: int [T] flat cache slots (page * page_size + row);
+    positions None for no rotary; scale: multiplies cos and sin (a runtime argument, YaRN's
+    attention factor); slots: int [T] flat cache slots (page * page_size + row);
     caches: [num_pages, page_size, Hkv, D] as kernels.kv_cache.alloc_kv_cache makes them for
     k_fmt / v_fmt in ("plain", "int8", "fp8"), scales [num_pages, page_size, Hkv] fp32."""
     for fmt in (k_fmt, v_fmt):
@@ -281,7 +286,7 @@ def attention_prologue(
         q_norm_w if q_norm_w is not None else q, k_norm_w if k_norm_w is not None else q,
         slots.contiguous(), kc, vc,
         k_scale if k_scale is not None else inv, v_scale if v_scale is not None else inv,
-        H, Hkv, D, eps,
+        H, Hkv, D, eps, float(scale),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         q_out.stride(0), q_out.stride(1),
         kc_slot, kc_head, ks_slot, ks_head, vc_slot, vc_head, vs_slot, vs_head,
@@ -312,6 +317,7 @@ def attention_prologue_reference(
     v_scale: torch.Tensor | None = None,
     k_fmt: str = "plain",
     v_fmt: str = "plain",
+    scale: float = 1.0,
 ) -> torch.Tensor:
     """Torch reference of :func:`attention_prologue` (same contract; any kv_cache format)."""
     D = q.shape[-1]
@@ -324,7 +330,8 @@ def attention_prologue_reference(
 
     q, k = norm(q, q_norm_w), norm(k, k_norm_w)
     if inv_freq is not None:
-        q, k = rotary_reference(q, positions, inv_freq), rotary_reference(k, positions, inv_freq)
+        q = rotary_reference(q, positions, inv_freq, scale=scale)
+        k = rotary_reference(k, positions, inv_freq, scale=scale)
     write_kv(k_cache, k_scale, k, slots, k_fmt)
     write_kv(v_cache, v_scale, v, slots, v_fmt)
     return q.contiguous()

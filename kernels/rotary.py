@@ -9,6 +9,8 @@ so views into a fused qkv buffer work). Only the first ``rotary_dim`` dims rotat
     x[j]        <- x[j] cos - x[j+half] sin
     x[j+half]   <- x[j+half] cos + x[j] sin
 
+where cos and sin are multiplied by ``scale`` (1.0 by default; YaRN's attention factor) in fp32.
+
 Plain rotary: positions [T] and pos_j(t) = positions[t]. MRoPE: positions [3, T] (temporal,
 height, width) and frequency j reads axis 1 when j % 3 == 1 and j < 3*section[1], axis 2 when
 j % 3 == 2 and j < 3*section[2], else axis 0 -- exactly transformers'
@@ -53,6 +55,7 @@ def _rope_kernel(
     stride_t,
     stride_h,
     stride_pos_axis,
+    scale,
     HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -75,6 +78,8 @@ def _rope_kernel(
     else:
         pos = tl.zeros([BLOCK_HALF], dtype=tl.int64) + p0
     c, s = cos_sin(pos.to(tl.float32) * inv)  # [1, BLOCK_HALF] each
+    c = c * scale
+    s = s * scale
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = (heads < n_heads)[:, None] & jmask[None, :]
     ptr = x_ptr + t * stride_t + heads[:, None].to(tl.int64) * stride_h + j[None, :]
@@ -99,10 +104,12 @@ def rotary_(
     positions: torch.Tensor,
     inv_freq: torch.Tensor,
     mrope_section: Sequence[int] | None = None,
+    scale: float = 1.0,
 ) -> torch.Tensor:
     """Rotate x [T, heads, head_dim] in place (see module docstring); returns x.
 
-    positions: int [T] (plain) or [3, T] (MRoPE); inv_freq: fp32 [rotary_dim // 2]."""
+    positions: int [T] (plain) or [3, T] (MRoPE); inv_freq: fp32 [rotary_dim // 2]; scale
+    multiplies cos and sin (a runtime argument: no recompilation per value)."""
     assert x.dim() == 3 and x.stride(-1) == 1, "x must be [T, heads, head_dim], last dim contiguous"
     T, n_heads, head_dim = x.shape
     half = inv_freq.numel()
@@ -127,6 +134,7 @@ def rotary_(
         x.stride(0),
         x.stride(1),
         stride_axis,
+        float(scale),
         HALF=half,
         BLOCK_HALF=triton.next_power_of_2(half),
         BLOCK_H=block_h,
@@ -146,14 +154,16 @@ def rotary(
     theta: float = 10000.0,
     inv_freq: torch.Tensor | None = None,
     mrope_section: Sequence[int] | None = None,
+    scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Apply rotary in place to q [T, Hq, D] and k [T, Hk, D]; returns (q, k).
 
-    rotary_dim defaults to D; inv_freq (e.g. from a scaled-rope rule) overrides theta."""
+    rotary_dim defaults to D; inv_freq (e.g. from a scaled-rope rule) overrides theta; scale
+    multiplies cos and sin."""
     if inv_freq is None:
         inv_freq = rope_inv_freq(rotary_dim or q.shape[-1], theta, q.device)
-    rotary_(q, positions, inv_freq, mrope_section)
-    rotary_(k, positions, inv_freq, mrope_section)
+    rotary_(q, positions, inv_freq, mrope_section, scale)
+    rotary_(k, positions, inv_freq, mrope_section, scale)
     return q, k
 
 
@@ -162,6 +172,7 @@ def rotary_reference(
     positions: torch.Tensor,
     inv_freq: torch.Tensor,
     mrope_section: Sequence[int] | None = None,
+    scale: float = 1.0,
 ) -> torch.Tensor:
     """Torch reference of :func:`rotary_` (out of place): HF rotate-half math in fp32."""
     half = inv_freq.numel()
@@ -176,8 +187,8 @@ def rotary_reference(
         axis[(j % 3 == 1) & (j < 3 * s1)] = 1
         axis[(j % 3 == 2) & (j < 3 * s2)] = 2
         freqs = freqs3.gather(0, axis.expand(1, freqs3.shape[1], half)).squeeze(0)
-    cos = torch.cat([freqs.cos(), freqs.cos()], -1)[:, None, :]  # [T, 1, rot]
-    sin = torch.cat([freqs.sin(), freqs.sin()], -1)[:, None, :]
+    cos = torch.cat([freqs.cos(), freqs.cos()], -1)[:, None, :] * scale  # [T, 1, rot]
+    sin = torch.cat([freqs.sin(), freqs.sin()], -1)[:, None, :] * scale
     xf = x.float()
     xr, xp = xf[..., :rot], xf[..., rot:]
     rotated = torch.cat([-xr[..., half:], xr[..., :half]], -1)

@@ -119,7 +119,7 @@ def rotary(s: DeviceStep, a: dict, q: torch.Tensor, k: torch.Tensor, pos: torch.
     out = []
     for x in (q, k):
         x3 = x.unflatten(-1, (-1, d)).clone()  # [T, heads, d]; rotated in place
-        rotary_(x3, pos, inv)
+        rotary_(x3, pos, inv, scale=ops_torch.rope_scale(a["rope"]))
         out.append(x3.flatten(-2))
     return out[0], out[1]
 
@@ -147,7 +147,7 @@ def attention(
             q.unflatten(-1, (h, d)), k.unflatten(-1, (kvh, d)), v.unflatten(-1, (kvh, d)),
             pos, _rope_inv_freq(s, a, q.device), q_norm_w=q_norm, k_norm_w=k_norm,
             eps=a.get("eps", 0.0), zero_centered=a.get("zero_centered", False),
-            slots=s.slot_mapping, **args,
+            slots=s.slot_mapping, scale=ops_torch.rope_scale(a["rope"]), **args,
         )  # fmt: skip
     else:
         if prologue:

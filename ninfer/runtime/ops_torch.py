@@ -99,7 +99,37 @@ def _inv_freq(rope: dict[str, Any], dim: int) -> torch.Tensor:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= old / hi) & (wavelen <= old / lo)
         inv = torch.where(medium, smoothed, scaled)
+    elif rope["type"] == "yarn":
+        inv = _yarn_inv_freq(rope, dim)
     return inv
+
+
+def _yarn_inv_freq(rope: dict[str, Any], dim: int) -> torch.Tensor:
+    """YaRN inv_freq [dim // 2] fp32, the float operations of transformers'
+    `_compute_yarn_parameters` in its order: the dims that turn more than beta_fast times over
+    the original context keep their frequency, those turning fewer than beta_slow times are
+    interpolated (divided by factor), with a linear ramp between."""
+    base, factor = rope["theta"], rope["factor"]
+    orig = rope["original_max_position_embeddings"]
+
+    def corr_dim(rotations: float) -> float:
+        return (dim * math.log(orig / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = corr_dim(rope["beta_fast"]), corr_dim(rope["beta_slow"])
+    if rope["truncate"]:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # the reference's guard against a zero-width ramp
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    extra = 1 - ramp  # [dim/2] weight of the unscaled frequency
+    pos_freqs = base ** (torch.arange(0, dim, 2).to(dtype=torch.float) / dim)
+    return (1.0 / (factor * pos_freqs)) * (1 - extra) + (1.0 / pos_freqs) * extra
+
+
+def rope_scale(rope: dict[str, Any]) -> float:
+    """The factor multiplying cos and sin: YaRN's attention_factor, else 1.0."""
+    return float(rope.get("attention_factor", 1.0)) if rope["type"] == "yarn" else 1.0
 
 
 def rotary(ctx: StepContext, a: dict, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor):
@@ -109,7 +139,11 @@ def rotary(ctx: StepContext, a: dict, q: torch.Tensor, k: torch.Tensor, pos: tor
         ctx.rope_cache[key] = _inv_freq(a["rope"], rd).to(q.device)
     freqs = pos.float()[:, None] * ctx.rope_cache[key][None, :]  # [T, rd/2]
     emb = torch.cat([freqs, freqs], dim=-1)
-    cos, sin = emb.cos().to(q.dtype)[:, None, :], emb.sin().to(q.dtype)[:, None, :]  # [T, 1, rd]
+    cos, sin = emb.cos(), emb.sin()  # [T, rd] fp32
+    scale = rope_scale(a["rope"])
+    if scale != 1.0:  # YaRN: scaled in fp32 before the cast, as transformers does
+        cos, sin = cos * scale, sin * scale
+    cos, sin = cos.to(q.dtype)[:, None, :], sin.to(q.dtype)[:, None, :]  # [T, 1, rd]
 
     def rot(x: torch.Tensor) -> torch.Tensor:
         x = x.unflatten(-1, (-1, d))  # [T, heads, d]

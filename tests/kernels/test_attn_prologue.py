@@ -38,7 +38,9 @@ def _caches(Hkv: int, D: int, k_fmt: str, v_fmt: str, dtype: torch.dtype, device
     }
 
 
-def _unfused(q, k, v, positions, inv_freq, *, q_norm_w, k_norm_w, eps, zero_centered, slots, **c):
+def _unfused(
+    q, k, v, positions, inv_freq, *, q_norm_w, k_norm_w, eps, zero_centered, slots, scale=1.0, **c
+):
     """The launches the fused kernel replaces: rmsnorm kernel, rotary_ kernel, write_kv."""
     D = q.shape[-1]
 
@@ -50,8 +52,8 @@ def _unfused(q, k, v, positions, inv_freq, *, q_norm_w, k_norm_w, eps, zero_cent
 
     qn, kn = norm(q, q_norm_w), norm(k, k_norm_w)
     if inv_freq is not None:
-        rotary_(qn, positions, inv_freq)
-        rotary_(kn, positions, inv_freq)
+        rotary_(qn, positions, inv_freq, scale=scale)
+        rotary_(kn, positions, inv_freq, scale=scale)
     write_kv(c["k_cache"], c["k_scale"], kn, slots, c["k_fmt"])
     write_kv(c["v_cache"], c["v_scale"], v, slots, c["v_fmt"])
     return qn
@@ -181,6 +183,41 @@ def test_realistic_shapes(device, H, Hkv, D, rd):
     want = _unfused(q, k, v, pos, inv, **args, **unf)
     torch.testing.assert_close(out, want, atol=1e-2, rtol=1e-2)
     _assert_kv_close(fused, unf, 1e-2, min_equal=0.97)
+
+
+@pytest.mark.parametrize(
+    "dtype, rd, k_fmt", [(torch.float32, 32, "plain"), (torch.bfloat16, 16, "fp8")]
+)
+def test_rope_scale(device, dtype, rd, k_fmt):
+    """`scale` (YaRN's attention factor) multiplies cos and sin, as in kernels.rotary."""
+    T, H, Hkv, D, scale = 4, 4, 2, 32, 1.1386
+    q, k, v = _qkv(T, H, Hkv, D, dtype, device, seed=rd)
+    g = torch.Generator().manual_seed(5)
+    args = {
+        "q_norm_w": torch.randn(D, generator=g).to(device, dtype),
+        "k_norm_w": torch.randn(D, generator=g).to(device, dtype),
+        "eps": 1e-6,
+        "zero_centered": False,
+        "slots": torch.tensor([2, 9, 30, 17], dtype=torch.int32, device=device),
+    }
+    pos = torch.tensor([0, 40, 127, 5000], dtype=torch.int32, device=device)
+    inv = rope_inv_freq(rd, 1e6, device)
+    fused = _caches(Hkv, D, k_fmt, "plain", dtype, device)
+    out = attention_prologue(q, k, v, pos, inv, **args, **fused, scale=scale)
+    unf = _caches(Hkv, D, k_fmt, "plain", dtype, device)
+    q_unf = _unfused(q, k, v, pos, inv, **args, **unf, scale=scale)
+    tol = 2e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(out, q_unf, atol=tol, rtol=tol)
+    _assert_kv_close(fused, unf, tol, min_equal=0.97)
+    ref = _caches(Hkv, D, k_fmt, "plain", dtype, device)
+    q_ref = attention_prologue_reference(q, k, v, pos, inv, **args, **ref, scale=scale)
+    tol = 2e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out, q_ref, atol=tol * 4, rtol=tol)
+    _assert_kv_close(fused, ref, tol, min_equal=0.9)
+    plain = attention_prologue(
+        q, k, v, pos, inv, **args, **_caches(Hkv, D, k_fmt, "plain", dtype, device)
+    )
+    assert not torch.allclose(out.float(), plain.float(), atol=0.05)  # the scale is applied
 
 
 def test_empty_step_and_refused_format(device):

@@ -112,3 +112,50 @@ def test_rotary_large_positions(device) -> None:
     ref = rotary_reference(q, pos, inv)
     rotary_(q, pos, inv)
     torch.testing.assert_close(q, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_reference_scale_matches_transformers_yarn() -> None:
+    """YaRN: transformers multiplies cos and sin by attention_factor; `scale` is that factor."""
+    from transformers import Qwen3Config
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding, apply_rotary_pos_emb
+
+    D = 32
+    cfg = Qwen3Config(
+        hidden_size=64,
+        num_attention_heads=2,
+        head_dim=D,
+        max_position_embeddings=128,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 1e6,
+            "factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+    )
+    emb = Qwen3RotaryEmbedding(cfg)
+    assert emb.attention_scaling > 1.1
+    T = 5
+    pos = torch.tensor([0, 3, 31, 60, 127])
+    q = torch.randn(T, 2, D)
+    cos, sin = emb(q[None], pos[None])  # [1, T, D], already scaled
+    qh, _ = apply_rotary_pos_emb(q.transpose(0, 1)[None], q.transpose(0, 1)[None], cos, sin)
+    ref = rotary_reference(q, pos, emb.inv_freq, scale=emb.attention_scaling)
+    torch.testing.assert_close(ref, qh[0].transpose(0, 1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_scale_matches_reference(device, dtype) -> None:
+    T, Hq, Hk, D, scale = 4, 3, 1, 32, 1.1386
+    q = torch.randn(T, Hq, D, device=device, dtype=dtype)
+    k = torch.randn(T, Hk, D, device=device, dtype=dtype)
+    pos = torch.tensor([0, 5, 33, 4000], device=device)
+    inv = rope_inv_freq(D, 1e6, device)
+    q_ref, k_ref = (
+        rotary_reference(q, pos, inv, scale=scale),
+        rotary_reference(k, pos, inv, scale=scale),
+    )
+    assert not torch.allclose(q_ref, rotary_reference(q, pos, inv), atol=1e-3)  # scale matters
+    rotary(q, k, pos, inv_freq=inv, scale=scale)
+    tol = 2e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(q, q_ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(k, k_ref, rtol=tol, atol=tol)

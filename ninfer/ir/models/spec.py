@@ -7,12 +7,13 @@ num_experts vs num_local_experts, layer_types vs full_attention_interval).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from ninfer.errors import ArtifactError
 
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,46 @@ def _rope(cfg: dict[str, Any]) -> dict[str, Any]:
             "original_max_position_embeddings",
         ):
             rope[k] = params[k]
+    if rtype == "yarn":
+        rope.update(_yarn(cfg, params))
     return rope
+
+
+def _mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn(cfg: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """YaRN fields, defaults resolved as transformers' `_compute_yarn_parameters` resolves them:
+    factor (None -> max_position / original), beta_fast 32, beta_slow 1, truncate True, and
+    attention_factor (the cos/sin multiplier) from factor, mscale and mscale_all_dim."""
+    orig = cfg.get("original_max_position_embeddings") or params.get(
+        "original_max_position_embeddings"
+    )
+    orig = int(orig or _get(cfg, "max_position_embeddings"))
+    if orig <= 0:
+        raise ArtifactError(f"yarn original_max_position_embeddings must be positive, got {orig}")
+    factor = params.get("factor")
+    if factor is None:
+        factor = float(_get(cfg, "max_position_embeddings")) / orig
+    factor = float(factor)
+    if factor <= 0:
+        raise ArtifactError(f"yarn rope factor must be positive, got {factor}")
+    attn = params.get("attention_factor")
+    if attn is None:
+        mscale, mscale_all = params.get("mscale"), params.get("mscale_all_dim")
+        if mscale and mscale_all:
+            attn = _mscale(factor, float(mscale)) / _mscale(factor, float(mscale_all))
+        else:
+            attn = _mscale(factor)
+    return {
+        "factor": factor,
+        "original_max_position_embeddings": orig,
+        "beta_fast": float(params.get("beta_fast") or 32),
+        "beta_slow": float(params.get("beta_slow") or 1),
+        "truncate": bool(params.get("truncate", True)),
+        "attention_factor": float(attn),
+    }
 
 
 def model_spec(architecture: str, cfg: dict[str, Any]) -> ModelSpec:
