@@ -25,6 +25,7 @@ the output is written to a temporary name and renamed at the end, so it never ex
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -241,20 +242,34 @@ def _config(meta: dict[str, Any], gguf_arch: str, tie: bool, vocab_size: int) ->
         "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
     }
     if scaling not in (None, "none"):
-        if scaling != "linear":
-            raise ConvertError(
-                f"unsupported GGUF rope scaling {scaling!r} (supported: none, linear)"
-            )
-        config["rope_scaling"] = {
-            "rope_type": "linear",
-            "factor": float(get("rope.scaling.factor", 1.0)),
-        }
+        config["rope_scaling"] = _rope_scaling(scaling, get)
     if arch == "llama":
         config["mlp_bias"] = False
     if arch == "qwen3_moe":
         config |= _moe_config(gguf_arch, int(get("expert_count")), int(get("expert_used_count")))
         config["moe_intermediate_size"] = int(get("expert_feed_forward_length"))
     return config
+
+
+def _rope_scaling(scaling: str, get: Callable[..., Any]) -> dict[str, Any]:
+    """transformers' rope_scaling for GGUF rope.scaling.* metadata. YaRN maps onto transformers'
+    defaults (beta_fast 32, beta_slow 1, attention factor 0.1·ln(factor) + 1), which is what
+    llama.cpp computes when the file sets no attention factor of its own; files that do (or a
+    yarn_log_multiplier) are refused rather than run with a different attention scale."""
+    factor = float(get("rope.scaling.factor", 1.0))
+    if scaling == "linear":
+        return {"rope_type": "linear", "factor": factor}
+    if scaling == "yarn":
+        for key in ("rope.scaling.attn_factor", "rope.scaling.yarn_log_multiplier"):
+            if get(key) is not None:
+                raise ConvertError(f"unsupported GGUF yarn rope scaling with {key}")
+        original = get("rope.scaling.original_context_length") or get("context_length", 4096)
+        return {
+            "rope_type": "yarn",
+            "factor": factor,
+            "original_max_position_embeddings": int(original),
+        }
+    raise ConvertError(f"unsupported GGUF rope scaling {scaling!r} (supported: none, linear, yarn)")
 
 
 def _moe_config(gguf_arch: str, experts: int, used: int) -> dict[str, Any]:
