@@ -93,6 +93,7 @@ class MessagesRequest:
             thinking_budget=self.thinking_budget,
             cache_points=self.cache_points,
             protocol="anthropic",
+            stream=self.stream,
         )
 
 

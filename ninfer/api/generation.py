@@ -106,6 +106,7 @@ class GenerationRequest:
     implicit_cache_point: also want one at the end of the last message's text, before its
       closing tokens (OpenAI prompt caching's automatic candidate), when a write slot is left.
     session_key: engine session key of a conversation chain (Responses previous_response_id).
+    stream: the client asked for a streamed response (recorded in the request log's shape).
     semantic_change: a Responses continuation whose explicit preserve_thinking differs from its
       parent's resolved value, so the history renders differently (request_start log flag).
     """
@@ -124,6 +125,7 @@ class GenerationRequest:
     implicit_cache_point: bool = False
     session_key: str | None = None
     protocol: str = "chat"
+    stream: bool = False
     ignore_eos: bool = False
     semantic_change: bool = False
 

@@ -73,6 +73,7 @@ def to_generation_request(chat: ChatRequest, state: ServerState) -> GenerationRe
         cache_points=chat.explicit_cache_points,
         implicit_cache_point=chat.prompt_cache_mode == "implicit",
         protocol="chat",
+        stream=chat.stream,
         ignore_eos=chat.ignore_eos,
     )
 

@@ -159,6 +159,7 @@ def prepare(
         implicit_cache_point=req.prompt_cache_mode == "implicit",
         session_key=session,
         protocol="responses",
+        stream=req.stream,
         semantic_change=semantic_change,
     )
     return Prepared(rid, req, parent, generation, options, session)

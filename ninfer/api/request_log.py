@@ -363,6 +363,7 @@ def _shape(rec: RequestRecord) -> dict[str, Any]:
     req = rec.request
     roles = Counter(str(m.get("role")) for m in req.messages)
     return {
+        "stream": req.stream,
         "messages": len(req.messages),
         "roles": dict(sorted(roles.items())),
         "tools": len(req.tools or []),

@@ -217,6 +217,8 @@ def test_requests_log_their_sequence_and_fields(served, tiny_agent_prompts):
     ]
     start, done = records[0], records[1]
     assert start["protocol"] == "chat" and start["prompt_tokens"] > 0
+    starts = [r for r in records if r["event"] == "request_start"]
+    assert [r["request_shape"]["stream"] for r in starts] == [False, True, False]
     # no seed in the request: the one the sampler was given is recorded (replayable)
     assert isinstance(start["sampling"]["seed"], int)
     assert start["sampling"]["temperature"] == 0.0 and start["output_budget"] == {
