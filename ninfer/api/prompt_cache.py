@@ -1,12 +1,14 @@
 """Prompt-cache write candidates: where in the prompt's token ids the engine keeps checkpoints.
 
-`explicit_checkpoints(...)` maps a request's semantic cache boundaries to exact token frontiers
+`prompt_checkpoints(...)` maps a request's semantic cache boundaries to exact token frontiers
 of its already encoded prompt (spec/serving.md, "OpenAI prompt caching" and the Anthropic
 cache_control rules):
 
 - the end of the conversation before the generation prompt (what a follow-up turn shares);
 - every explicit breakpoint (`CachePoint`) at the end of its marked part: a text or media part
-  inside a message's content, an assistant tool call, or a tool definition.
+  inside a message's content, an assistant tool call, or a tool definition;
+- with `implicit`, the automatic candidate: the end of the last message's text, just before
+  the control token that closes it (a later request whose last message grew shares it).
 
 How a boundary is found without re-encoding the prompt:
 
@@ -40,18 +42,20 @@ _MARK_BASE = 0x100000  # plane-16 private use: one marker character per breakpoi
 Render = Callable[[list[dict[str, Any]], bool], RenderedPrompt]  # (messages, gen. prompt)
 
 
-def explicit_checkpoints(
+def prompt_checkpoints(
     req: GenerationRequest,
     rendered: RenderedPrompt,
     ids: Sequence[int],
     encoder: PromptEncoder,
     render: Render,
+    implicit: bool = False,
 ) -> tuple[int, ...]:
-    """Token frontiers (ascending, 0 < f < len(ids)) of the conversation end and of the
-    request's explicit cache points. `render(messages, add_generation_prompt)` renders like the
-    prompt did (same tools and options); it may raise ApiError (the boundary is then ignored)."""
+    """Token frontiers (ascending, 0 < f < len(ids)) of the conversation end, of the request's
+    explicit cache points and, with `implicit`, of the automatic candidate. `render(messages,
+    add_generation_prompt)` renders like the prompt did (same tools and options); it may raise
+    ApiError (the boundary is then ignored)."""
     ordered = sorted(rendered.special_spans)
-    at = encoder.control_positions(ids)
+    at = encoder.control_positions(ids)  # one pass over the ids for every boundary
     if len(at) != len(ordered):
         return ()
     cuts: list[int] = []
@@ -64,12 +68,34 @@ def explicit_checkpoints(
             cuts.append(len(prefix))
     cuts += _marked_cuts(req, rendered, render)
     cuts += _tool_cuts(req, rendered.text)
+    if implicit and (cut := _content_end_cut(req, rendered.text, ordered)) is not None:
+        cuts.append(cut)
     points = set()
     for cut in cuts:
         f = frontier(rendered.text, ordered, at, ids, cut, encoder)
         if f is not None and 0 < f < len(ids):
             points.add(f)
     return tuple(sorted(points))
+
+
+def _content_end_cut(
+    req: GenerationRequest, text: str, spans: Sequence[tuple[int, int]]
+) -> int | None:
+    """The character position where the last message's text ends right before a control token
+    (the last such occurrence), or None when that text is empty or not found there."""
+    content = req.messages[-1].get("content") if req.messages else None
+    if isinstance(content, list):
+        last = content[-1] if content else None
+        content = last.get("text") if isinstance(last, dict) else None
+    if not isinstance(content, str) or not content:
+        return None
+    starts = {a for a, _ in spans}
+    end = len(text)
+    while (i := text.rfind(content, 0, end)) >= 0:
+        if i + len(content) in starts:
+            return i + len(content)
+        end = i + len(content) - 1
+    return None
 
 
 def frontier(

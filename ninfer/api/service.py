@@ -31,7 +31,7 @@ from ninfer.api.generation import (
 )
 from ninfer.api.observe import NO_TRACK, Observer, RequestTrack
 from ninfer.api.postprocess import PostProcessor
-from ninfer.api.prompt_cache import explicit_checkpoints, frontier
+from ninfer.api.prompt_cache import prompt_checkpoints
 from ninfer.api.prompt_encoding import PromptEncoder
 from ninfer.api.reasoning import (
     THINK_CLOSE,
@@ -155,10 +155,6 @@ class ModelService:
                 param="messages",
             )
         checkpoints = self._checkpoints(req, rendered, ids)
-        if req.implicit_cache_point and len(req.cache_points) < MAX_CACHE_WRITES:
-            implicit = self._content_end(req, rendered.text, rendered.special_spans, ids)
-            if implicit is not None:
-                checkpoints = tuple(sorted({*checkpoints, implicit}))
         starts = prompt_starts_in_thinking(rendered.text, rendered.special_spans)
         return Prepared(ids, rendered.text, starts, checkpoints)
 
@@ -166,7 +162,8 @@ class ModelService:
         self, req: GenerationRequest, rendered: RenderedPrompt, ids: list[int]
     ) -> tuple[int, ...]:
         """Prefix checkpoints at semantic boundaries: the end of the conversation before the
-        generation prompt and the end of each part a cache hint marks (ninfer.api.prompt_cache).
+        generation prompt, the end of each part a cache hint marks and, when a write slot is
+        left, the implicit candidate (ninfer.api.prompt_cache).
         A boundary counts only where it is an exact token frontier of the prompt."""
 
         def render(messages: list[dict[str, Any]], generation_prompt: bool) -> RenderedPrompt:
@@ -178,40 +175,8 @@ class ModelService:
                 options=req.template_options,
             )
 
-        return explicit_checkpoints(req, rendered, ids, self.encoder, render)
-
-    def _content_end(
-        self,
-        req: GenerationRequest,
-        text: str,
-        spans: tuple[tuple[int, int], ...],
-        ids: list[int],
-    ) -> int | None:
-        """The token frontier at the end of the last message's text, just before the control
-        token that closes it (the automatic prompt-cache candidate: a later request whose last
-        message grew shares it). None when that text is empty, not found right before a control
-        token, or not an exact token prefix of the prompt."""
-        content = req.messages[-1].get("content") if req.messages else None
-        if isinstance(content, list):
-            last = content[-1] if content else None
-            content = last.get("text") if isinstance(last, dict) else None
-        if not isinstance(content, str) or not content:
-            return None
-        ordered = sorted(spans)
-        starts = {a for a, _ in ordered}
-        end = len(text)
-        while (i := text.rfind(content, 0, end)) >= 0:
-            end = i + len(content)
-            if end in starts:
-                break
-            end = i + len(content) - 1
-        else:
-            return None
-        at = self.encoder.control_positions(ids)
-        if len(at) != len(ordered):
-            return None
-        f = frontier(text, ordered, at, ids, end, self.encoder)  # encodes only the last piece
-        return f if f is not None and 0 < f < len(ids) else None
+        implicit = req.implicit_cache_point and len(req.cache_points) < MAX_CACHE_WRITES
+        return prompt_checkpoints(req, rendered, ids, self.encoder, render, implicit)
 
     def count_tokens(self, req: GenerationRequest) -> int:
         return len(self.prepare(req).prompt_ids)
