@@ -18,7 +18,8 @@ from typing import Any
 from ninfer.api.metrics import ServerMetrics
 from ninfer.api.observe import Observer, Sink
 from ninfer.api.oplog import OpLogSink
-from ninfer.api.request_log import RequestLog, RequestLogSink, server_start_fields
+from ninfer.api.request_log import RequestLog, RequestLogSink
+from ninfer.api.server_start import server_start_fields
 from ninfer.api.state import ServerState
 from ninfer.api.throughput import ThroughputReporter
 

@@ -1,0 +1,104 @@
+"""The server_start record of the request log (ninfer.api.request_log; fields documented in
+docs/request-log.md): the artifact served, the engine's resolved configuration, host-context
+budget and the environment (package versions, redacted argv)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from ninfer.api.request_log import redact_argv
+
+
+def server_start_fields(state: Any, artifact: Any, argv: list[str] | None = None) -> dict[str, Any]:
+    """The server_start record of `state` (after the engine started) serving `artifact`."""
+    cfg = state.config
+    engine = state.engine
+    snap = engine.snapshot() if engine is not None else None
+    engine_cfg = getattr(engine, "config", None)
+    service = state.extra.get("service")
+    tensors = getattr(artifact, "tensors", {}) or {}
+    return {
+        "artifact": {
+            "path": str(Path(artifact.path).resolve()),
+            "architecture": artifact.architecture,
+            "name": artifact.name,
+            "components": list(artifact.components),
+            "formats": sorted({info.format for info in tensors.values()}),
+        },
+        "public_model_id": state.model_id,
+        "engine": {
+            "device": cfg.device,
+            "dtype": cfg.dtype,
+            "kv_dtype": cfg.kv_dtype,
+            "max_concurrency": cfg.max_concurrency,
+            "max_pending_requests": cfg.max_pending_requests,
+            "pending_timeout_ms": cfg.pending_timeout_ms,
+            "max_context": cfg.max_context,
+            "prefill_chunk": cfg.prefill_chunk,
+            "page_size": getattr(engine_cfg, "page_size", None),
+            "kv_capacity_tokens": getattr(engine_cfg, "kv_capacity", None),
+            "kv_pages": snap.kv_pages_capacity if snap is not None else None,
+            "state_slots": snap.state_slots_capacity if snap is not None else None,
+            "prefix_reuse": cfg.prefix_reuse,
+            "cuda_graph": cfg.cuda_graph,
+            "spec": cfg.spec,
+            "draft_tokens": cfg.draft_tokens,
+            "vision": cfg.vision,
+        },
+        "sampler": {
+            "defaults": dataclasses.asdict(service.sampler_defaults)
+            if service is not None
+            else None,
+            "process_overrides": cfg.sampler_overrides(),
+            "greedy": cfg.greedy,
+        },
+        "thinking": {
+            "enabled_by_default": cfg.thinking,
+            "preserve_thinking": cfg.preserve_thinking,
+            "default_thinking_budget": cfg.default_thinking_budget,
+        },
+        "default_max_tokens": cfg.default_max_tokens,
+        "host_context": _host_context(state),
+        "environment": _environment(cfg),
+        "pid": os.getpid(),
+        "argv": redact_argv(list(sys.argv if argv is None else argv)),
+    }
+
+
+def _host_context(state: Any) -> dict[str, Any] | None:
+    """Host snapshot backing: capacity and occupancy from the engine's published snapshot."""
+    engine = getattr(state, "engine", None)
+    snap = engine.snapshot() if engine is not None else None
+    if snap is None or not hasattr(snap, "host_context_capacity_bytes"):
+        return None
+    return {
+        "capacity_bytes": snap.host_context_capacity_bytes,
+        "used_bytes": snap.host_context_used_bytes,
+        "reserved_bytes": snap.host_context_reserved_bytes,
+        "peak_bytes": snap.host_context_peak_bytes,
+    }
+
+
+def _environment(cfg: Any) -> dict[str, Any]:
+    import platform
+
+    env: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform()}
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+        if cfg.device_type == "cuda" and torch.cuda.is_available():
+            env["gpu"] = torch.cuda.get_device_name(cfg.device_index or 0)
+            env["cuda"] = torch.version.cuda
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    try:
+        env["ninfer"] = version("ninfer")
+    except PackageNotFoundError:  # not installed as a distribution (a source checkout)
+        env["ninfer"] = None
+    return env
