@@ -25,9 +25,18 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import triton
 from triton.testing import do_bench, do_bench_cudagraph
 
-from kernels.gemv import TABLE_PATH, DenseGemvConfig, dense_gemv, dense_gemv_reference
+from kernels.gemv import (
+    SKINNY_TABLE_PATH,
+    TABLE_PATH,
+    DenseGemvConfig,
+    SkinnyConfig,
+    dense_gemv,
+    dense_gemv_reference,
+    dense_skinny,
+)
 from kernels.silu_mul import silu_mul
 
 # (N, K, glu): Qwen3-8B qkv, o, gate_up, down (+ SwiGLU), LM head; Qwen3.5-9B hybrid DeltaNet
@@ -48,6 +57,9 @@ SWEEP = [
     for bn in (1, 2, 4, 8)
     for warps in (4, 8)
     for unroll in (1, 2, 4)
+]
+SKINNY_SWEEP = [
+    SkinnyConfig(bn, bk, stages) for bn in (16, 32, 64) for bk in (128, 256) for stages in (3, 5)
 ]
 ROTATE_BYTES = 400 * 2**20
 
@@ -125,6 +137,39 @@ def bench_shape(N: int, K: int, glu: bool, bw: float, quick: bool) -> dict:
     return row
 
 
+def bench_skinny(N: int, K: int, bw: float) -> dict:
+    """M = 8 and 16: cuBLAS against every tile shape of SKINNY_SWEEP (shapes that do not fit
+    the shared memory are skipped)."""
+    wbytes = 2 * N * K
+    copies = max(1, -(-ROTATE_BYTES // wbytes))
+    ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.05 for _ in range(copies)]
+    row: dict = {"N": N, "K": K, "wins": {}}
+    for M in (8, 16):
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        t_cb = _per_call(lambda i: F.linear(x, ws[i]), copies)
+        ref = dense_gemv_reference(x, ws[0]).float()
+        sweep = []
+        for cfg in SKINNY_SWEEP:
+            try:
+                y = dense_skinny(x, ws[0], cfg).float()
+            except triton.runtime.errors.OutOfResources as e:  # shared memory of this tile
+                print(f"  skip {cfg}: {type(e).__name__}", flush=True)
+                continue
+            assert float((y - ref).abs().max() / ref.abs().max()) < 2e-2, (N, K, M, cfg)
+            sweep.append((_per_call(lambda i: dense_skinny(x, ws[i], cfg), copies), cfg))
+        t, c = min(sweep, key=lambda r: r[0])
+        best = [c.bn, c.bk, c.stages, c.warps]
+        row[f"m{M}"] = {"cublas_ms": t_cb, "best_ms": t, "best": best,
+                        "cublas_bw": wbytes / (t_cb * 1e-3) / bw, "best_bw": wbytes / (t * 1e-3) / bw}  # fmt: skip
+        if t < t_cb:
+            row["wins"][str(M)] = best
+        print(
+            f"N={N} K={K} M={M}: cuBLAS {t_cb * 1e3:.1f} us, tiles {t * 1e3:.1f} us {best}",
+            flush=True,
+        )
+    return row
+
+
 def write_md(path: Path, dev: str, bw: float, rows: list[dict]) -> None:
     lines = [
         "`python -m bench.dense_gemv_bench` (kernels/gemv.py against cuBLAS), CUDA-graph replay, medians",
@@ -153,10 +198,14 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--write-table", action="store_true")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--skinny", action="store_true", help="only the M = 8 / 16 tensor-core tiles")
     args = ap.parse_args()
     t0 = time.time()
     bw = copy_bandwidth()
     print(f"copy {bw / 1e9:.0f} GB/s", flush=True)
+    if args.skinny:
+        main_skinny(args, bw, t0)
+        return
     rows = []
     for N, K, glu in SHAPES[:2] if args.quick else SHAPES:
         rows.append(bench_shape(N, K, glu, bw, args.quick))
@@ -176,6 +225,47 @@ def main() -> None:
     }
     (out / "dense_gemv_h200.json").write_text(json.dumps(report, indent=1))
     write_md(out / "dense_gemv_h200.md", dev, bw, rows)
+    print(f"done in {time.time() - t0:.0f} s", flush=True)
+
+
+def main_skinny(args: argparse.Namespace, bw: float, t0: float) -> None:
+    rows = []
+    for N, K, glu in SHAPES:
+        if not glu:
+            rows.append(bench_skinny(N, K, bw))
+            torch.cuda.empty_cache()
+    table = {f"{r['N']}:{r['K']}": r["wins"] for r in rows}
+    if args.write_table:
+        SKINNY_TABLE_PATH.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dev = torch.cuda.get_device_name()
+    report = {
+        "device": dev,
+        "copy_bw": bw,
+        "rows": rows,
+        "table": table,
+        "seconds": time.time() - t0,
+    }
+    (out / "skinny_h200.json").write_text(json.dumps(report, indent=1))
+    lines = [
+        (
+            "`python -m bench.dense_gemv_bench --skinny` (kernels/gemv.py tensor-core tiles "
+            f"against cuBLAS), {dev}, weights cycled past L2, us per call (share of copy "
+            f"bandwidth {bw / 1e9:.0f} GB/s)"
+        ),
+        "",
+        "| N | K | M | cuBLAS | tiles | best [rows, K tile, stages, warps] |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        for M in (8, 16):
+            c = r[f"m{M}"]
+            lines.append(
+                f"| {r['N']} | {r['K']} | {M} | {c['cublas_ms'] * 1e3:.1f} ({c['cublas_bw']:.0%}) | "
+                f"{c['best_ms'] * 1e3:.1f} ({c['best_bw']:.0%}) | {c['best']} |"
+            )
+    (out / "skinny_h200.md").write_text("\n".join(lines) + "\n")
     print(f"done in {time.time() - t0:.0f} s", flush=True)
 
 

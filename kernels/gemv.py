@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch import f32_dot, interpreting
+
 VEC = 8  # K elements per thread per chunk: one 16-byte load of bf16
 MAX_M = 4  # rows of x one program takes
 
@@ -177,6 +179,7 @@ def load_table(path: Path = TABLE_PATH) -> dict[tuple[int, int, bool, int], Dens
 
 TABLE = load_table()  # read once at import
 DEFAULT_M1 = DenseGemvConfig(1, 4, 2)  # batch 1 beat cuBLAS at every shape of the sweep
+INTERPRETED_M1 = DenseGemvConfig(32, 1, 1)  # CPU interpreter: few programs, same arithmetic
 
 
 def dense_gemv_config(N: int, K: int, M: int, glu: bool = False) -> DenseGemvConfig | None:
@@ -188,7 +191,9 @@ def dense_gemv_config(N: int, K: int, M: int, glu: bool = False) -> DenseGemvCon
     bucket = 1 if M == 1 else 2 if M == 2 else MAX_M
     if any((N, K, glu, m) in TABLE for m in (1, 2, MAX_M)):
         return TABLE.get((N, K, glu, bucket))
-    return DEFAULT_M1 if M == 1 else None
+    if M != 1:
+        return None
+    return INTERPRETED_M1 if interpreting() else DEFAULT_M1
 
 
 def dense_gemv(
@@ -223,3 +228,92 @@ def dense_gemv_reference(x: torch.Tensor, w: torch.Tensor, *, glu: bool = False)
         g, u = xf.chunk(2, dim=-1)
         xf = torch.nn.functional.silu(g) * u
     return (xf @ w.float().t()).to(x.dtype)
+
+
+# -- 4 < M <= 16: tensor-core tiles, one 16-row tile of x against BN weight rows -----------------
+
+
+@triton.jit
+def _skinny_kernel(
+    x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+    BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, F32_DOT: tl.constexpr,
+):  # fmt: skip
+    # grid (cdiv(N, BN),): the program streams its BN weight rows once through STAGES
+    # pipelined [BN, BK] tiles (asynchronous copies) into a 16-row tensor-core product
+    BM: tl.constexpr = 16
+    n = tl.program_id(0) * BN + tl.arange(0, BN)
+    m = tl.arange(0, BM)
+    nmask = n < N
+    mmask = m < M
+    x_rows = x_ptr + m.to(tl.int64)[:, None] * stride_xm
+    w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
+    kk = tl.arange(0, BK)
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in tl.range(0, K, BK, num_stages=STAGES):
+        k = k0 + kk
+        kmask = k < K
+        x = tl.load(x_rows + k[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
+        w = tl.load(w_rows + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
+        if F32_DOT:
+            acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+        else:
+            acc += tl.dot(x, tl.trans(w))
+    y_ptrs = y_ptr + m.to(tl.int64)[:, None] * stride_ym + n[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    """BN weight rows per program, K tile, pipeline stages, num_warps."""
+
+    bn: int
+    bk: int
+    stages: int
+    warps: int = 4
+
+
+SKINNY_MAX_M = 16
+SKINNY_TABLE_PATH = Path(__file__).with_name("skinny_table.json")
+
+
+def load_skinny_table(path: Path = SKINNY_TABLE_PATH) -> dict[tuple[int, int, int], SkinnyConfig]:
+    """{(N, K, M): config} for the weights and batch buckets (M = 8, 16) where the H200 sweep
+    found the tensor-core tiles faster than cuBLAS. File format: {"N:K": {"M": [bn, bk, stages,
+    warps]}}."""
+    if not path.exists():
+        return {}
+    table = {}
+    for key, per_m in json.loads(path.read_text()).items():
+        n, k = (int(v) for v in key.split(":"))
+        for m, (bn, bk, stages, warps) in per_m.items():
+            table[(n, k, int(m))] = SkinnyConfig(int(bn), int(bk), int(stages), int(warps))
+    return table
+
+
+SKINNY_TABLE = load_skinny_table()
+
+
+def skinny_config(N: int, K: int, M: int) -> SkinnyConfig | None:
+    """The measured tile shape for 4 < M <= 16 rows against an [N, K] weight (M rounded up to
+    8 or 16), or None: cuBLAS."""
+    if not MAX_M < M <= SKINNY_MAX_M:
+        return None
+    return SKINNY_TABLE.get((N, K, 8 if M <= 8 else 16))
+
+
+def dense_skinny(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig) -> torch.Tensor:
+    """y [M, N] in x.dtype = x @ wᵀ for M <= 16 on tensor cores; x [M, K], w [N, K] with
+    contiguous last dims and the same dtype."""
+    assert x.dim() == 2 and w.dim() == 2 and x.stride(-1) == 1 and w.stride(-1) == 1
+    M, K = x.shape
+    N = w.shape[0]
+    assert M <= SKINNY_MAX_M and w.shape[1] == K and x.dtype == w.dtype, (x.shape, w.shape)
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M == 0:
+        return y
+    c = config
+    _skinny_kernel[(triton.cdiv(N, c.bn),)](
+        x, w, y, M, N, K, x.stride(0), w.stride(0), y.stride(0),
+        BN=c.bn, BK=c.bk, STAGES=c.stages, F32_DOT=f32_dot(x.dtype), num_warps=c.warps,
+    )  # fmt: skip
+    return y

@@ -181,23 +181,43 @@ def limit_figures(
     return out
 
 
-def _step_stats(ex: Any) -> dict[str, Any]:
+def _step_stats(ex: Any, batch: int, limit_tok_per_s: float | None) -> dict[str, Any]:
+    """Per-step figures from the executor's records. Steady decode: `batch` / the median
+    interval between the `run` entries of a decode step of all `batch` rows and the next step
+    (the whole engine step: GPU, sampling, host work). Unlike batch / TPOT it leaves out the
+    prefill steps of other requests that a request's TPOT window also contains."""
+    import itertools
+    import statistics
+
     import torch
 
     from ninfer.runtime.cuda_loadgen import percentiles
 
-    recs = [r for r in getattr(ex, "records", []) if r.decode]
+    every = list(getattr(ex, "records", []))
+    recs = [r for r in every if r.decode]
     if not recs:
         return {}
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     gpu = [r.gpu_s() for r in recs if r.start is not None]
-    return {
+    out = {
         "decode_steps": len(recs),
         "graph_steps": sum(r.graph for r in recs),
         "host_ms_per_decode_step": percentiles([r.host_s for r in recs]),
         "gpu_ms_per_decode_step": percentiles([g for g in gpu if g is not None]),
     }
+    gaps = [
+        b.entered_s - a.entered_s
+        for a, b in itertools.pairwise(every)
+        if a.decode and a.rows == batch and a.entered_s and b.entered_s
+    ]
+    if gaps:
+        steady = batch / statistics.median(gaps)
+        out["steady_decode_tok_per_s"] = steady
+        out["steady_decode_steps"] = len(gaps)
+        if limit_tok_per_s:
+            out["steady_decode_ratio"] = steady / limit_tok_per_s
+    return out
 
 
 def run_engine(args: argparse.Namespace) -> dict[str, Any]:
@@ -286,7 +306,7 @@ def run_engine(args: argparse.Namespace) -> dict[str, Any]:
             )
             row: dict[str, Any] = {"batch": b, **summarise(timings)}
             row.update(limit_figures(row, work, ceilings, b, args.input_len, args.output_len))
-            row.update(_step_stats(ex))
+            row.update(_step_stats(ex, b, row.get("decode_limit_tok_per_s")))
             results.append(row)
     finally:
         engine.close()
@@ -409,7 +429,8 @@ def _pct(d: dict[str, Any] | None) -> str:
 
 
 COLUMNS = ("batch", "TTFT ms p50/90/99", "TPOT ms p50/90/99", "ITL ms p50/90/99", "out tok/s", "decode tok/s",
-           "limit tok/s", "decode/limit", "prefill/matmul", "host ms/step", "peer tok/s", "vs peer")  # fmt: skip
+           "limit tok/s", "decode/limit", "steady tok/s", "steady/limit", "prefill/matmul", "host ms/step",
+           "peer tok/s", "vs peer")  # fmt: skip
 
 
 def _cells(r: dict[str, Any]) -> list[str]:
@@ -419,6 +440,7 @@ def _cells(r: dict[str, Any]) -> list[str]:
         str(r["batch"]), _pct(r.get("ttft_ms")), _pct(r.get("tpot_ms")), _pct(r.get("itl_ms")),
         _f(r.get("output_tok_per_s"), "{:.1f}"), _f(r.get("decode_tok_per_s"), "{:.1f}"),
         _f(r.get("decode_limit_tok_per_s"), "{:.1f}"), _f(r.get("decode_ratio"), "{:.1%}"),
+        _f(r.get("steady_decode_tok_per_s"), "{:.1f}"), _f(r.get("steady_decode_ratio"), "{:.1%}"),
         _f(r.get("prefill_ratio"), "{:.1%}"), _f(host, "{:.3f}"), _f(peer.get("output_tok_per_s"), "{:.1f}"),
         _f(r.get("vs_peer_output_tok_per_s"), "{:.2f}x"),
     ]  # fmt: skip

@@ -79,7 +79,11 @@ def _same(ts: Types, a: dict) -> Types:
 def _linear(ts: Types, a: dict) -> Types:
     x, w = ts[0], ts[1]
     _need(w.rank == 2, f"linear weight must be [N,K], got {w}")
-    _need(x.shape[-1] == w.shape[1], f"linear: input {x} does not match weight {w}")
+    width = w.shape[1]
+    if a.get("act") is not None:  # fuse_swiglu_linear: the input is [gate | up]
+        _need(a["act"] == "swiglu", f"linear: unknown input activation {a['act']!r}")
+        width = 2 * w.shape[1]
+    _need(x.shape[-1] == width, f"linear: input {x} does not match weight {w}")
     if len(ts) == 3:
         _need(
             ts[2].rank == 1 and ts[2].shape[0] == w.shape[0],

@@ -6,11 +6,12 @@ options (no pass switches itself on or off).
     2 fuse_gate_up              gate/up projections (and expert gate/up) -> one GEMM + swiglu
     3 fuse_residual_norm        residual add + RMSNorm -> add_rmsnorm
     4 fuse_attention_prologue   per-head q/k RMSNorm + rotary folded into attention
-    5 choose_kv                 KV dtype, page layout, state slots
-    6 assign_kernels            a kernel per op from weight format and device
-    7 plan_memory               ledger: weights, workspace, KV pages, state slots
-    8 cuda_graphs               decode buckets 1..max_concurrency (cuda only)
-    9 lower                     -> ninfer.ir.plan.Plan
+    5 fuse_swiglu_linear        swiglu folded into the linear that reads it (down projection)
+    6 choose_kv                 KV dtype, page layout, state slots
+    7 assign_kernels            a kernel per op from weight format and device
+    8 plan_memory               ledger: weights, workspace, KV pages, state slots
+    9 cuda_graphs               decode buckets 1..max_concurrency (cuda only)
+   10 lower                     -> ninfer.ir.plan.Plan
 
 `run_passes(..., verify_each=True)` re-verifies the graph after every phase (tests do);
 `dump` receives (phase name, graph) after each phase for IR dumps. `disable` names fusion
@@ -34,13 +35,20 @@ from ninfer.passes.fuse_attention_prologue import FUSE_ATTENTION_PROLOGUE
 from ninfer.passes.fuse_gate_up import FUSE_GATE_UP
 from ninfer.passes.fuse_qkv import FUSE_QKV
 from ninfer.passes.fuse_residual_norm import FUSE_RESIDUAL_NORM
+from ninfer.passes.fuse_swiglu_linear import FUSE_SWIGLU_LINEAR
 from ninfer.passes.lower import lower
 from ninfer.passes.options import CompileOptions
 from ninfer.passes.plan_memory import PLAN_MEMORY
 from ninfer.passes.verify import VERIFY
 
 # passes that only fuse (the plan computes the same function without them)
-FUSIONS = (FUSE_QKV, FUSE_GATE_UP, FUSE_RESIDUAL_NORM, FUSE_ATTENTION_PROLOGUE)
+FUSIONS = (
+    FUSE_QKV,
+    FUSE_GATE_UP,
+    FUSE_RESIDUAL_NORM,
+    FUSE_ATTENTION_PROLOGUE,
+    FUSE_SWIGLU_LINEAR,
+)
 
 
 def build_pipeline(options: CompileOptions, disable: Collection[str] = ()) -> list[Pass]:

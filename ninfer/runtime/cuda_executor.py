@@ -52,7 +52,8 @@ from ninfer.runtime.weights import TORCH_DTYPES
 @dataclass
 class StepRecord:
     """Timing of one step (kept when `collect_timings`): host seconds from `run` entry until
-    the GPU work was queued, and CUDA events around that work (read after a sync)."""
+    the GPU work was queued, CUDA events around that work (read after a sync), and the
+    perf_counter time of `run` entry (consecutive entries bound one whole engine step)."""
 
     decode: bool
     graph: bool
@@ -61,6 +62,7 @@ class StepRecord:
     host_s: float
     start: Any  # torch.cuda.Event | None
     end: Any
+    entered_s: float = 0.0
 
     def gpu_s(self) -> float | None:
         return None if self.start is None else self.start.elapsed_time(self.end) / 1e3
@@ -204,7 +206,7 @@ class CudaExecutor(PlanExecutorBase):
             host_s = time.perf_counter() - t0
         if self.collect_timings:
             self.records.append(
-                StepRecord(decode, use_graph, n, batch.num_tokens, host_s, start, end)
+                StepRecord(decode, use_graph, n, batch.num_tokens, host_s, start, end, t0)
             )
         self.last_step_seconds = time.perf_counter() - t0
         self.tokens_computed += batch.num_tokens

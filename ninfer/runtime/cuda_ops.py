@@ -22,6 +22,7 @@ from kernels.gated_rmsnorm import gated_rmsnorm as gated_rmsnorm_kernel
 from kernels.gdn_conv import causal_conv1d as conv1d_kernel
 from kernels.gdn_gates import gdn_gates as gdn_gates_kernel
 from kernels.gdn_recurrent import gated_delta_rule_recurrent
+from kernels.gemv import dense_gemv, dense_gemv_config, dense_skinny, skinny_config
 from kernels.moe_gemm import moe_gemm
 from kernels.paged_decode import paged_attention_decode
 from kernels.paged_prefill import paged_attention_prefill
@@ -79,10 +80,26 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 def linear(
     s: DeviceStep, a: dict, x: torch.Tensor, w: Any, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
+    """x @ wᵀ (+ bias); attr act=swiglu: x is [gate | up] and the input is silu(gate) * up.
+    Dense weights at decode batch sizes run kernels.gemv where its tables (or the batch-1
+    default) say it beats cuBLAS: the CUDA-core GEMV up to 4 rows (activation folded in), tensor-
+    core tiles up to 16; quantised weights run kernels.quant_gemm."""
+    glu = a.get("act") == "swiglu"
+    x2 = _rows(x)
+    lead = x.shape[:-1]
     if isinstance(w, QuantWeight):
-        y = w.linear(_rows(x))
-        return y if bias is None else y + bias
-    return F.linear(x, w, bias)
+        y = w.linear(silu_mul_kernel(x2) if glu else x2)
+    else:
+        N, K, M = w.shape[0], w.shape[1], x2.shape[0]
+        cfg = dense_gemv_config(N, K, M, glu) if M and x2.dtype == w.dtype else None
+        if cfg is not None:
+            y = dense_gemv(x2, w, cfg, glu=glu)
+        else:
+            xin = silu_mul_kernel(x2) if glu else x2
+            tiles = skinny_config(N, K, M) if x2.dtype == w.dtype else None
+            y = F.linear(xin, w) if tiles is None else dense_skinny(xin, w, tiles)
+    y = y.view(*lead, y.shape[-1])
+    return y if bias is None else y + bias
 
 
 def logits(s: DeviceStep, a: dict, x: torch.Tensor, w: Any) -> torch.Tensor:

@@ -70,6 +70,8 @@ def add(ctx: StepContext, a: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Te
 def linear(
     ctx: StepContext, a: dict, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None
 ):
+    if a.get("act") == "swiglu":  # fuse_swiglu_linear
+        x = swiglu(ctx, a, x)
     return F.linear(x, w, bias)
 
 

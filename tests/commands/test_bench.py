@@ -102,3 +102,24 @@ def test_synthetic_needs_a_known_name():
 
     with pytest.raises(ConfigError, match="unknown model"):
         bench.run(_parse(["engine", "--synthetic", "gpt-9", "--device", "cpu"]))
+
+
+def test_steady_decode_leaves_out_other_requests_prefill() -> None:
+    """Steady decode reads the intervals between a full-batch decode step and the next step;
+    prefill steps (and their duration) are left out, unlike batch / TPOT."""
+    from types import SimpleNamespace
+
+    from ninfer.commands.bench import _step_stats
+    from ninfer.runtime.cuda_executor import StepRecord
+
+    def rec(decode: bool, rows: int, t: float) -> StepRecord:
+        return StepRecord(decode, decode, rows, rows, 1e-4, None, None, t)
+
+    # two decode steps of 2 rows 5 ms apart, a 40 ms prefill step, two more, one of 1 row
+    times = [(True, 2, 1.000), (True, 2, 1.005), (False, 1, 1.010), (True, 2, 1.050),
+             (True, 2, 1.055), (True, 1, 1.060), (True, 2, 1.070)]  # fmt: skip
+    ex = SimpleNamespace(records=[rec(*t) for t in times])
+    out = _step_stats(ex, 2, 800.0)
+    assert out["decode_steps"] == 6 and out["steady_decode_steps"] == 4
+    assert out["steady_decode_tok_per_s"] == pytest.approx(2 / 0.005)
+    assert out["steady_decode_ratio"] == pytest.approx(0.5)

@@ -4,7 +4,15 @@ import pytest
 import torch
 
 from kernels import gemv
-from kernels.gemv import DenseGemvConfig, dense_gemv, dense_gemv_reference, load_table
+from kernels.gemv import (
+    DenseGemvConfig,
+    SkinnyConfig,
+    dense_gemv,
+    dense_gemv_reference,
+    dense_skinny,
+    load_skinny_table,
+    load_table,
+)
 
 
 def _tol(dtype: torch.dtype) -> dict:
@@ -78,7 +86,8 @@ def test_config_choice(monkeypatch) -> None:
     assert gemv.dense_gemv_config(64, 32, 2) is None  # cuBLAS won at M = 2
     assert gemv.dense_gemv_config(64, 32, 3) == DenseGemvConfig(4, 8, 1)
     assert gemv.dense_gemv_config(64, 32, 5) is None
-    assert gemv.dense_gemv_config(64, 32, 1, glu=True) == gemv.DEFAULT_M1
+    default = gemv.INTERPRETED_M1 if gemv.interpreting() else gemv.DEFAULT_M1
+    assert gemv.dense_gemv_config(64, 32, 1, glu=True) == default
     assert gemv.dense_gemv_config(96, 32, 2) is None
 
 
@@ -94,3 +103,27 @@ def test_dense_gemv_model_shapes(device, N, K, glu) -> None:
         torch.testing.assert_close(
             y.float(), dense_gemv_reference(x, w, glu=glu).float(), rtol=2e-2, atol=2e-2
         )
+
+
+@pytest.mark.parametrize("M", [5, 8, 16])
+@pytest.mark.parametrize(
+    "cfg,N,K", [(SkinnyConfig(16, 64, 2), 48, 256), (SkinnyConfig(32, 128, 3), 40, 200)]
+)
+def test_skinny_matches_reference(device, M, cfg, N, K) -> None:
+    g = torch.Generator().manual_seed(M + N)
+    x = torch.randn(M, K, generator=g).to(device, torch.bfloat16)
+    w = (torch.randn(N, K, generator=g) * 0.05).to(device, torch.bfloat16)
+    y = dense_skinny(x, w, cfg)
+    assert y.shape == (M, N) and y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), dense_gemv_reference(x, w).float(), rtol=2e-2, atol=2e-2)
+
+
+def test_skinny_table(tmp_path, monkeypatch) -> None:
+    p = tmp_path / "s.json"
+    p.write_text('{"4096:4096": {"8": [32, 256, 4, 4]}}')
+    t = load_skinny_table(p)
+    assert t == {(4096, 4096, 8): SkinnyConfig(32, 256, 4, 4)}
+    monkeypatch.setattr(gemv, "SKINNY_TABLE", t)
+    assert gemv.skinny_config(4096, 4096, 6) == SkinnyConfig(32, 256, 4, 4)
+    assert gemv.skinny_config(4096, 4096, 12) is None  # no M = 16 entry: cuBLAS
+    assert gemv.skinny_config(4096, 4096, 4) is None  # the GEMV's range

@@ -121,6 +121,21 @@ def test_interpreted_kernels_match_reference(fixture_artifacts):
         torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the gpu tests cover this on a GPU")
+def test_interpreted_batch1_gemv_matches_reference(fixture_artifacts):
+    """One sequence: every dense projection takes kernels.gemv at batch 1 (the down projection
+    with the SwiGLU folded in), float32; Gated DeltaNet and gated attention layers."""
+    path = fixture_artifacts("qwen3_5")
+    ref = _reference(path)
+    ex = _cuda(path, "float32", "cpu", kv_dtype="f32", max_concurrency=2)
+    assert any(c.op == "linear" and c.attrs.get("act") == "swiglu" for c in ex.plan.calls)
+    prompts = _prompts(ref.vocab_size, (13,))
+    want = _teacher_forced(ref, prompts, [[5, 6, 7]])
+    got = _teacher_forced(ex, prompts, [[5, 6, 7]])
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+
+
 def test_make_executor_on_cpu_is_the_reference(fixture_artifacts):
     path = fixture_artifacts("qwen3")
     ex = make_executor(_plan(path, "cpu", "float32"), Artifact(path), "cpu")
