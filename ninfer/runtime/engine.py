@@ -372,21 +372,25 @@ class Engine:
                 _, seq_id, reason, keep = cmd
                 self._sched.abort(seq_id, reason, now, keep_tokens=keep)
         self._work.lap("engine_boundary")
-        self._publish()
 
     def _step(self) -> bool:
-        """One iteration; True when a batch ran (so the loop should not sleep)."""
+        """One iteration; True when a batch ran (so the loop should not sleep).
+
+        Between one step's result and the next step's launch the worker only commits, schedules
+        and fills the step's metadata (and builds the stats, so the gauges show the batch):
+        publishing events (the last commit's tokens, admissions, aborts, timeouts, pressure
+        finishes) runs once the next step is queued on the device (in _execute), or at once when
+        there is no step to run."""
         plan = self._sched.schedule(self._clock())
         if plan is not None:  # a batch of decode rows only is decode work
             decode = all(s.decode_ready for s in plan.chunk_seqs)
             self._work.work_class = "decode" if decode else "prefill"
         self._work.lap("program_submit")
-        self._publish()  # timeouts and pressure finishes need not wait for the device
-        if plan is not None:
-            self._publish_stats()  # gauges show the batch while the device runs it
-            self._execute(plan)
+        if plan is None:
             self._publish()
-        self._publish_stats()
+            self._publish_stats()
+        else:
+            self._execute(plan)
         self._work.work_class = "control"
         return plan is not None
 
@@ -397,8 +401,11 @@ class Engine:
     def _execute(self, plan: StepPlan) -> None:
         seqs = plan.logit_seqs
         try:
+            self._publish_stats()  # gauges show the batch while the device runs it
             self._sched.run_transfers(plan, self._executor)  # pause snapshots and restores
             logits = self._executor.run(plan.batch)  # [len(seqs), vocab]
+            self._work.lap("program_submit")
+            self._publish()  # while the device runs the step
             rows = [SampleRow(s.seq_id, s.request.sampling, s.output_ids) for s in seqs]
             sampled = self._sampler.sample(logits, rows) if rows else []
         except Exception as e:
