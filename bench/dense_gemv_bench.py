@@ -211,8 +211,15 @@ def main() -> None:
         rows.append(bench_shape(N, K, glu, bw, args.quick))
         torch.cuda.empty_cache()
     table = {f"{r['N']}:{r['K']}:{int(r['glu'])}": r["wins"] for r in rows}
+    out, dev = _save(args, TABLE_PATH, "dense_gemv_h200.json", bw, rows, table, t0)
+    write_md(out / "dense_gemv_h200.md", dev, bw, rows)
+    print(f"done in {time.time() - t0:.0f} s", flush=True)
+
+
+def _save(args, table_path: Path, name: str, bw: float, rows, table, t0: float) -> tuple[Path, str]:
+    """Write the table (with --write-table) and the JSON report; (output folder, device)."""
     if args.write_table:
-        TABLE_PATH.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+        table_path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     dev = torch.cuda.get_device_name()
@@ -223,9 +230,8 @@ def main() -> None:
         "table": table,
         "seconds": time.time() - t0,
     }
-    (out / "dense_gemv_h200.json").write_text(json.dumps(report, indent=1))
-    write_md(out / "dense_gemv_h200.md", dev, bw, rows)
-    print(f"done in {time.time() - t0:.0f} s", flush=True)
+    (out / name).write_text(json.dumps(report, indent=1))
+    return out, dev
 
 
 def main_skinny(args: argparse.Namespace, bw: float, t0: float) -> None:
@@ -235,19 +241,7 @@ def main_skinny(args: argparse.Namespace, bw: float, t0: float) -> None:
             rows.append(bench_skinny(N, K, bw))
             torch.cuda.empty_cache()
     table = {f"{r['N']}:{r['K']}": r["wins"] for r in rows}
-    if args.write_table:
-        SKINNY_TABLE_PATH.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    dev = torch.cuda.get_device_name()
-    report = {
-        "device": dev,
-        "copy_bw": bw,
-        "rows": rows,
-        "table": table,
-        "seconds": time.time() - t0,
-    }
-    (out / "skinny_h200.json").write_text(json.dumps(report, indent=1))
+    out, dev = _save(args, SKINNY_TABLE_PATH, "skinny_h200.json", bw, rows, table, t0)
     lines = [
         (
             "`python -m bench.dense_gemv_bench --skinny` (kernels/gemv.py tensor-core tiles "
