@@ -22,7 +22,7 @@ from kernels.gated_rmsnorm import gated_rmsnorm as gated_rmsnorm_kernel
 from kernels.gdn_conv import causal_conv1d as conv1d_kernel
 from kernels.gdn_gates import gdn_gates as gdn_gates_kernel
 from kernels.gdn_recurrent import gated_delta_rule_recurrent
-from kernels.gemv import dense_gemv, dense_gemv_config, dense_skinny, skinny_config
+from kernels.gemv import dense_linear
 from kernels.moe_gemm import moe_gemm
 from kernels.paged_decode import paged_attention_decode
 from kernels.paged_prefill import paged_attention_prefill
@@ -90,14 +90,7 @@ def linear(
     if isinstance(w, QuantWeight):
         y = w.linear(silu_mul_kernel(x2) if glu else x2)
     else:
-        N, K, M = w.shape[0], w.shape[1], x2.shape[0]
-        cfg = dense_gemv_config(N, K, M, glu) if M and x2.dtype == w.dtype else None
-        if cfg is not None:
-            y = dense_gemv(x2, w, cfg, glu=glu)
-        else:
-            xin = silu_mul_kernel(x2) if glu else x2
-            tiles = skinny_config(N, K, M) if x2.dtype == w.dtype else None
-            y = F.linear(xin, w) if tiles is None else dense_skinny(xin, w, tiles)
+        y = dense_linear(x2, w, glu=glu)
     y = y.view(*lead, y.shape[-1])
     return y if bias is None else y + bias
 
