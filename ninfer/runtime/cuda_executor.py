@@ -170,8 +170,11 @@ class CudaExecutor(PlanExecutorBase):
 
     # -- step --------------------------------------------------------------------------------
     @torch.inference_mode()
-    def run(self, batch: StepBatch, all_logits: bool = False) -> torch.Tensor:
-        """Run one step; float32 logits [rows, vocab] (see the module docstring)."""
+    def run(
+        self, batch: StepBatch, all_logits: bool = False, fed: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Run one step; float32 logits [rows, vocab] (see the module docstring). `fed`: the
+        previous step's sampled ids on the device, for a batch with `fed_rows`."""
         t0 = time.perf_counter()
         for cp in batch.state_copies:
             self.copy_state(cp.src_slot, cp.dst_slot)
@@ -193,14 +196,14 @@ class CudaExecutor(PlanExecutorBase):
         timing = self.collect_timings and self.device.type == "cuda"
         if use_graph:
             g = self._graphs.get(n) or self._capture(n)
-            start, end, host_s = self._replay(g, chunks, t0, timing)
+            start, end, host_s = self._replay(g, batch, fed, t0, timing)
             logits = g.logits.clone()
         else:
             start = torch.cuda.Event(enable_timing=True) if timing else None
             end = torch.cuda.Event(enable_timing=True) if timing else None
             if start is not None:
                 start.record()
-            logits = self._eager(chunks, decode, all_logits)
+            logits = self._eager(batch, decode, all_logits, fed)
             if end is not None:
                 end.record()
             host_s = time.perf_counter() - t0
@@ -274,7 +277,10 @@ class CudaExecutor(PlanExecutorBase):
         env = self._interpret(CUDA_OPS, step, {**self.weights, **inputs})
         return env[self.plan.outputs[0]]
 
-    def _eager(self, chunks: tuple[SeqChunk, ...], decode: bool, all_logits: bool) -> torch.Tensor:
+    def _eager(
+        self, batch: StepBatch, decode: bool, all_logits: bool, fed: torch.Tensor | None
+    ) -> torch.Tensor:
+        chunks = batch.chunks
         rows: list[int] = []
         t = 0
         for c in chunks:
@@ -289,6 +295,7 @@ class CudaExecutor(PlanExecutorBase):
         host = np.zeros(lay.size, dtype=np.int32)
         self._fill(host, lay, chunks, rows)
         dev = torch.from_numpy(host).to(self.device)
+        self._feed(lay.view(dev, "tokens"), batch, fed)
         step, inputs = self._device_step(dev, lay, decode, max(len(c.token_ids) for c in chunks))
         return self._forward(step, inputs)
 
@@ -331,17 +338,20 @@ class CudaExecutor(PlanExecutorBase):
                     self._capture(b)
         return len(self._graphs)
 
-    def _replay(self, g: _DecodeGraph, chunks: tuple[SeqChunk, ...], t0: float, timing: bool):
+    def _replay(
+        self, g: _DecodeGraph, batch: StepBatch, fed: torch.Tensor | None, t0: float, timing: bool
+    ):
         lay = _Layout(g.batch, g.batch, g.batch, self.max_pages)
         g.copied.synchronize()  # the previous copy has read the pinned buffer
         h = g.host.numpy()
-        self._fill(h, lay, chunks, list(range(g.batch)))
+        self._fill(h, lay, batch.chunks, list(range(g.batch)))
         start = end = None
         if timing:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
         g.device.copy_(g.host, non_blocking=True)
         g.copied.record()
+        self._feed(lay.view(g.device, "tokens"), batch, fed)
         g.graph.replay()
         if end is not None:
             end.record()

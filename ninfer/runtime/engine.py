@@ -40,7 +40,7 @@ from ninfer.runtime.request import (
     TokensEvent,
     Usage,
 )
-from ninfer.runtime.sampler import Sampler, SampleRow
+from ninfer.runtime.sampler import SampledTokens, Sampler, SampleRow
 from ninfer.runtime.scheduler import Scheduler, StepPlan
 from ninfer.runtime.sequence import finish_event
 
@@ -206,6 +206,15 @@ class RequestHandle:
         return RequestOutput(fin.token_ids, fin.reason, fin.usage, fin.timings, fin.error)
 
 
+@dataclass
+class _Launched:
+    """A step queued on the device and not committed yet."""
+
+    plan: StepPlan
+    tokens: SampledTokens
+    work_class: str  # host_work.py's class of the time spent on it
+
+
 def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -227,6 +236,7 @@ class Engine:
         eos_ids: Iterable[int],
         *,
         clock: Callable[[], float] = time.monotonic,
+        overlap: bool = True,
     ) -> None:
         if executor.is_hybrid and executor.num_state_slots < config.max_concurrency:
             raise ConfigError(
@@ -260,6 +270,10 @@ class Engine:
         self._handles: dict[int, RequestHandle] = {}  # worker only
         self._exposure: dict[int, tuple[float, ...]] = {}  # worker only: seq id -> mark
         self._step_failures = 0
+        # launch a decode step before the previous one's tokens are read (executors that take
+        # their tokens from the device only)
+        self._overlap = overlap and bool(getattr(executor, "feeds_tokens", False))
+        self._inflight: _Launched | None = None  # launched ahead, not committed (worker only)
         self._work = HostWork()
         self._ready = True
         self._stats = self._build_stats()
@@ -376,47 +390,81 @@ class Engine:
     def _step(self) -> bool:
         """One iteration; True when a batch ran (so the loop should not sleep).
 
-        Between one step's result and the next step's launch the worker only commits, schedules
-        and fills the step's metadata (and builds the stats, so the gauges show the batch):
-        publishing events (the last commit's tokens, admissions, aborts, timeouts, pressure
-        finishes) runs once the next step is queued on the device (in _execute), or at once when
-        there is no step to run."""
-        plan = self._sched.schedule(self._clock())
-        if plan is not None:  # a batch of decode rows only is decode work
-            decode = all(s.decode_ready for s in plan.chunk_seqs)
-            self._work.work_class = "decode" if decode else "prefill"
-        self._work.lap("program_submit")
-        if plan is None:
-            self._publish()
-            self._publish_stats()
-        else:
-            self._execute(plan)
+        A step is launched (queued on the device with its sampling), then committed once its
+        tokens reach the host. With overlap, the next decode step is launched *before* that
+        wait, fed the sampled tokens on the device (`Scheduler.schedule_ahead`), so the device
+        never idles while the host commits, publishes and plans; otherwise (or when the next
+        step cannot be planned early) it is scheduled after the commit. Between a step's result
+        and the next launch the worker only commits, schedules and fills metadata: publishing
+        events (the last commit's tokens, admissions, aborts, timeouts, pressure finishes) runs
+        once the next step is queued, or at once when there is no step to run."""
+        current, self._inflight = self._inflight, None
+        if current is None:
+            plan = self._sched.schedule(self._clock())
+            self._work.lap("program_submit")
+            if plan is None:
+                self._publish()
+                self._publish_stats()
+                return False
+            current = self._launch(plan)
+            if current is None:
+                self._publish()
+                return True
+        if self._overlap:
+            ahead = self._sched.schedule_ahead(current.plan, self._clock())
+            self._work.lap("program_submit")
+            if ahead is not None:
+                self._inflight = self._launch(ahead, current.tokens)
+        self._publish()  # while the device runs the step(s)
+        self._complete(current)
         self._work.work_class = "control"
-        return plan is not None
+        return True
 
     def _publish_stats(self) -> None:
         self._stats = self._build_stats()
         self._work.stats(self._work.lap("engine_maintenance"))
 
-    def _execute(self, plan: StepPlan) -> None:
-        seqs = plan.logit_seqs
+    def _launch(self, plan: StepPlan, fed: SampledTokens | None = None) -> _Launched | None:
+        """Queue `plan` and the sampling of its logits rows on the device; None when that
+        failed (its requests fail, the engine goes on)."""
+        decode = all(s.decode_ready for s in plan.chunk_seqs)  # decode rows only: decode work
+        self._work.work_class = work_class = "decode" if decode else "prefill"
         try:
             self._publish_stats()  # gauges show the batch while the device runs it
             self._sched.run_transfers(plan, self._executor)  # pause snapshots and restores
-            logits = self._executor.run(plan.batch)  # [len(seqs), vocab]
-            self._work.lap("program_submit")
-            self._publish()  # while the device runs the step
-            rows = [SampleRow(s.seq_id, s.request.sampling, s.output_ids) for s in seqs]
-            sampled = self._sampler.sample(logits, rows) if rows else []
+            if fed is None:
+                logits = self._executor.run(plan.batch)  # [rows, vocab]
+            else:
+                logits = self._executor.run(plan.batch, fed=fed.ids)
+            rows = [SampleRow(s.seq_id, s.request.sampling, s.output_ids) for s in plan.logit_seqs]
+            tokens = self._sampler.sample_async(logits, rows)
         except Exception as e:
             log.exception("step %d failed", plan.batch.step_index)
-            self._step_failures += 1
-            self._work.lap(DEVICE_WAIT)
-            self._sched.fail_step(plan, self._clock(), EngineError(f"the step failed: {e}"))
-            self._work.lap("program_post")
+            self._fail(plan, e)
+            return None
+        self._work.lap("program_submit")
+        return _Launched(plan, tokens, work_class)
+
+    def _complete(self, step: _Launched) -> None:
+        """Wait for `step`'s tokens and commit them."""
+        self._work.work_class = step.work_class
+        try:
+            sampled = step.tokens.tolist()
+        except Exception as e:
+            log.exception("step %d failed", step.plan.batch.step_index)
+            self._fail(step.plan, e)
+            if self._inflight is not None:  # it was fed this step's tokens
+                self._fail(self._inflight.plan, e)
+                self._inflight = None
             return
         self._work.lap(DEVICE_WAIT)
-        self._sched.commit(plan, sampled, self._clock())
+        self._sched.commit(step.plan, sampled, self._clock())
+        self._work.lap("program_post")
+
+    def _fail(self, plan: StepPlan, e: Exception) -> None:
+        self._step_failures += 1
+        self._work.lap(DEVICE_WAIT)
+        self._sched.fail_step(plan, self._clock(), EngineError(f"the step failed: {e}"))
         self._work.lap("program_post")
 
     def _publish(self) -> None:

@@ -75,10 +75,13 @@ class Executor(PlanExecutorBase):
         return int(self.plan.model["vocab"])
 
     @torch.inference_mode()
-    def run(self, batch: StepBatch, all_logits: bool = False) -> torch.Tensor:
+    def run(
+        self, batch: StepBatch, all_logits: bool = False, fed: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Run one step. Returns float32 logits [rows, vocab]: one row per chunk with
         want_logits (its last position), in chunk order; with `all_logits`, every position of
-        every chunk instead (used by `LLM.logits`)."""
+        every chunk instead (used by `LLM.logits`). `fed`: the previous step's sampled ids,
+        for a batch with `fed_rows`."""
         t0 = time.perf_counter()
         for cp in batch.state_copies:
             self.copy_state(cp.src_slot, cp.dst_slot)
@@ -104,6 +107,7 @@ class Executor(PlanExecutorBase):
                 rows.append(begin + n - 1)
         env: dict[str, Any] = dict(self.weights)
         env["tokens"] = torch.tensor(tokens, dtype=torch.int32, device=self.device)
+        self._feed(env["tokens"], batch, fed)
         env["positions"] = torch.tensor(positions, dtype=torch.int32, device=self.device)
         env["logit_rows"] = torch.tensor(rows, dtype=torch.int32, device=self.device)
         ctx = StepContext(chunks, self.kv, self.state, self._rope)

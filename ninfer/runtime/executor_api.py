@@ -52,6 +52,10 @@ class Executor(Protocol):
          from its `state_slot` (which holds the state after position start_pos - 1);
       3. return logits [n_rows, vocab] for the chunks with want_logits, in batch order: the
          logits of each such chunk's last position.
+    An executor with `feeds_tokens = True` also takes `run(batch, fed=ids)` for a batch with
+    `fed_rows` (step.py): `ids` is the previous step's sampled token tensor, still on the
+    device, and chunk i computes token `ids[batch.fed_rows[i]]` (no host round trip, so the
+    engine can queue a decode step before it has read the previous step's tokens).
     Pages before start_pos are read-only to the chunk (they may be shared by other
     sequences). Raising fails the step's requests; the engine keeps running.
 

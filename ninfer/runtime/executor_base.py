@@ -20,6 +20,7 @@ from ninfer.runtime.host_snapshot import (
     restore_tensors,
     snapshot_tensors,
 )
+from ninfer.runtime.step import StepBatch
 
 
 class PlanExecutorBase:
@@ -50,6 +51,27 @@ class PlanExecutorBase:
             for name in self._last_use.get(i, ()):
                 env.pop(name, None)
         return env
+
+    # -- fed tokens ----------------------------------------------------------------------------
+    feeds_tokens = True  # run(batch, fed=...) takes a batch's tokens from the device (step.py)
+
+    @staticmethod
+    def _feed(tokens: torch.Tensor, batch: StepBatch, fed: torch.Tensor | None) -> None:
+        """Write the tokens of a `fed_rows` batch (one decode token per chunk, in chunk order at
+        the head of `tokens`) from `fed`, the previous step's sampled ids, on the device."""
+        rows = batch.fed_rows
+        if not rows:
+            return
+        if fed is None:
+            raise ValueError(f"step {batch.step_index} takes its tokens from the previous step")
+        if len(rows) != len(batch.chunks) or any(len(c.token_ids) != 1 for c in batch.chunks):
+            raise ValueError("a batch with fed rows is one decode token per chunk")
+        n = len(rows)
+        if rows == tuple(range(n)):
+            tokens[:n].copy_(fed[:n])
+        else:
+            index = torch.tensor(rows, dtype=torch.long).to(fed.device, non_blocking=True)
+            tokens[:n].copy_(fed.index_select(0, index))
 
     # -- state slots ---------------------------------------------------------------------------
     def copy_state(self, src_slot: int, dst_slot: int) -> None:

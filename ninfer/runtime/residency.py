@@ -165,6 +165,19 @@ class Residency:
             seq.pages += pages
         return True
 
+    def _reserve_free(self, seq: Sequence, end: int) -> bool:
+        """Give `seq` pages through position `end` from free or cached pages only (nobody is
+        paused); False when they are not there."""
+        need = self._pages_for(end) - len(seq.pages)
+        while need > self.pool.num_free:
+            if self.cache is None or not self.cache.evict_pages(need - self.pool.num_free):
+                return False
+        if need > 0:
+            pages = self.pool.allocate(need)
+            assert pages is not None
+            seq.pages += pages
+        return True
+
     def _pause(self, seq: Sequence, now: float) -> None:
         self.retention.publish_rolling(seq, None)
         self.preemption.save(seq, self._ops)  # route: snapshot (sets seq.saved) or replay

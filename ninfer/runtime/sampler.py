@@ -24,6 +24,28 @@ class SampleRow(NamedTuple):
     output_ids: Sequence[int]
 
 
+class SampledTokens:
+    """The token chosen for each row of a step, as a device tensor (`ids`, int64 [rows]) that
+    the next step can read without a host round trip, and a copy on its way to the host:
+    `tolist()` waits for that copy only."""
+
+    def __init__(self, ids: torch.Tensor) -> None:
+        self.ids = ids
+        self._ready: torch.cuda.Event | None = None
+        if ids.device.type == "cuda":
+            self._host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+            self._host.copy_(ids, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+        else:
+            self._host = ids
+
+    def tolist(self) -> list[int]:
+        if self._ready is not None:
+            self._ready.synchronize()
+        return self._host.tolist()
+
+
 class Sampler:
     """Stateless except for one generator per live request; call `forget` when it finishes."""
 
@@ -36,22 +58,23 @@ class Sampler:
     def sample(self, logits: torch.Tensor, rows: Sequence[SampleRow]) -> list[int]:
         """logits: [len(rows), vocab] (any float dtype, any device). Returns one token id per
         row. Does not modify `logits`."""
+        return self.sample_async(logits, rows).tolist()
+
+    def sample_async(self, logits: torch.Tensor, rows: Sequence[SampleRow]) -> SampledTokens:
+        """`sample` without waiting: the ids stay on `logits`' device until `tolist()`. Every
+        draw is queued now, in row order, so a request's generator advances as with `sample`."""
         assert logits.dim() == 2 and logits.shape[0] == len(rows), (logits.shape, len(rows))
-        if not rows:
-            return []
         x = logits.float()  # [rows, vocab]; a copy when the dtype differs
         if any(r.params.presence_penalty or r.params.frequency_penalty for r in rows):
             x = self._penalize(x.clone(), rows)
-        greedy = [r.params.greedy for r in rows]
-        out = x.argmax(dim=-1).tolist()
-        if all(greedy):
-            return out
-        idx = [i for i, g in enumerate(greedy) if not g]
-        probs = self.probabilities(x[idx], [rows[i].params for i in idx])  # [n, vocab]
-        for j, i in enumerate(idx):
-            gen = self._generator(rows[i], logits.device)
-            out[i] = int(torch.multinomial(probs[j], 1, generator=gen).item())
-        return out
+        out = x.argmax(dim=-1)
+        idx = [i for i, r in enumerate(rows) if not r.params.greedy]
+        if idx:
+            probs = self.probabilities(x[idx], [rows[i].params for i in idx])  # [n, vocab]
+            for j, i in enumerate(idx):
+                gen = self._generator(rows[i], logits.device)
+                out[i : i + 1] = torch.multinomial(probs[j], 1, generator=gen)
+        return SampledTokens(out)
 
     @staticmethod
     def probabilities(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:

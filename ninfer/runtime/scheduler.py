@@ -49,7 +49,7 @@ from ninfer.runtime.request import (
 )
 from ninfer.runtime.residency import Residency
 from ninfer.runtime.sequence import SeqStatus, Sequence
-from ninfer.runtime.step import SeqChunk, StateCopy, StepBatch
+from ninfer.runtime.step import FED, SeqChunk, StateCopy, StepBatch
 from ninfer.runtime.thinking import ThinkingBudget
 
 
@@ -240,6 +240,58 @@ class Scheduler(Residency):
             self.counters.decode_rows += len(decode)
         return StepPlan(batch, tuple(s for s, _ in decode + prefill), transfers)
 
+    def schedule_ahead(self, plan: StepPlan, now: float) -> StepPlan | None:
+        """The decode step after `plan`, planned before `plan` is committed (its tokens are
+        still on the device): every row of `plan` whose request cannot end at that commit for
+        a reason known now, fed the token `plan` samples for it (`StepBatch.fed_rows`). None
+        when the next step may differ from that: `plan` is not all decode rows, another request
+        is resident or could be admitted, device work is owed, the commit would checkpoint a
+        hybrid lane or force a thinking suffix, a row samples with penalties (they read the
+        output so far), or its next page is not free without pausing someone.
+
+        `commit(plan)` must come before `commit` of the returned plan; a row whose request
+        finishes at the first commit is computed for nothing and dropped at the second."""
+        self.expire(now)
+        chunks, seqs = plan.batch.chunks, plan.chunk_seqs
+        if not chunks or self._ops or len(self.running) != len(seqs):
+            return None
+        if (self.waiting or self.paused) and self._free_lanes:
+            return None
+        ps = self.page_size
+        rows: list[tuple[Sequence, int, int]] = []
+        for row, (seq, chunk) in enumerate(zip(seqs, chunks)):
+            if seq.status is not SeqStatus.RUNNING or not seq.decode_ready or not chunk.want_logits:
+                return None
+            p = seq.request.sampling
+            if p.presence_penalty or p.frequency_penalty:
+                return None
+            if seq.thinking is not None and seq.thinking.open:
+                return None
+            pos = chunk.start_pos + 1  # computed after the commit; the fed token's position
+            if self.retention.checkpoints and pos % ps == 0:
+                return None
+            if seq.num_output + 1 >= seq.max_tokens or pos + 1 >= self.config.max_context:
+                continue  # ends with 'length' at the commit
+            rows.append((seq, row, pos))
+        if not rows or not all(self._reserve_free(seq, pos + 1) for seq, _, pos in rows):
+            return None
+        ahead = tuple(
+            SeqChunk(
+                seq_id=seq.seq_id,
+                token_ids=(FED,),
+                start_pos=pos,
+                block_table=tuple(seq.pages),
+                state_slot=seq.lane if self.is_hybrid else None,
+            )
+            for seq, _, pos in rows
+        )
+        batch = StepBatch(ahead, step_index=self._step, fed_rows=tuple(r for _, r, _ in rows))
+        self._step += 1
+        self.counters.steps += 1
+        self.counters.decode_rounds += 1
+        self.counters.decode_rows += len(rows)
+        return StepPlan(batch, tuple(seq for seq, _, _ in rows))
+
     def run_transfers(self, plan: StepPlan, executor: Executor) -> None:
         """Run `plan.transfers` through `executor` (call right before `executor.run`)."""
         self.preemption.run(plan.transfers, executor)
@@ -248,14 +300,17 @@ class Scheduler(Residency):
         """Apply a finished step: `sampled[i]` is the token chosen for logits row i."""
         row = 0
         for seq, chunk in zip(plan.chunk_seqs, plan.batch.chunks):
-            assert seq.status is SeqStatus.RUNNING and seq.computed == chunk.start_pos
+            token = int(sampled[row]) if chunk.want_logits else None
+            row += chunk.want_logits
+            if seq.status is not SeqStatus.RUNNING:
+                continue  # finished while the step ran (ahead of its last commit, or aborted)
+            assert seq.computed == chunk.start_pos
             if self._advance(seq, len(chunk.token_ids)):
                 self._progress(seq, now)
             self.retention.retain_full_pages(seq)
             self.retention.capture(seq, self._ops)
-            if chunk.want_logits:
-                self._append_token(seq, int(sampled[row]), now)
-                row += 1
+            if token is not None and seq.known == seq.computed:
+                self._append_token(seq, token, now)
         assert row == len(sampled), "one sampled token per logits row"
 
     def fail_step(self, plan: StepPlan, now: float, error: BaseException) -> None:

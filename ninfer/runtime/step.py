@@ -44,14 +44,24 @@ class StateCopy:
     dst_slot: int
 
 
+FED = -1  # token id placeholder of a chunk whose token the previous step samples on the device
+
+
 @dataclass(frozen=True)
 class StepBatch:
     """Everything one model traversal computes. Chunks are ordered; prefill chunks and decode
-    rows may be mixed. `state_copies` run first, in order."""
+    rows may be mixed. `state_copies` run first, in order.
+
+    `fed_rows` (a step scheduled before the previous one was committed, see
+    `Scheduler.schedule_ahead`): every chunk is one decode token whose id is not known on the
+    host yet; chunk i takes the token sampled for logits row `fed_rows[i]` of the previous step,
+    which the caller passes to `Executor.run` as a device tensor (`fed`). Their `token_ids`
+    hold the placeholder `FED`."""
 
     chunks: tuple[SeqChunk, ...]
     state_copies: tuple[StateCopy, ...] = ()
     step_index: int = 0
+    fed_rows: tuple[int, ...] = ()
 
     @property
     def num_tokens(self) -> int:

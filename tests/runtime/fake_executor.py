@@ -15,6 +15,7 @@ snapshots are tracked weakly (`live_snapshots`), so tests can check that none le
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ import torch
 
 from ninfer.runtime.request import SamplingParams
 from ninfer.runtime.sampler import Sampler, SampleRow
-from ninfer.runtime.step import StateCopy, StepBatch
+from ninfer.runtime.step import FED, StateCopy, StepBatch
 
 _MOD = (1 << 61) - 1
 
@@ -62,8 +63,9 @@ class FakeSnapshot:
 
 
 class FakeExecutor:
-    """Implements the `Executor` protocol over python lists. `fail_steps` makes those step
-    indices raise. `batches` records every StepBatch run; `transfers` every snapshot and
+    """Implements the `Executor` protocol over python lists, fed tokens included
+    (`feeds_tokens=False` makes the engine wait for every step's tokens). `fail_steps` makes
+    those step indices raise. `batches` records every StepBatch run; `transfers` every snapshot and
     restore, as ("snapshot" | "restore", page_ids, state_slot). `page_bytes` / `state_bytes`
     set the sizes the fake claims for host snapshots (to exercise a budget in MiB)."""
 
@@ -81,6 +83,7 @@ class FakeExecutor:
         fail_steps: Sequence[int] = (),
         page_bytes: int | None = None,
         state_bytes: int | None = None,
+        feeds_tokens: bool = True,
     ) -> None:
         self.num_pages = num_pages
         self.page_size = page_size
@@ -90,6 +93,7 @@ class FakeExecutor:
         self.kv: list[list[int | None]] = [[None] * page_size for _ in range(num_pages)]
         self.state: list[tuple[int, int] | None] = [None] * self.num_state_slots
         self.fail_steps = set(fail_steps)
+        self.feeds_tokens = feeds_tokens  # the engine may schedule a decode step ahead
         self.batches: list[StepBatch] = []
         self.runs = 0
         self.kv_bytes_per_page = page_size * self.TOKEN_BYTES if page_bytes is None else page_bytes
@@ -131,8 +135,18 @@ class FakeExecutor:
     def copy_state(self, src_slot: int, dst_slot: int) -> None:
         self.state[dst_slot] = self.state[src_slot]
 
-    def run(self, batch: StepBatch) -> torch.Tensor:
+    def run(self, batch: StepBatch, fed: torch.Tensor | None = None) -> torch.Tensor:
         self.runs += 1
+        if batch.fed_rows:  # a step scheduled ahead: its tokens are the last step's samples
+            assert self.feeds_tokens and fed is not None, "fed rows without the sampled ids"
+            assert all(c.token_ids == (FED,) for c in batch.chunks)
+            chunks = [
+                dataclasses.replace(c, token_ids=(int(fed[r]),))
+                for c, r in zip(batch.chunks, batch.fed_rows)
+            ]
+            batch = dataclasses.replace(batch, chunks=tuple(chunks))
+        else:
+            assert fed is None
         if batch.step_index in self.fail_steps:
             raise RuntimeError(f"injected failure at step {batch.step_index}")
         self.batches.append(batch)
@@ -215,10 +229,13 @@ class SchedulerHarness:
         is_hybrid: bool = False,
         eos_ids=(0,),
         snapshots=True,
+        overlap=False,
         **executor_options,
     ):
-        """`snapshots`: whether the scheduler may pause by host snapshot; `executor_options`
-        go to the FakeExecutor (page_bytes, state_bytes)."""
+        """`snapshots`: whether the scheduler may pause by host snapshot; `overlap`: run the
+        next decode step before committing the last, as the engine does
+        (`Scheduler.schedule_ahead`); `executor_options` go to the FakeExecutor (page_bytes,
+        state_bytes)."""
         from ninfer.runtime.scheduler import Scheduler
 
         self.config = config
@@ -250,6 +267,9 @@ class SchedulerHarness:
         self.notices: dict[int, list] = {}  # AdmittedEvent / PromptProgressEvent, in order
         self.finished: dict[int, object] = {}
         self.plans: list = []
+        self.overlap = overlap
+        self.inflight = None  # (plan, SampledTokens) run ahead, not committed
+        self.ahead_steps = 0
 
     def add(self, prompt, **params):
         from ninfer.runtime.request import Request
@@ -264,14 +284,29 @@ class SchedulerHarness:
         self.notices[seq.seq_id] = []
         return seq
 
+    def _launch(self, plan, fed=None):
+        self.sched.run_transfers(plan, self.ex)
+        logits = self.ex.run(plan.batch, None if fed is None else fed.ids)
+        rows = [SampleRow(s.seq_id, s.request.sampling, s.output_ids) for s in plan.logit_seqs]
+        return plan, self.sampler.sample_async(logits, rows)
+
     def step(self):
-        plan = self.sched.schedule(self.now)
-        if plan is not None:
-            self.sched.run_transfers(plan, self.ex)
-            logits = self.ex.run(plan.batch)
-            rows = [SampleRow(s.seq_id, s.request.sampling, s.output_ids) for s in plan.logit_seqs]
-            self.sched.commit(plan, self.sampler.sample(logits, rows), self.now)
+        """Commit one step (with `overlap`, first run the next one ahead when the scheduler
+        can plan it); returns the committed plan, None when nothing could run."""
+        current, self.inflight = self.inflight, None
+        if current is None:
+            plan = self.sched.schedule(self.now)
+            current = None if plan is None else self._launch(plan)
+        if current is not None:
+            plan, tokens = current
+            ahead = self.sched.schedule_ahead(plan, self.now) if self.overlap else None
+            if ahead is not None:
+                self.inflight = self._launch(ahead, tokens)
+                self.ahead_steps += 1
+            self.sched.commit(plan, tokens.tolist(), self.now)
             self.plans.append(plan)
+        else:
+            plan = None
         self.sched.check()
         self.check_checkpoints()
         self.collect()
@@ -311,7 +346,7 @@ class SchedulerHarness:
 
     def run(self, max_steps: int = 20_000):
         for _ in range(max_steps):
-            if not self.sched.has_work():
+            if not self.sched.has_work() and self.inflight is None:
                 return
             self.step()
         raise AssertionError("the scheduler did not finish")

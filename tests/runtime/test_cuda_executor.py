@@ -27,7 +27,7 @@ from ninfer.passes.options import CompileOptions
 from ninfer.passes.pipeline import compile_artifact
 from ninfer.runtime.cuda_executor import CudaExecutor, make_executor
 from ninfer.runtime.executor import Executor
-from ninfer.runtime.step import SeqChunk, StepBatch
+from ninfer.runtime.step import FED, SeqChunk, StepBatch
 
 ARCHS = ("llama", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe")
 # max |logit difference| / max |reference logit|. bf16 weights, activations and KV (8-bit
@@ -72,27 +72,36 @@ class _Seqs:
         slot = i if self.ex.is_hybrid else None
         return SeqChunk(i, tuple(ids), self.computed[i], tuple(range(16 * i, 16 * i + 16)), slot)
 
-    def step(self, feed: list[int] | None = None) -> torch.Tensor:
-        """Prefill (first call) or one decode token per sequence (`feed`, else the last token)."""
+    def step(self, feed: list[int] | None = None, fed: str | None = None) -> torch.Tensor:
+        """Prefill (first call) or one decode token per sequence (`feed`, else the last token).
+        `fed` ("in order" | "reversed"): decode steps take `feed` from a device tensor (the
+        engine's path for a step scheduled ahead), its rows in that order."""
         chunks = []
         for i, toks in enumerate(self.tokens):
             if feed is not None and self.computed[i] > 0:
                 toks.append(feed[i])
-            chunks.append(self._chunk(i, toks[self.computed[i] :]))
-        logits = self.ex.run(StepBatch(tuple(chunks)))
+            ids = toks[self.computed[i] :]
+            chunks.append(self._chunk(i, [FED] if fed and feed is not None else ids))
+        if fed and feed is not None:
+            n = len(chunks)
+            rows = tuple(range(n)) if fed == "in order" else tuple(reversed(range(n)))
+            ids = torch.tensor([feed[rows.index(j)] for j in range(n)], device=self.ex.device)
+            logits = self.ex.run(StepBatch(tuple(chunks), fed_rows=rows), fed=ids)
+        else:
+            logits = self.ex.run(StepBatch(tuple(chunks)))
         for i, toks in enumerate(self.tokens):
             self.computed[i] = len(toks)
         return logits.float().cpu()
 
 
-def _greedy(ex, prompts: list[list[int]], n: int) -> list[list[int]]:
+def _greedy(ex, prompts: list[list[int]], n: int, fed: str | None = None) -> list[list[int]]:
     seqs = _Seqs(ex, prompts)
     out: list[list[int]] = [[] for _ in prompts]
     nxt = seqs.step().argmax(-1).tolist()
     for _ in range(n - 1):
         for o, t in zip(out, nxt):
             o.append(t)
-        nxt = seqs.step(nxt).argmax(-1).tolist()
+        nxt = seqs.step(nxt, fed).argmax(-1).tolist()
     for o, t in zip(out, nxt):
         o.append(t)
     return out
@@ -136,6 +145,21 @@ def test_interpreted_batch1_gemv_matches_reference(fixture_artifacts):
         torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("fed", ["in order", "reversed"])
+def test_fed_decode_tokens_equal_host_tokens(fixture_artifacts, fed):
+    """A decode step whose tokens come from the previous step's sampled ids on the device
+    (`StepBatch.fed_rows`) computes what the same step with host token ids does: the
+    reference executor, and the CUDA executor's eager path (on CPU: under the interpreter)."""
+    path = fixture_artifacts("qwen3")
+    ref = _reference(path)
+    prompts = _prompts(ref.vocab_size, (7, 3))
+    want = _greedy(ref, prompts, 5)
+    assert _greedy(_reference(path), prompts, 5, fed) == want
+    if not torch.cuda.is_available():
+        ex = _cuda(path, "float32", "cpu", kv_dtype="f32", max_concurrency=2)
+        assert _greedy(ex, prompts, 5, fed) == want
+
+
 def test_make_executor_on_cpu_is_the_reference(fixture_artifacts):
     path = fixture_artifacts("qwen3")
     ex = make_executor(_plan(path, "cpu", "float32"), Artifact(path), "cpu")
@@ -155,6 +179,7 @@ def test_float32_greedy_equals_reference(fixture_artifacts, arch):
     want = _greedy(ref, prompts, 64)
     got = _greedy(ex, prompts, 64)
     assert got == want
+    assert _greedy(ex, prompts, 64, fed="reversed") == want  # tokens fed on the device
     assert sorted(ex._graphs) == [3], "decode steps of 3 rows replay graph 3"
 
 

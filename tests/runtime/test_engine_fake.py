@@ -36,10 +36,10 @@ class GatedExecutor(FakeExecutor):
         self.gate = threading.Event()
         self.entered = threading.Event()
 
-    def run(self, batch):
+    def run(self, batch, fed=None):
         self.entered.set()
         assert self.gate.wait(T)
-        return super().run(batch)
+        return super().run(batch, fed)
 
 
 def make_engine(executor_cls=FakeExecutor, hybrid=False, fail_steps=(), **cfg) -> Engine:

@@ -7,6 +7,7 @@ the scheduler's page, lane and cache invariants must hold after every step.
 
 from __future__ import annotations
 
+import pytest
 from fake_executor import SchedulerHarness
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -62,20 +63,23 @@ ops = st.lists(submit, min_size=2, max_size=4).flatmap(
 )
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(configs(), ops)
-def test_random_interleavings_reproduce_solo_runs(cfg, operations):
-    check_interleaving(cfg, operations)
+def test_random_interleavings_reproduce_solo_runs(overlap, cfg, operations):
+    check_interleaving(cfg, operations, overlap)
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(configs(hybrid_reuse=True), ops)
-def test_random_interleavings_with_hybrid_checkpoints(cfg, operations):
-    check_interleaving(cfg, operations)
+def test_random_interleavings_with_hybrid_checkpoints(overlap, cfg, operations):
+    check_interleaving(cfg, operations, overlap)
 
 
-def check_interleaving(cfg, operations):
-    h = SchedulerHarness(cfg["config"], is_hybrid=cfg["hybrid"], eos_ids=(0,))
+def check_interleaving(cfg, operations, overlap=False):
+    """`overlap`: decode steps run ahead of the last commit where the scheduler allows."""
+    h = SchedulerHarness(cfg["config"], is_hybrid=cfg["hybrid"], eos_ids=(0,), overlap=overlap)
     kv_tokens = cfg["config"].num_pages * cfg["config"].page_size
     seqs = []
     for op in operations:
