@@ -89,6 +89,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     e.add_argument("--no-cuda-graph", action="store_true", help="run decode eagerly")
     e.add_argument(
+        "--no-overlap",
+        action="store_true",
+        help="wait for each step's tokens before launching the next decode step",
+    )
+    e.add_argument(
         "--peer", default=None, choices=PEERS, help="run the same workload through this peer"
     )
     e.add_argument(
@@ -287,7 +292,7 @@ def run_engine(args: argparse.Namespace) -> dict[str, Any]:
     engine = Engine(
         EngineConfig(max_concurrency=maxb, max_context=ctx, kv_capacity=ex.num_pages * ex.page_size, page_size=page,
                      prefill_chunk=chunk, prefix_reuse=False, max_pending_requests=maxb, default_max_tokens=args.output_len),
-        ex, Sampler(), (),
+        ex, Sampler(), (), overlap=not args.no_overlap,
     )  # fmt: skip
     vocab = int(plan.model["vocab"])
     results = []
@@ -321,6 +326,7 @@ def run_engine(args: argparse.Namespace) -> dict[str, Any]:
         "dtype": plan.dtype,
         "kv_dtype": plan.kv["dtype"],
         "cuda_graphs": bool(plan.cuda_graph_buckets),
+        "overlap": not args.no_overlap,
         "input_len": args.input_len,
         "output_len": args.output_len,
         "weight_bytes": sum(weight_bytes.values()),
@@ -454,6 +460,7 @@ def _header(report: dict[str, Any]) -> list[str]:
         "dtype",
         "kv_dtype",
         "cuda_graphs",
+        "overlap",
         "device",
         "input_len",
         "output_len",
