@@ -71,14 +71,14 @@ def copy_bandwidth() -> float:
     return 2 * a.numel() / (t * 1e-3)
 
 
-def _per_call(fn, copies: int) -> float:
+def _per_call(fn, copies: int, rep: int = 40) -> float:
     """Median ms of one call of fn(i), i cycling over the copies, under graph replay."""
 
     def run():
         for i in range(copies):
             fn(i)
 
-    return float(do_bench_cudagraph(run, rep=40)) / copies
+    return float(do_bench_cudagraph(run, rep=rep)) / copies
 
 
 def bench_shape(N: int, K: int, glu: bool, bw: float, quick: bool) -> dict:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import triton
@@ -164,17 +165,20 @@ class DenseGemvConfig:
 TABLE_PATH = Path(__file__).with_name("gemv_table.json")
 
 
-def load_table(path: Path = TABLE_PATH) -> dict[tuple[int, int, bool, int], DenseGemvConfig]:
-    """{(N, K, glu, M): config} for the weights and batch sizes (M = 1, 2, 4) where the H200
-    sweep found this kernel faster than cuBLAS. File format: {"N:K:glu": {"M": [bn, warps,
-    unroll]}}, glu 0 or 1."""
+def load_table(path: Path = TABLE_PATH, config_type: type = DenseGemvConfig) -> dict:
+    """{(N, K, glu, M): config_type(bn, warps, unroll)} for the weights and batch sizes (M = 1,
+    2, 4) where the H200 sweep found the GEMV faster than the path it replaces, and
+    (N, K, glu, 0): None for every measured weight (an empty entry: the other path won at every
+    M). File format: {"N:K:glu": {"M": [bn, warps, unroll]}}, glu 0 or 1 (also
+    kernels/fp8_gemv_table.json)."""
     if not path.exists():
         return {}
     table = {}
     for key, per_m in json.loads(path.read_text()).items():
         n, k, glu = (int(v) for v in key.split(":"))
+        table[(n, k, bool(glu), 0)] = None
         for m, (bn, warps, unroll) in per_m.items():
-            table[(n, k, bool(glu), int(m))] = DenseGemvConfig(int(bn), int(warps), int(unroll))
+            table[(n, k, bool(glu), int(m))] = config_type(int(bn), int(warps), int(unroll))
     return table
 
 
@@ -183,18 +187,22 @@ DEFAULT_M1 = DenseGemvConfig(1, 4, 2)  # batch 1 beat cuBLAS at every shape of t
 INTERPRETED_M1 = DenseGemvConfig(32, 1, 1)  # CPU interpreter: few programs, same arithmetic
 
 
-def dense_gemv_config(N: int, K: int, M: int, glu: bool = False) -> DenseGemvConfig | None:
-    """The launch shape for M rows of x against an [N, K] weight, or None where cuBLAS is the
-    faster path. Measured shapes: the table's entry for M rounded up to 1, 2 or 4 (none: cuBLAS
-    won there); other shapes: DEFAULT_M1 at batch 1, cuBLAS above."""
+def table_config(table: dict, N: int, K: int, M: int, glu: bool, default_m1: Any) -> Any:
+    """The launch shape `table` (see load_table) gives M rows of x against an [N, K] weight, or
+    None: the other path. Measured shapes: the entry for M rounded up to 1, 2 or 4 (none: the
+    other path won there); other shapes: ``default_m1`` at batch 1, the other path above."""
     if M > MAX_M:
         return None
     bucket = 1 if M == 1 else 2 if M == 2 else MAX_M
-    if any((N, K, glu, m) in TABLE for m in (1, 2, MAX_M)):
-        return TABLE.get((N, K, glu, bucket))
-    if M != 1:
-        return None
-    return INTERPRETED_M1 if interpreting() else DEFAULT_M1
+    if any((N, K, glu, m) in table for m in (0, 1, 2, MAX_M)):
+        return table.get((N, K, glu, bucket))
+    return default_m1 if M == 1 else None
+
+
+def dense_gemv_config(N: int, K: int, M: int, glu: bool = False) -> DenseGemvConfig | None:
+    """The launch shape for M rows of x against an [N, K] weight, or None where cuBLAS is the
+    faster path (table_config of TABLE, DEFAULT_M1 for unmeasured shapes at batch 1)."""
+    return table_config(TABLE, N, K, M, glu, INTERPRETED_M1 if interpreting() else DEFAULT_M1)
 
 
 def dense_gemv(

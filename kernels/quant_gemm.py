@@ -12,8 +12,11 @@ Weight formats (N output channels, K input features):
 
 x [M, K] bf16/fp16/fp32 (last dim contiguous) -> y [M, N] in x.dtype.
 
-Three paths, chosen from M (``quant_linear(path=...)`` forces one):
+Paths, chosen from M (``quant_linear(path=...)`` forces one of the last three):
 
+- fp8 GEMV (fp8 decode, M <= 4, where kernels/fp8_gemv.py's measured table or its batch-1
+  default names a launch shape): 16-byte weight loads, several K chunks in flight, the SwiGLU of
+  ``glu`` folded in; the older paths below take the other shapes;
 - ``gemv`` (decode, M <= GEMV_MAX_M[fmt]): CUDA-core kernel streaming K with the weight decoded
   in registers, fp32 accumulation, no atomics; it and its measured launch table live in
   kernels/quant_gemv.py (names re-exported here).
@@ -30,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.fp8_gemv import fp8_gemv, fp8_gemv_config
 from kernels.launch import f32_dot, hw_fp8, interpreting
 from kernels.quant_decode import (
     E2M1_MAX,
@@ -52,6 +56,7 @@ from kernels.quant_gemv import (  # noqa: F401  (GEMV names re-exported for exis
     load_gemv_table,
     sm_count,
 )
+from kernels.silu_mul import silu_mul
 
 # Path crossovers measured on the H200 (bench/results/gemv_h200.md, N = K = 8192 and
 # N = 24576, K = 4096): the GEMV's FMA work grows with M, the tiled path's nvfp4 decode per
@@ -230,13 +235,24 @@ def quant_linear(
     split_k: int | None = None,
     path: str | None = None,
     config: GemvConfig | None = None,
+    glu: bool = False,
 ) -> torch.Tensor:
-    """y [M, N] = x [M, K] @ dequant(W)ᵀ for ``fmt`` in {"fp8", "nvfp4"}; see module docstring.
+    """y [M, N] = f(x) @ dequant(W)ᵀ for ``fmt`` in {"fp8", "nvfp4"}; see module docstring.
+    f(x) = x [M, K], or with ``glu`` silu(x[:, :K]) * x[:, K:] of x [M, 2K] (gate | up): folded
+    into the fp8 GEMV where that runs, else computed first by the silu_mul kernel.
 
-    ``path`` forces "gemv", "tiled" or "dense" (default: from M); ``split_k`` forces the tiled
-    path's K split; ``config`` the GEMV launch shape. No host synchronisation unless
-    ``global_scale`` is a one-element tensor (read once; pass a float or a [N] tensor)."""
+    ``path`` forces "gemv", "tiled" or "dense" (default: from M and, for fp8 decode, the fp8
+    GEMV's table); ``split_k`` forces the tiled path's K split; ``config`` the quant_gemv launch
+    shape (any of the three keeps the fp8 GEMV out).
+    No host synchronisation unless ``global_scale`` is a one-element tensor (read once; pass a
+    float or a [N] tensor)."""
     assert x.dim() == 2 and x.stride(-1) == 1
+    if fmt == "fp8" and path is None and split_k is None and config is None:
+        fp8_cfg = fp8_gemv_config(w.shape[0], w.shape[1], x.shape[0], glu)
+        if fp8_cfg is not None:
+            return fp8_gemv(x, w, scale.to(torch.float32), fp8_cfg, glu=glu)
+    if glu:
+        x = silu_mul(x)
     M, K = x.shape
     N = w.shape[0]
     w = fp8_bytes(w) if fmt == "fp8" else w
@@ -367,9 +383,15 @@ def quant_linear_reference(
     scale: torch.Tensor,
     fmt: str,
     global_scale: float | torch.Tensor = 1.0,
+    *,
+    glu: bool = False,
 ) -> torch.Tensor:
-    """Torch reference of :func:`quant_linear`."""
-    return (x.float() @ dequantize_weight(w, scale, fmt, global_scale).T).to(x.dtype)
+    """Torch reference of :func:`quant_linear` (fp32 math, x.dtype result)."""
+    xf = x.float()
+    if glu:
+        g, u = xf.chunk(2, dim=-1)
+        xf = torch.nn.functional.silu(g) * u
+    return (xf @ dequantize_weight(w, scale, fmt, global_scale).T).to(x.dtype)
 
 
 def quantize_weight_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

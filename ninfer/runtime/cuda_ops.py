@@ -83,12 +83,13 @@ def linear(
     """x @ wᵀ (+ bias); attr act=swiglu: x is [gate | up] and the input is silu(gate) * up.
     Dense weights at decode batch sizes run kernels.gemv where its tables (or the batch-1
     default) say it beats cuBLAS: the CUDA-core GEMV up to 4 rows (activation folded in), tensor-
-    core tiles up to 16; quantised weights run kernels.quant_gemm."""
+    core tiles up to 16; quantised weights run kernels.quant_gemm (the fp8 decode GEMV folds
+    the activation in too)."""
     glu = a.get("act") == "swiglu"
     x2 = _rows(x)
     lead = x.shape[:-1]
     if isinstance(w, QuantWeight):
-        y = w.linear(silu_mul_kernel(x2) if glu else x2)
+        y = w.linear(x2, glu=glu)
     else:
         y = dense_linear(x2, w, glu=glu)
     y = y.view(*lead, y.shape[-1])

@@ -53,9 +53,13 @@ class QuantWeight:
             for s in self.segments
         )
 
-    def linear(self, x: torch.Tensor) -> torch.Tensor:
-        """x [M, K] (last dim contiguous) -> [M, N] in x.dtype."""
-        ys = [quant_linear(x, s.data, s.scale, self.fmt, s.global_scale) for s in self.segments]
+    def linear(self, x: torch.Tensor, glu: bool = False) -> torch.Tensor:
+        """x [M, K] (last dim contiguous) -> [M, N] in x.dtype; glu: x is [M, 2K] = gate | up
+        and the input is silu(gate) * up (quant_linear folds it into the fp8 GEMV where it can)."""
+        ys = [
+            quant_linear(x, s.data, s.scale, self.fmt, s.global_scale, glu=glu)
+            for s in self.segments
+        ]
         return ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
 
 
