@@ -17,6 +17,8 @@ Paths, chosen from M (``quant_linear(path=...)`` forces one of the last three):
 - fp8 GEMV (fp8 decode, M <= 4, where kernels/fp8_gemv.py's measured table or its batch-1
   default names a launch shape): 16-byte weight loads, several K chunks in flight, the SwiGLU of
   ``glu`` folded in; the older paths below take the other shapes;
+- nvfp4 GEMV (nvfp4 decode, M <= 4, where kernels/nvfp4_gemv.py's table or defaults name a
+  launch shape): e2m1 decoded eight values per integer word, tensor-core or FMA products;
 - ``gemv`` (decode, M <= GEMV_MAX_M[fmt]): CUDA-core kernel streaming K with the weight decoded
   in registers, fp32 accumulation, no atomics; it and its measured launch table live in
   kernels/quant_gemv.py (names re-exported here).
@@ -35,6 +37,7 @@ import triton.language as tl
 
 from kernels.fp8_gemv import fp8_gemv, fp8_gemv_config
 from kernels.launch import f32_dot, hw_fp8, interpreting
+from kernels.nvfp4_gemv import nvfp4_gemv, nvfp4_gemv_config
 from kernels.quant_decode import (
     E2M1_MAX,
     FP8_E4M3_MAX,
@@ -253,6 +256,11 @@ def quant_linear(
             return fp8_gemv(x, w, scale.to(torch.float32), fp8_cfg, glu=glu)
     if glu:
         x = silu_mul(x)
+    if fmt == "nvfp4" and path is None and split_k is None and config is None:
+        cfg = nvfp4_gemv_config(w.shape[0], x.shape[1], x.shape[0])
+        aligned = w.data_ptr() % 4 == 0 and w.stride(0) % 4 == 0
+        if cfg is not None and aligned and w.dtype == torch.uint8:
+            return nvfp4_gemv(x, w, scale, global_scale, cfg)
     M, K = x.shape
     N = w.shape[0]
     w = fp8_bytes(w) if fmt == "fp8" else w
