@@ -146,37 +146,39 @@ class Residency:
         residents. On failure `seq` is paused (or finished with 'length' when it is alone and
         the pool is too small) and False is returned."""
         need = self._pages_for(end) - len(seq.pages)
-        while need > self.pool.num_free:
-            if self.cache is not None and self.cache.evict_pages(need - self.pool.num_free):
-                continue
+        while not self._evict_for(need):
             youngest = self.running[-1]
             if youngest is seq:
-                break
+                if len(self.running) == 1:
+                    self._finish(seq, "length", now)
+                else:
+                    self._pause(seq, now)
+                return False
             self._pause(youngest, now)
-        if need > self.pool.num_free:
-            if len(self.running) == 1:
-                self._finish(seq, "length", now)
-            else:
-                self._pause(seq, now)
-            return False
-        if need > 0:
-            pages = self.pool.allocate(need)
-            assert pages is not None
-            seq.pages += pages
+        self._grant(seq, need)
         return True
 
     def _reserve_free(self, seq: Sequence, end: int) -> bool:
         """Give `seq` pages through position `end` from free or cached pages only (nobody is
         paused); False when they are not there."""
         need = self._pages_for(end) - len(seq.pages)
+        if not self._evict_for(need):
+            return False
+        self._grant(seq, need)
+        return True
+
+    def _evict_for(self, need: int) -> bool:
+        """Reclaim cached pages until `need` pages are free; False when there are not enough."""
         while need > self.pool.num_free:
             if self.cache is None or not self.cache.evict_pages(need - self.pool.num_free):
                 return False
+        return True
+
+    def _grant(self, seq: Sequence, need: int) -> None:
         if need > 0:
             pages = self.pool.allocate(need)
             assert pages is not None
             seq.pages += pages
-        return True
 
     def _pause(self, seq: Sequence, now: float) -> None:
         self.retention.publish_rolling(seq, None)
