@@ -32,21 +32,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gemv import MAX_M, load_table, table_config
+from kernels.gemv import MAX_M, load_table, table_config, weight_chunk
 from kernels.launch import hw_fp8, interpreting
 from kernels.quant_decode import fp8_bytes, fp8_raw_to_f32
 
 VEC = 16  # K elements per thread per chunk: one 16-byte load of weight bytes
-
-
-@triton.jit
-def _w_bytes(w_rows, k, nmask, K, EVEN: tl.constexpr):
-    """Raw weight bytes [BN, BK] at K offsets k (zero outside the matrix)."""
-    if EVEN:
-        w = tl.load(w_rows + k)
-    else:
-        w = tl.load(w_rows + k, mask=nmask[:, None] & (k < K), other=0)
-    return w
 
 
 @triton.jit
@@ -138,12 +128,12 @@ def _fp8_gemv_kernel(
     acc3 = acc0
     for k0 in range(0, K, BK * UNROLL):
         # every chunk's weight load is issued before the first one is decoded
-        w_a = _w_bytes(w_rows, k0 + kc, nmask, K, EVEN)
+        w_a = weight_chunk(w_rows, k0 + kc, nmask, K, EVEN)
         if UNROLL > 1:
-            w_b = _w_bytes(w_rows, k0 + BK + kc, nmask, K, EVEN)
+            w_b = weight_chunk(w_rows, k0 + BK + kc, nmask, K, EVEN)
         if UNROLL > 2:
-            w_c = _w_bytes(w_rows, k0 + 2 * BK + kc, nmask, K, EVEN)
-            w_d = _w_bytes(w_rows, k0 + 3 * BK + kc, nmask, K, EVEN)
+            w_c = weight_chunk(w_rows, k0 + 2 * BK + kc, nmask, K, EVEN)
+            w_d = weight_chunk(w_rows, k0 + 3 * BK + kc, nmask, K, EVEN)
         acc0, acc1, acc2, acc3 = _acc_rows(acc0, acc1, acc2, acc3, x_row0, stride_xm, m0, M, k0,
                                            K, w_a, GLU, ELEMWISE, BM, BN, BK, HW)  # fmt: skip
         if UNROLL > 1:

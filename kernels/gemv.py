@@ -49,7 +49,9 @@ def _x_chunk(x_row, k, ok, K, GLU: tl.constexpr):
 
 
 @triton.jit
-def _w_chunk(w_rows, k, nmask, K, EVEN: tl.constexpr):
+def weight_chunk(w_rows, k, nmask, K, EVEN: tl.constexpr):
+    """The weight tile at K offsets k of rows w_rows (zero outside the matrix unless EVEN);
+    any element type (kernels/fp8_gemv.py loads e4m3 bytes with it)."""
     if EVEN:
         w = tl.load(w_rows + k)
     else:
@@ -121,15 +123,15 @@ def _dense_gemv_kernel(
     for k0 in range(0, K, BK * UNROLL):
         # every chunk's weight load is issued before the first one is used
         k_a = k0 + kc
-        w_a = _w_chunk(w_rows, k_a, nmask, K, EVEN)
+        w_a = weight_chunk(w_rows, k_a, nmask, K, EVEN)
         if UNROLL > 1:
             k_b = k_a + BK
-            w_b = _w_chunk(w_rows, k_b, nmask, K, EVEN)
+            w_b = weight_chunk(w_rows, k_b, nmask, K, EVEN)
         if UNROLL > 2:
             k_c = k_b + BK
             k_d = k_c + BK
-            w_c = _w_chunk(w_rows, k_c, nmask, K, EVEN)
-            w_d = _w_chunk(w_rows, k_d, nmask, K, EVEN)
+            w_c = weight_chunk(w_rows, k_c, nmask, K, EVEN)
+            w_d = weight_chunk(w_rows, k_d, nmask, K, EVEN)
         acc0, acc1, acc2, acc3 = _acc_rows(acc0, acc1, acc2, acc3, x_row0, stride_xm, m0, M,
                                            k_a, k_a < K, K, w_a, GLU, ELEMWISE, BM, BN, BK, V)  # fmt: skip
         if UNROLL > 1:
