@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from kernels.kv_cache import as_kernel_arg, kv_strides, write_kv
+from kernels.launch import pdl_args, pdl_wait
 from kernels.rmsnorm import rmsnorm_reference
 from kernels.rotary import cos_sin, rotary_reference
 
@@ -161,8 +162,9 @@ def _prologue_kernel(
     HALF: tl.constexpr, ROT: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_REST: tl.constexpr,
     HAS_REST: tl.constexpr, BLOCK_H: tl.constexpr, HAS_ROPE: tl.constexpr,
     HAS_QNORM: tl.constexpr, HAS_KNORM: tl.constexpr, ZERO_CENTERED: tl.constexpr,
-    K_FMT: tl.constexpr, V_FMT: tl.constexpr,
+    K_FMT: tl.constexpr, V_FMT: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
     nqb = tl.cdiv(H, BLOCK_H)
@@ -295,6 +297,7 @@ def attention_prologue(
         BLOCK_H=block_h, HAS_ROPE=has_rope, HAS_QNORM=q_norm_w is not None,
         HAS_KNORM=k_norm_w is not None, ZERO_CENTERED=zero_centered,
         K_FMT=FUSED_FORMATS[k_fmt], V_FMT=FUSED_FORMATS[v_fmt], num_warps=4,
+        **pdl_args(q.device),
     )  # fmt: skip
     return q_out
 

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from kernels.gemv import MAX_M, load_table, table_config, weight_chunk
-from kernels.launch import hw_fp8, interpreting
+from kernels.launch import hw_fp8, interpreting, pdl_args, pdl_wait
 from kernels.quant_decode import fp8_bytes, fp8_raw_to_f32
 
 VEC = 16  # K elements per thread per chunk: one 16-byte load of weight bytes
@@ -105,7 +105,7 @@ def _store_scaled(y_row, acc, sc, n, nmask, m, M):
 def _fp8_gemv_kernel(
     x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
     GLU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    UNROLL: tl.constexpr, EVEN: tl.constexpr, HW: tl.constexpr,
+    UNROLL: tl.constexpr, EVEN: tl.constexpr, HW: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # grid (cdiv(N, BN), cdiv(M, BM)); thread t holds K [16t, 16t + 16) of all BN rows of the
     # byte tile [BN, BK] and the same K of each x row, as two [BK/16, 8] halves (_x_halves):
@@ -134,6 +134,7 @@ def _fp8_gemv_kernel(
         if UNROLL > 2:
             w_c = weight_chunk(w_rows, k0 + 2 * BK + kc, nmask, K, EVEN)
             w_d = weight_chunk(w_rows, k0 + 3 * BK + kc, nmask, K, EVEN)
+        pdl_wait(PDL)  # the first chunks' weight loads overlap the previous kernel's tail
         acc0, acc1, acc2, acc3 = _acc_rows(acc0, acc1, acc2, acc3, x_row0, stride_xm, m0, M, k0,
                                            K, w_a, GLU, ELEMWISE, BM, BN, BK, HW)  # fmt: skip
         if UNROLL > 1:
@@ -212,23 +213,24 @@ def fp8_gemv(
     _fp8_gemv_kernel[(triton.cdiv(N, cfg.bn), triton.cdiv(M, bm))](
         x, w, scale, y, M, N, K, x.stride(0), w.stride(0), y.stride(0),
         GLU=glu, BM=bm, BN=cfg.bn, BK=cfg.bk, UNROLL=cfg.unroll, EVEN=even, HW=hw_fp8(),
-        num_warps=cfg.warps, num_stages=1,
+        num_warps=cfg.warps, num_stages=1, **pdl_args(x.device),
     )  # fmt: skip
     return y
 
 
 def compile_fp8_gemv(
-    config: Fp8GemvConfig, *, glu: bool, bm: int, even: bool, arch: int = 90
+    config: Fp8GemvConfig, *, glu: bool, bm: int, even: bool, pdl: bool = True, arch: int = 90
 ) -> Any:
     """The kernel compiled for sm_<arch> without launching it (no GPU needed; see
     kernels/compile_check.py): bf16 x and y, the launch shape of ``config``, BM rows of x per
-    program, pointers, strides and K specialised as multiples of 16 as for the model shapes."""
+    program, pointers, strides and K specialised as multiples of 16 as for the model shapes,
+    launched with programmatic dependent launch (``pdl``) as on Hopper."""
     from kernels.compile_check import compile_for_cuda
 
     sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*fp32", "y_ptr": "*bf16"}
     sig |= {a: "i32" for a in ("M", "N", "K", "stride_xm", "stride_wn", "stride_ym")}
     const = {"GLU": glu, "BM": bm, "BN": config.bn, "BK": config.bk, "UNROLL": config.unroll}
-    const |= {"EVEN": even, "HW": True}
+    const |= {"EVEN": even, "HW": True, "PDL": pdl}
     divisible = [a for a in sig if a.endswith("_ptr") or a.startswith("stride") or a == "K"]
     return compile_for_cuda(
         _fp8_gemv_kernel, sig, const, divisible=divisible, num_warps=config.warps, arch=arch

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch import f32_dot, interpreting
+from kernels.launch import f32_dot, interpreting, pdl_args, pdl_wait
 from kernels.silu_mul import silu_mul
 
 VEC = 8  # K elements per thread per chunk: one 16-byte load of bf16
@@ -101,7 +101,7 @@ def _store_row(y_row, acc, n, nmask, m, M):
 def _dense_gemv_kernel(
     x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
     GLU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    UNROLL: tl.constexpr, EVEN: tl.constexpr,
+    UNROLL: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # grid (cdiv(N, BN), cdiv(M, BM)); x [1, BK] and the weight tile [BN, BK] share a layout:
     # thread t holds K [8t, 8t + 8) of all BN rows
@@ -132,6 +132,7 @@ def _dense_gemv_kernel(
             k_d = k_c + BK
             w_c = weight_chunk(w_rows, k_c, nmask, K, EVEN)
             w_d = weight_chunk(w_rows, k_d, nmask, K, EVEN)
+        pdl_wait(PDL)  # the first chunks' weight loads overlap the previous kernel's tail
         acc0, acc1, acc2, acc3 = _acc_rows(acc0, acc1, acc2, acc3, x_row0, stride_xm, m0, M,
                                            k_a, k_a < K, K, w_a, GLU, ELEMWISE, BM, BN, BK, V)  # fmt: skip
         if UNROLL > 1:
@@ -227,7 +228,7 @@ def dense_gemv(
     _dense_gemv_kernel[(triton.cdiv(N, cfg.bn), triton.cdiv(M, bm))](
         x, w, y, M, N, K, x.stride(0), w.stride(0), y.stride(0),
         GLU=glu, BM=bm, BN=cfg.bn, BK=cfg.bk, UNROLL=cfg.unroll, EVEN=even,
-        num_warps=cfg.warps, num_stages=1,
+        num_warps=cfg.warps, num_stages=1, **pdl_args(x.device),
     )  # fmt: skip
     return y
 

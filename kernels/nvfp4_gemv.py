@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch import hw_fp8, interpreting
+from kernels.launch import hw_fp8, interpreting, pdl_args, pdl_wait
 from kernels.nvfp4_words import MMA_BIAS, _chunk, _load_chunk, _mma_chunk, _mma_rows, _store_sum
 from kernels.quant_decode import fp8_bytes
 
@@ -57,7 +57,7 @@ def _nvfp4_gemv_kernel(
     stride_xm, stride_wn, stride_sn, stride_ym,
     HAS_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, R: tl.constexpr,
     UNROLL: tl.constexpr, X32: tl.constexpr, MMA: tl.constexpr, EVEN: tl.constexpr,
-    HW: tl.constexpr,
+    HW: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # grid (cdiv(N, BN), cdiv(M, BM)). w_ptr: the weight as int32 words [N, K/8] (stride_wn in
     # words); a chunk is R * 4 words (R = 32 * warps threads along K, all BN rows in each thread):
@@ -96,6 +96,7 @@ def _nvfp4_gemv_kernel(
     w_b, s_b = w_a, s_a
     if UNROLL > 1:
         w_b, s_b = _load_chunk(w_rows, s_rows, CW, wo, so, nmask, KW, KB, EVEN)
+    pdl_wait(PDL)  # the first chunks' weight loads overlap the previous kernel's tail
     for kw in range(0, KW, CW * UNROLL):
         nw = kw + CW * UNROLL
         p_a, q_a = _load_chunk(w_rows, s_rows, nw, wo, so, nmask, KW, KB, EVEN)
@@ -278,6 +279,7 @@ def nvfp4_gemv(
         scale.stride(0), y.stride(0),
         HAS_G=rows is not None, BM=bm, BN=cfg.bn, R=32 * cfg.warps, UNROLL=cfg.unroll,
         X32=x32, MMA=mma, EVEN=even, HW=hw_fp8(), num_warps=cfg.warps, num_stages=1,
+        **pdl_args(x.device),
     )  # fmt: skip
     return y
 

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from kernels.kv_cache import FMT_CODE, as_kernel_arg, gather_kv, kv_strides, load_kv_tile
-from kernels.launch import f32_dot, hw_fp8
+from kernels.launch import f32_dot, hw_fp8, pdl_args, pdl_wait
 
 LOG2E = 1.4426950408889634
 
@@ -66,7 +66,9 @@ def _decode_kernel(
     VSC_FP8: tl.constexpr,
     F32_DOT: tl.constexpr,
     HW_FP8: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     b = tl.program_id(0)
     hk = tl.program_id(1)
     split = tl.program_id(2)
@@ -170,7 +172,9 @@ def _merge_kernel(
     BLOCK_D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
@@ -280,6 +284,7 @@ def paged_attention_decode(
         F32_DOT=f32_dot(q.dtype),
         HW_FP8=hw_fp8(),
         num_warps=4,
+        **pdl_args(q.device),
     )
     if num_splits > 1:
         _merge_kernel[(B, Hq)](
@@ -293,6 +298,7 @@ def paged_attention_decode(
             BLOCK_D=triton.next_power_of_2(D),
             NUM_SPLITS=num_splits,
             BLOCK_S=triton.next_power_of_2(num_splits),
+            **pdl_args(q.device),
         )
     return out
 

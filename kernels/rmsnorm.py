@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch import pdl_args, pdl_wait
+
 
 @triton.jit
 def _rmsnorm_kernel(
@@ -33,10 +35,13 @@ def _rmsnorm_kernel(
     HAS_RES: tl.constexpr,
     ZERO_CENTERED: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < H
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # a weight: before the wait
+    pdl_wait(PDL)
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_RES:
         r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
@@ -45,7 +50,6 @@ def _rmsnorm_kernel(
         x = s.to(tl.float32)
     var = tl.sum(x * x, axis=0) / H
     rstd = 1.0 / tl.sqrt(var + eps)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if ZERO_CENTERED:
         w = w + 1.0
     y = x * rstd * w
@@ -89,6 +93,7 @@ def rmsnorm(
         ZERO_CENTERED=zero_centered,
         BLOCK=block,
         num_warps=4 if block <= 2048 else 8,
+        **pdl_args(x.device),
     )
     return y, res_out
 
