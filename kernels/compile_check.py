@@ -68,21 +68,29 @@ class LoopStats(NamedTuple):
     shuffles: int
 
 
-def loop_stats(ptx: str) -> LoopStats:
+def _loop_bodies(ptx: str) -> list[list[str]]:
+    """The PTX lines of each loop, in program order."""
     lines = ptx.splitlines()
     labels = {}
     for i, line in enumerate(lines):
         m = re.match(r"^(\$L__BB\d+_\d+):", line.strip())
         if m:
             labels[m.group(1)] = i
-    body: list[str] = []
-    loops = 0
+    bodies = []
     for j, line in enumerate(lines):
         m = re.search(r"\bbra(?:\.uni)?\s+(\$L__BB\d+_\d+);", line)
         if m and labels.get(m.group(1), j) < j:
-            loops += 1
-            body += lines[labels[m.group(1)] : j + 1]
-    text = "\n".join(body)
+            bodies.append(lines[labels[m.group(1)] : j + 1])
+    return bodies
+
+
+def loop_stats(ptx: str, which: int | None = None) -> LoopStats:
+    """Counts over every loop of the kernel, or over loop ``which`` alone (0: the first)."""
+    bodies = _loop_bodies(ptx)
+    loops = len(bodies)
+    if which is not None:
+        bodies = [bodies[which]]
+    text = "\n".join(line for body in bodies for line in body)
 
     def count(pattern: str) -> int:
         return len(re.findall(pattern, text))

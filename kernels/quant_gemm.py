@@ -14,6 +14,9 @@ x [M, K] bf16/fp16/fp32 (last dim contiguous) -> y [M, N] in x.dtype.
 
 Paths, chosen from M (``quant_linear(path=...)`` forces one of the last three):
 
+- fp8 tensor-core GEMV (fp8 decode of bf16 x on CUDA, M <= 4, where kernels/fp8_mma.py's
+  measured table names a launch shape): e4m3 pairs to f16 in one instruction, lane-local
+  mma.sync products;
 - fp8 GEMV (fp8 decode, M <= 4, where kernels/fp8_gemv.py's measured table or its batch-1
   default names a launch shape): 16-byte weight loads, several K chunks in flight, the SwiGLU of
   ``glu`` folded in; the older paths below take the other shapes;
@@ -36,6 +39,7 @@ import triton
 import triton.language as tl
 
 from kernels.fp8_gemv import fp8_gemv, fp8_gemv_config
+from kernels.fp8_mma import fp8_mma, fp8_mma_config, usable
 from kernels.launch import f32_dot, hw_fp8, interpreting
 from kernels.nvfp4_gemv import nvfp4_gemv, nvfp4_gemv_config
 from kernels.quant_decode import (
@@ -251,6 +255,9 @@ def quant_linear(
     float or a [N] tensor)."""
     assert x.dim() == 2 and x.stride(-1) == 1
     if fmt == "fp8" and path is None and split_k is None and config is None:
+        mma_cfg = fp8_mma_config(w.shape[0], w.shape[1], x.shape[0], glu)
+        if mma_cfg is not None and usable(x, w):
+            return fp8_mma(x, w, scale.to(torch.float32), mma_cfg, glu=glu)
         fp8_cfg = fp8_gemv_config(w.shape[0], w.shape[1], x.shape[0], glu)
         if fp8_cfg is not None:
             return fp8_gemv(x, w, scale.to(torch.float32), fp8_cfg, glu=glu)

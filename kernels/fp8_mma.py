@@ -1,0 +1,385 @@
+"""Decode GEMV of an fp8 weight on tensor cores (CUDA, sm_89+): y [M, N] = f(x) @ (s · e4m3(W))ᵀ.
+
+Same contract as kernels/fp8_gemv.fp8_gemv (W [N, K] e4m3 bytes, one fp32 scale per row, f(x) = x
+or silu(gate) * up with ``glu``), for M <= 4 rows of bf16 x. The fp32-FMA kernel spends ~2.8
+instructions per weight byte (e4m3 -> f16 -> f32 conversions and one FMA per value) and issues
+on every other cycle at 37 % occupancy (Nsight Compute on the H200): it is instruction-bound on
+the small projections. Here a weight byte costs ~0.6:
+
+- a program owns BN weight rows (BN/2 row pairs a, b) and thread t holds 32-bit words
+  [4t, 4t + 4) of each row in every K chunk (16 values; one 16-byte load per row), as in
+  kernels/nvfp4_gemv.py;
+- ``cvt.rn.f16x2.e4m3x2`` turns two weight bytes into an f16 pair (exact: every e4m3 value is an
+  f16), and x is rounded to f16 pairs once per chunk (shared by all BN rows);
+- ``mma.sync m16n8k16`` (f16 in, fp32 accumulate) runs on lane-local data: lane (g, t) feeds
+  words of its rows a and b as A rows g and g + 8 and its own x values as B column g, so D[g][g]
+  and D[g + 8][g] accumulate the products of quad g's four lanes (nvfp4_words' _DIAG_ASM picks
+  them out at the end); one MMA covers 4 values of 2 rows per lane;
+- the row scale multiplies each row's sum once, at the end.
+
+Numerics: e4m3 -> f16 and the tensor-core products are exact and accumulate in fp32. x -> f16
+is exact for 2^-14 <= |x| < 65504; smaller values keep their bits down to 2^-24 (f16
+subnormals: an absolute error below 3e-8 per value). A program that meets |x| >= 65504 (or a
+NaN) in any chunk computes its rows again with fp32 FMAs from the bytes (`_fma_rows`), so large
+activations stay exact at the cost of one more pass over that program's weights.
+
+Launch shapes (`Fp8MmaConfig`) come from kernels/fp8_mma_table.json, written by
+``bench/fp8_gemv_bench.py --write-table``; `fp8_mma_config` returns None for shapes and batch
+sizes where the sweep kept kernels/fp8_gemv.py, or where no GPU runs the kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.gemv import load_table, table_config
+from kernels.launch import interpreting, pdl_args, pdl_wait
+from kernels.nvfp4_words import _DIAG_ASM
+from kernels.quant_decode import fp8_bytes
+
+F16_MAX = tl.constexpr(65504.0)
+
+# a word's four e4m3 bytes (b0 b1 b2 b3, b0 lowest) -> f16 pairs (b0 b1), (b2 b3)
+_E4M3X4_ASM = tl.constexpr(
+    """
+{
+.reg .b16 lo, hi;
+mov.b32 {lo, hi}, $2;
+cvt.rn.f16x2.e4m3x2 $0, lo;
+cvt.rn.f16x2.e4m3x2 $1, hi;
+}
+"""
+)
+
+_MMA_F16_ASM = tl.constexpr(
+    "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+    "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};"
+)
+
+
+@triton.jit
+def _e4m3x4(w):
+    return tl.inline_asm_elementwise(
+        _E4M3X4_ASM, "=r,=r,r", [w], dtype=(tl.int32, tl.int32), is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _f16x2(lo, hi):
+    """fp32 values -> f16 pair bits (lo in the low half), round to nearest."""
+    return tl.inline_asm_elementwise(
+        "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", [lo, hi], dtype=tl.int32, is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _mma(d0, d1, d2, d3, a0, a1, a2, a3, b0, b1):
+    return tl.inline_asm_elementwise(
+        _MMA_F16_ASM, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, d0, d1, d2, d3],
+        dtype=(tl.float32,) * 4, is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _bf16_pair(p):
+    """bf16 pair bits (int32) -> (low, high) fp32 values."""
+    lo = (p << 16).to(tl.float32, bitcast=True)
+    hi = (p & -65536).to(tl.float32, bitcast=True)
+    return lo, hi
+
+
+@triton.jit
+def _x_load(x_row, kp, K, GLU: tl.constexpr, EVEN: tl.constexpr):
+    """f(x) at the bf16 pairs kp [R, 4] (one 16-byte load per thread, two with GLU) as the
+    (low, high) fp32 values of each pair."""
+    if EVEN:
+        p = tl.load(x_row + kp)
+    else:
+        p = tl.load(x_row + kp, mask=kp < K // 2, other=0)
+    lo, hi = _bf16_pair(p)
+    if GLU:
+        if EVEN:
+            q = tl.load(x_row + K // 2 + kp)
+        else:
+            q = tl.load(x_row + K // 2 + kp, mask=kp < K // 2, other=0)
+        ulo, uhi = _bf16_pair(q)
+        lo = lo * tl.sigmoid(lo) * ulo
+        hi = hi * tl.sigmoid(hi) * uhi
+    return lo, hi
+
+
+@triton.jit
+def _x_f16(x_row, kp, K, GLU: tl.constexpr, EVEN: tl.constexpr):
+    """Thread t's 16 x values (pairs kp [R, 4] and kp + 4) as two [R, 4] tensors of f16 pairs,
+    and how many values f16 cannot hold (|v| >= 65504 or NaN: the program recomputes in fp32)."""
+    lo, hi = _x_load(x_row, kp, K, GLU, EVEN)
+    lo2, hi2 = _x_load(x_row, kp + 4, K, GLU, EVEN)
+    ok = (tl.abs(lo) < F16_MAX) & (tl.abs(hi) < F16_MAX)  # false for NaN
+    ok = ok & (tl.abs(lo2) < F16_MAX) & (tl.abs(hi2) < F16_MAX)
+    return _f16x2(lo, hi), _f16x2(lo2, hi2), tl.sum(tl.where(ok, 0, 1), axis=1)
+
+
+@triton.jit
+def _quarter(c, j: tl.constexpr, R: tl.constexpr):
+    """Element j (0..3) of each thread's four: [R, 4] -> [R] (a register pick)."""
+    e, o = tl.split(tl.reshape(c, [R, 2, 2]))  # elements (0, 2) / (1, 3)
+    if j % 2 == 0:
+        f = e
+    else:
+        f = o
+    f0, f1 = tl.split(f)
+    if j < 2:
+        out = f0
+    else:
+        out = f1
+    return out
+
+
+@triton.jit
+def _x_pair(xa, xb, j: tl.constexpr, R: tl.constexpr):
+    """Pair j (0..7) of each thread's 8 (pairs 0..3 in xa, 4..7 in xb, [R, 4]) -> [R]."""
+    if j < 4:
+        out = _quarter(xa, j, R)
+    else:
+        out = _quarter(xb, j - 4, R)
+    return out
+
+
+@triton.jit
+def _pair_mma(d0, d1, d2, d3, wa, wb, xa, xb, R: tl.constexpr):
+    """D + the products of one chunk of a row pair: words wa / wb [R, 4] of rows a / b and
+    thread t's 16 x values (8 f16 pairs in xa, xb; word q holds values 4q..4q+3 = pairs 2q and
+    2q + 1)."""
+    for q in tl.static_range(4):
+        a0, a2 = _e4m3x4(_quarter(wa, q, R))
+        a1, a3 = _e4m3x4(_quarter(wb, q, R))
+        d0, d1, d2, d3 = _mma(d0, d1, d2, d3, a0, a1, a2, a3,
+                              _x_pair(xa, xb, 2 * q, R), _x_pair(xa, xb, 2 * q + 1, R))  # fmt: skip
+    return d0, d1, d2, d3
+
+
+@triton.jit
+def _row_words(w_ptr, row, stride_wn, kw, wo, N, KW, EVEN: tl.constexpr):
+    """Words [kw + 4t, kw + 4t + 4) of weight row ``row`` for each thread t: [R, 4] (zero past
+    the matrix unless EVEN)."""
+    ptr = w_ptr + row.to(tl.int64) * stride_wn + kw + wo
+    if EVEN:
+        w = tl.load(ptr)
+    else:
+        w = tl.load(ptr, mask=(wo * 0 + row < N) & (kw + wo < KW), other=0)
+    return w
+
+
+@triton.jit
+def _chunk_words(w_ptr, n0, stride_wn, kw, wo, N, KW, EVEN: tl.constexpr, BN: tl.constexpr):
+    """The chunk at word kw of rows n0 .. n0 + BN - 1 (BN = 2, 4 or 8; the unused of the eight
+    results repeat row n0's)."""
+    w0 = _row_words(w_ptr, n0, stride_wn, kw, wo, N, KW, EVEN)
+    w1 = _row_words(w_ptr, n0 + 1, stride_wn, kw, wo, N, KW, EVEN)
+    w2, w3, w4, w5, w6, w7 = w0, w0, w0, w0, w0, w0
+    if BN > 2:
+        w2 = _row_words(w_ptr, n0 + 2, stride_wn, kw, wo, N, KW, EVEN)
+        w3 = _row_words(w_ptr, n0 + 3, stride_wn, kw, wo, N, KW, EVEN)
+    if BN > 4:
+        w4 = _row_words(w_ptr, n0 + 4, stride_wn, kw, wo, N, KW, EVEN)
+        w5 = _row_words(w_ptr, n0 + 5, stride_wn, kw, wo, N, KW, EVEN)
+        w6 = _row_words(w_ptr, n0 + 6, stride_wn, kw, wo, N, KW, EVEN)
+        w7 = _row_words(w_ptr, n0 + 7, stride_wn, kw, wo, N, KW, EVEN)
+    return w0, w1, w2, w3, w4, w5, w6, w7
+
+
+@triton.jit
+def _fma_row(x_row, w_ptr, row, N, K, stride_wn, GLU: tl.constexpr, BK: tl.constexpr):
+    """fp32 sum of weight row ``row`` against one x row, from the bytes with fp32 FMAs (the
+    path for x values f16 cannot hold)."""
+    w_row = w_ptr.to(tl.pointer_type(tl.uint8)) + row.to(tl.int64) * (4 * stride_wn)
+    kk = tl.arange(0, BK)
+    acc = tl.zeros([BK], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        k = k0 + kk
+        ok = (k < K) & (k * 0 + row < N)
+        w = tl.load(w_row + k, mask=ok, other=0)
+        x = tl.load(x_row + k, mask=k < K, other=0.0).to(tl.float32)
+        if GLU:
+            x = x * tl.sigmoid(x) * tl.load(x_row + K + k, mask=k < K, other=0.0).to(tl.float32)
+        acc += w.to(tl.float8e4nv, bitcast=True).to(tl.float32) * x
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
+def _store_pair(y_ptr, s_ptr, row, N, K, d0, d1, d2, d3, bad, x_ptr, w_ptr, stride_wn,
+                GLU: tl.constexpr, R: tl.constexpr):  # fmt: skip
+    """y[row], y[row + 1] = the pair's sums * row scales: from the MMA sums, or recomputed in
+    fp32 when some x value did not fit f16 (bad > 0)."""
+    ra, rb = tl.inline_asm_elementwise(
+        _DIAG_ASM, "=f,=f,f,f,f,f", [d0, d1, d2, d3], dtype=(tl.float32,) * 2, is_pure=True,
+        pack=1,
+    )  # fmt: skip
+    ya = tl.sum(ra, axis=0)
+    yb = tl.sum(rb, axis=0)
+    if bad > 0:
+        xr = x_ptr.to(tl.pointer_type(tl.bfloat16))
+        ya = _fma_row(xr, w_ptr, row, N, K, stride_wn, GLU, 4 * R)
+        yb = _fma_row(xr, w_ptr, row + 1, N, K, stride_wn, GLU, 4 * R)
+    sa = tl.load(s_ptr + row, mask=row < N, other=0.0)
+    sb = tl.load(s_ptr + row + 1, mask=row + 1 < N, other=0.0)
+    tl.store(y_ptr + row, (ya * sa).to(y_ptr.dtype.element_ty), mask=row < N)
+    tl.store(y_ptr + row + 1, (yb * sb).to(y_ptr.dtype.element_ty), mask=row + 1 < N)
+
+
+@triton.jit
+def _fp8_mma_kernel(
+    x_ptr, w_ptr, s_ptr, y_ptr, N, K, stride_wn,
+    GLU: tl.constexpr, BN: tl.constexpr, R: tl.constexpr, EVEN: tl.constexpr,
+    PDL: tl.constexpr,
+):  # fmt: skip
+    # grid (G,), one x row: program p computes row blocks p, p + G, ... of BN rows (G = the
+    # row blocks, or a few programs per SM: then every program is resident from the start and
+    # the next kernel's programs, launched early, find room to issue their first loads).
+    # w_ptr: the weight as int32 words [N, K/4] (stride_wn in words); x_ptr: the bf16 x row as
+    # int32 pairs. A chunk is R threads x 4 words per row; a block's rows are taken as pairs
+    # (2p, 2p + 1), p < BN / 2 <= 4, each row a separate [R, 4] load so that thread t (lane
+    # t % 32 of warp t // 32) holds the same K words of every row: the lane-local MMA needs a
+    # lane's weights and x to share their K positions.
+    i = tl.arange(0, R)
+    wo = (i * 4)[:, None] + tl.arange(0, 4)[None, :]  # [R, 4]
+    kp0 = (i * 8)[:, None] + tl.arange(0, 4)[None, :]  # [R, 4] x pairs 0..3 of thread t
+    KW = K // 4
+    for blk in range(tl.program_id(0), tl.cdiv(N, BN), tl.num_programs(0)):
+        n0 = blk * BN
+        d00 = tl.zeros([R], dtype=tl.float32)
+        d01, d02, d03, d10, d11, d12, d13 = d00, d00, d00, d00, d00, d00, d00
+        d20, d21, d22, d23, d30, d31, d32, d33 = d00, d00, d00, d00, d00, d00, d00, d00
+        bad = tl.zeros([R], dtype=tl.int32)
+        for kw in range(0, KW, 4 * R):
+            w0, w1, w2, w3, w4, w5, w6, w7 = _chunk_words(w_ptr, n0, stride_wn, kw, wo, N, KW,
+                                                          EVEN, BN)  # fmt: skip
+            pdl_wait(PDL)  # the first chunk's weight loads overlap the previous kernel's tail
+            xa, xb, nb = _x_f16(x_ptr, 2 * kw + kp0, K, GLU, EVEN)
+            bad += nb
+            d00, d01, d02, d03 = _pair_mma(d00, d01, d02, d03, w0, w1, xa, xb, R)
+            if BN > 2:
+                d10, d11, d12, d13 = _pair_mma(d10, d11, d12, d13, w2, w3, xa, xb, R)
+            if BN > 4:
+                d20, d21, d22, d23 = _pair_mma(d20, d21, d22, d23, w4, w5, xa, xb, R)
+                d30, d31, d32, d33 = _pair_mma(d30, d31, d32, d33, w6, w7, xa, xb, R)
+        nbad = tl.sum(bad, axis=0)
+        _store_pair(y_ptr, s_ptr, n0, N, K, d00, d01, d02, d03, nbad, x_ptr, w_ptr, stride_wn,
+                    GLU, R)  # fmt: skip
+        if BN > 2:
+            _store_pair(y_ptr, s_ptr, n0 + 2, N, K, d10, d11, d12, d13, nbad, x_ptr, w_ptr,
+                        stride_wn, GLU, R)  # fmt: skip
+        if BN > 4:
+            _store_pair(y_ptr, s_ptr, n0 + 4, N, K, d20, d21, d22, d23, nbad, x_ptr, w_ptr,
+                        stride_wn, GLU, R)  # fmt: skip
+            _store_pair(y_ptr, s_ptr, n0 + 6, N, K, d30, d31, d32, d33, nbad, x_ptr, w_ptr,
+                        stride_wn, GLU, R)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Fp8MmaConfig:
+    """BN weight rows per block (2, 4 or 8), num_warps (K chunk = 16 * 32 * warps), and
+    programs per SM (``per_sm``; 0: one program per row block)."""
+
+    bn: int
+    warps: int
+    per_sm: int = 0
+
+    @property
+    def bk(self) -> int:
+        return 16 * 32 * self.warps
+
+
+TABLE_PATH = Path(__file__).with_name("fp8_mma_table.json")
+
+
+def _config_type(bn: int, warps: int, per_sm: int) -> Fp8MmaConfig:
+    return Fp8MmaConfig(bn, warps, per_sm)  # the table's third field: programs per SM
+
+
+TABLE = load_table(TABLE_PATH, _config_type)  # read once at import
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def fp8_mma_config(N: int, K: int, M: int, glu: bool = False) -> Fp8MmaConfig | None:
+    """The measured launch shape for one row of x (M = 1) against an [N, K] fp8 weight, or
+    None (the FMA kernel of kernels/fp8_gemv.py: other batch sizes, unmeasured shapes, shapes
+    where it won, and the interpreter, which has no tensor cores)."""
+    if interpreting() or M != 1:
+        return None
+    return table_config(TABLE, N, K, M, glu, None)
+
+
+def usable(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether fp8_mma can take x and w: one row of CUDA bf16 x, 4-byte aligned, and weight rows
+    4-byte aligned with K a multiple of 4."""
+    return (
+        x.is_cuda
+        and x.dtype == torch.bfloat16
+        and x.shape[0] == 1
+        and x.data_ptr() % 4 == 0
+        and w.shape[1] % 4 == 0
+        and w.data_ptr() % 4 == 0
+        and w.stride(0) % 4 == 0
+    )
+
+
+def fp8_mma(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    scale: torch.Tensor,
+    config: Fp8MmaConfig,
+    *,
+    glu: bool = False,
+) -> torch.Tensor:
+    """y [1, N] in bf16 = f(x) @ (scale[:, None] * e4m3(w))ᵀ on tensor cores, for one row x
+    [1, K or 2K]; the contract of kernels/fp8_gemv.fp8_gemv where `usable` holds. No host
+    synchronisation."""
+    assert x.dim() == 2 and w.dim() == 2 and x.stride(-1) == 1 and w.stride(-1) == 1
+    assert config.bn in (2, 4, 8), config
+    w = fp8_bytes(w)
+    N, K = w.shape
+    assert x.shape[1] == (2 * K if glu else K), (x.shape, w.shape, glu)
+    assert usable(x, w), "fp8_mma needs one row of CUDA bf16 x and 4-byte aligned weight rows"
+    ok = scale.shape == (N,) and scale.dtype == torch.float32 and scale.stride(0) == 1
+    assert ok, f"scale must be contiguous fp32 [{N}], got {scale.dtype} {tuple(scale.shape)}"
+    y = torch.empty((1, N), dtype=x.dtype, device=x.device)
+    if N == 0:
+        return y
+    cfg = config
+    even = K % cfg.bk == 0 and N % cfg.bn == 0
+    words = w.view(torch.int32)
+    blocks = triton.cdiv(N, cfg.bn)
+    if cfg.per_sm:
+        blocks = min(blocks, cfg.per_sm * _sm_count(x.device))
+    _fp8_mma_kernel[(blocks,)](
+        x.view(torch.int32), words, scale, y, N, K, words.stride(0),
+        GLU=glu, BN=cfg.bn, R=32 * cfg.warps, EVEN=even,
+        num_warps=cfg.warps, num_stages=1, **pdl_args(x.device),
+    )  # fmt: skip
+    return y
+
+
+def compile_fp8_mma(config: Fp8MmaConfig, *, glu: bool, even: bool, arch: int = 90) -> Any:
+    """The kernel compiled for sm_<arch> without a GPU (kernels/compile_check.py), launched
+    with programmatic dependent launch as on Hopper."""
+    from kernels.compile_check import compile_for_cuda
+
+    sig = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*fp32", "y_ptr": "*bf16"}
+    sig |= {"N": "i32", "K": "i32", "stride_wn": "i32"}
+    const = {"GLU": glu, "BN": config.bn, "R": 32 * config.warps, "EVEN": even, "PDL": True}
+    divisible = ["x_ptr", "w_ptr", "s_ptr", "y_ptr", "K", "stride_wn"]
+    return compile_for_cuda(
+        _fp8_mma_kernel, sig, const, divisible=divisible, num_warps=config.warps, arch=arch
+    )

@@ -1,0 +1,142 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels import fp8_mma as fp8_mma_mod
+from kernels.fp8_gemv import fp8_gemv_reference
+from kernels.fp8_mma import Fp8MmaConfig, fp8_mma, fp8_mma_config, usable
+from kernels.quant_gemm import quant_linear, quantize_weight_fp8
+
+_COMPILE_CHECK = """
+import json
+from kernels.compile_check import loop_stats
+from kernels.fp8_mma import Fp8MmaConfig, compile_fp8_mma
+out = []
+for cfg, glu in [(Fp8MmaConfig(8, 4), False), (Fp8MmaConfig(4, 2), True)]:
+    ptx = compile_fp8_mma(cfg, glu=glu, even=False).asm["ptx"]
+    st = loop_stats(ptx, 0)._asdict()
+    st["mma"] = ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32")
+    st["cvt"] = ptx.count("cvt.rn.f16x2.e4m3x2")
+    out.append(st)
+print(json.dumps(out))
+"""
+
+
+def test_fp8_mma_compiles_for_sm90() -> None:
+    """Compiled for sm_90 (no GPU needed), the K loop issues only 16-byte loads (BN weight rows,
+    two of x, twice that with GLU), converts e4m3 pairs with cvt.rn.f16x2.e4m3x2 and feeds f16
+    mma.sync without moving data through shared memory."""
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run(
+        [sys.executable, "-c", _COMPILE_CHECK],
+        env=env, cwd=root, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    plain, glu2 = json.loads(run.stdout.strip().splitlines()[-1])
+    # BN 8 weight rows + x pairs 0..3 and 4..7 of one row
+    assert plain["loads_16b"] == plain["loads"] == 8 + 2
+    # BN 4 rows + 2 halves x (gate, up)
+    assert glu2["loads_16b"] == glu2["loads"] == 4 + 2 * 2
+    for st in (plain, glu2):
+        assert st["shared"] == st["barriers"] == st["shuffles"] == 0, st
+        assert st["mma"] > 0 and st["cvt"] > 0, st
+
+
+def test_fp8_mma_off_in_the_interpreter() -> None:
+    """No tensor-core path where the interpreter runs the kernels, nor for x it cannot take."""
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU interpreter")
+    assert fp8_mma_config(4096, 4096, 1) is None
+    x = torch.zeros(1, 64, dtype=torch.bfloat16)
+    assert not usable(x, torch.zeros(8, 64, dtype=torch.uint8))
+
+
+def _weight(N: int, K: int, device: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    w = torch.randn(N, K, generator=g) * 0.05
+    q, s = quantize_weight_fp8(w.to(device))
+    return q, s
+
+
+def _x(M: int, K: int, device: str, seed: int) -> torch.Tensor:
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randn(M, K, generator=g).to(device=device, dtype=torch.bfloat16)
+
+
+def _close(y: torch.Tensor, ref: torch.Tensor) -> None:
+    torch.testing.assert_close(
+        y.float(), ref.float(), rtol=1e-2, atol=1e-2 * float(ref.float().abs().max())
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("glu", [False, True])
+@pytest.mark.parametrize(
+    "cfg",
+    [Fp8MmaConfig(2, 1), Fp8MmaConfig(4, 2), Fp8MmaConfig(8, 4), Fp8MmaConfig(8, 8)],
+    ids=str,
+)
+@pytest.mark.parametrize("N,K", [(96, 512), (100, 1000), (37, 4100), (6144, 4096)])
+def test_fp8_mma_matches_reference(device, glu, cfg, N, K) -> None:
+    """Ragged shapes too: N not a multiple of the rows per block, K not of the chunk (words past
+    K masked); programs looping over several blocks (per_sm) and one per block."""
+    q, s = _weight(N, K, device, seed=N + K)
+    x = _x(1, 2 * K if glu else K, device, seed=1)
+    _close(fp8_mma(x, q, s, cfg, glu=glu), fp8_gemv_reference(x, q, s, glu=glu))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("glu", [False, True])
+def test_fp8_mma_large_x_recomputed_exactly(device, glu) -> None:
+    """x values f16 cannot hold (|x| >= 65504) send the program to the fp32 path: the result
+    equals the reference; a NaN in x gives NaN rows, as the reference does."""
+    N, K = 64, 1024
+    q, s = _weight(N, K, device, seed=3)
+    x = _x(1, 2 * K if glu else K, device, seed=4)
+    x[0, 5] = 3.0e5
+    x[0, K + 7 if glu else 7] = -1.0e6
+    ref = fp8_gemv_reference(x, q, s, glu=glu)
+    y = fp8_mma(x, q, s, Fp8MmaConfig(8, 2), glu=glu)
+    assert torch.isfinite(y).all()
+    _close(y, ref)
+    x[0, 9] = float("nan")
+    assert torch.isnan(fp8_mma(x, q, s, Fp8MmaConfig(8, 2), glu=glu)).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N,K,glu", [(4096, 4096, False), (4096, 12288, True)])
+def test_fp8_mma_model_shapes(device, N, K, glu) -> None:
+    q, s = _weight(N, K, device, seed=0)
+    x = _x(1, 2 * K if glu else K, device, seed=1)
+    ref = fp8_gemv_reference(x, q, s, glu=glu)
+    for cfg in (Fp8MmaConfig(4, 4), Fp8MmaConfig(8, 2, 3), Fp8MmaConfig(2, 8)):
+        _close(fp8_mma(x, q, s, cfg, glu=glu), ref)
+
+
+@pytest.mark.gpu
+def test_quant_linear_takes_the_mma_kernel_where_the_table_says(device, monkeypatch) -> None:
+    N, K = 256, 512
+    q, s = _weight(N, K, device, seed=1)
+    x = _x(1, K, device, seed=2)
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(args[3])
+        return fp8_mma(*args, **kwargs)
+
+    monkeypatch.setattr("kernels.quant_gemm.fp8_mma", spy)
+    monkeypatch.setattr(fp8_mma_mod, "TABLE", {(N, K, False, 1): Fp8MmaConfig(4, 2)})
+    _close(quant_linear(x, q, s, "fp8"), fp8_gemv_reference(x, q, s))
+    assert calls == [Fp8MmaConfig(4, 2)]
+    quant_linear(_x(2, K, device, seed=5), q, s, "fp8")  # M = 2: not in the table
+    quant_linear(x.float(), q, s, "fp8")  # fp32 x: the FMA kernel
+    assert len(calls) == 1
