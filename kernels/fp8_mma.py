@@ -178,20 +178,22 @@ def _row_words(w_ptr, row, stride_wn, kw, wo, N, KW, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _chunk_words(w_ptr, n0, stride_wn, kw, wo, N, KW, EVEN: tl.constexpr, BN: tl.constexpr):
-    """The chunk at word kw of rows n0 .. n0 + BN - 1 (BN = 2, 4 or 8; the unused of the eight
-    results repeat row n0's)."""
-    w0 = _row_words(w_ptr, n0, stride_wn, kw, wo, N, KW, EVEN)
-    w1 = _row_words(w_ptr, n0 + 1, stride_wn, kw, wo, N, KW, EVEN)
+def _chunk_words(w_ptr, a0, PA: tl.constexpr, ob, stride_wn, kw, wo, N, KW, EVEN: tl.constexpr,
+                 BN: tl.constexpr):  # fmt: skip
+    """The chunk at word kw of a block's BN / 2 row pairs (a, b) = (a0 + PA * p, a + ob), as
+    w0 = a of pair 0, w1 = its b, w2 = a of pair 1, ... (BN = 2, 4 or 8; the unused of the eight
+    results repeat w0)."""
+    w0 = _row_words(w_ptr, a0, stride_wn, kw, wo, N, KW, EVEN)
+    w1 = _row_words(w_ptr, a0 + ob, stride_wn, kw, wo, N, KW, EVEN)
     w2, w3, w4, w5, w6, w7 = w0, w0, w0, w0, w0, w0
     if BN > 2:
-        w2 = _row_words(w_ptr, n0 + 2, stride_wn, kw, wo, N, KW, EVEN)
-        w3 = _row_words(w_ptr, n0 + 3, stride_wn, kw, wo, N, KW, EVEN)
+        w2 = _row_words(w_ptr, a0 + PA, stride_wn, kw, wo, N, KW, EVEN)
+        w3 = _row_words(w_ptr, a0 + PA + ob, stride_wn, kw, wo, N, KW, EVEN)
     if BN > 4:
-        w4 = _row_words(w_ptr, n0 + 4, stride_wn, kw, wo, N, KW, EVEN)
-        w5 = _row_words(w_ptr, n0 + 5, stride_wn, kw, wo, N, KW, EVEN)
-        w6 = _row_words(w_ptr, n0 + 6, stride_wn, kw, wo, N, KW, EVEN)
-        w7 = _row_words(w_ptr, n0 + 7, stride_wn, kw, wo, N, KW, EVEN)
+        w4 = _row_words(w_ptr, a0 + 2 * PA, stride_wn, kw, wo, N, KW, EVEN)
+        w5 = _row_words(w_ptr, a0 + 2 * PA + ob, stride_wn, kw, wo, N, KW, EVEN)
+        w6 = _row_words(w_ptr, a0 + 3 * PA, stride_wn, kw, wo, N, KW, EVEN)
+        w7 = _row_words(w_ptr, a0 + 3 * PA + ob, stride_wn, kw, wo, N, KW, EVEN)
     return w0, w1, w2, w3, w4, w5, w6, w7
 
 
@@ -214,31 +216,40 @@ def _fma_row(x_row, w_ptr, row, N, K, stride_wn, GLU: tl.constexpr, BK: tl.const
 
 
 @triton.jit
-def _store_pair(y_ptr, s_ptr, row, N, K, d0, d1, d2, d3, bad, x_ptr, w_ptr, stride_wn,
-                GLU: tl.constexpr, R: tl.constexpr):  # fmt: skip
-    """y[row], y[row + 1] = the pair's sums * row scales: from the MMA sums, or recomputed in
-    fp32 when some x value did not fit f16 (bad > 0)."""
-    ra, rb = tl.inline_asm_elementwise(
+def _store_pair(y_ptr, s_ptr, ra, ob, N, K, d0, d1, d2, d3, bad, x_ptr, w_ptr, stride_wn,
+                GLU: tl.constexpr, SWIGLU: tl.constexpr, R: tl.constexpr):  # fmt: skip
+    """The sums of rows ra and rb = ra + ob times their scales (from the MMA sums, or recomputed
+    in fp32 when some x value did not fit f16: bad > 0) to y[ra] and y[rb]; with SWIGLU (rows
+    ra of the gate half and rb of the up half) silu(gate) * up to y[ra], gate and up rounded to
+    y's dtype first, as a separate activation would see them."""
+    rb = ra + ob
+    da, db = tl.inline_asm_elementwise(
         _DIAG_ASM, "=f,=f,f,f,f,f", [d0, d1, d2, d3], dtype=(tl.float32,) * 2, is_pure=True,
         pack=1,
     )  # fmt: skip
-    ya = tl.sum(ra, axis=0)
-    yb = tl.sum(rb, axis=0)
+    ya = tl.sum(da, axis=0)
+    yb = tl.sum(db, axis=0)
     if bad > 0:
         xr = x_ptr.to(tl.pointer_type(tl.bfloat16))
-        ya = _fma_row(xr, w_ptr, row, N, K, stride_wn, GLU, 4 * R)
-        yb = _fma_row(xr, w_ptr, row + 1, N, K, stride_wn, GLU, 4 * R)
-    sa = tl.load(s_ptr + row, mask=row < N, other=0.0)
-    sb = tl.load(s_ptr + row + 1, mask=row + 1 < N, other=0.0)
-    tl.store(y_ptr + row, (ya * sa).to(y_ptr.dtype.element_ty), mask=row < N)
-    tl.store(y_ptr + row + 1, (yb * sb).to(y_ptr.dtype.element_ty), mask=row + 1 < N)
+        ya = _fma_row(xr, w_ptr, ra, N, K, stride_wn, GLU, 4 * R)
+        yb = _fma_row(xr, w_ptr, rb, N, K, stride_wn, GLU, 4 * R)
+    ya = ya * tl.load(s_ptr + ra, mask=ra < N, other=0.0)
+    yb = yb * tl.load(s_ptr + rb, mask=rb < N, other=0.0)
+    out = y_ptr.dtype.element_ty
+    if SWIGLU:
+        g = ya.to(out).to(tl.float32)
+        act = g * tl.sigmoid(g) * yb.to(out).to(tl.float32)
+        tl.store(y_ptr + ra, act.to(out), mask=rb < N)
+    else:
+        tl.store(y_ptr + ra, ya.to(out), mask=ra < N)
+        tl.store(y_ptr + rb, yb.to(out), mask=rb < N)
 
 
 @triton.jit
 def _fp8_mma_kernel(
     x_ptr, w_ptr, s_ptr, y_ptr, N, K, stride_wn,
-    GLU: tl.constexpr, BN: tl.constexpr, R: tl.constexpr, EVEN: tl.constexpr,
-    PDL: tl.constexpr,
+    GLU: tl.constexpr, SWIGLU: tl.constexpr, BN: tl.constexpr, R: tl.constexpr,
+    EVEN: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # grid (G,), one x row: program p computes row blocks p, p + G, ... of BN rows (G = the
     # row blocks, or a few programs per SM: then every program is resident from the start and
@@ -252,15 +263,19 @@ def _fp8_mma_kernel(
     wo = (i * 4)[:, None] + tl.arange(0, 4)[None, :]  # [R, 4]
     kp0 = (i * 8)[:, None] + tl.arange(0, 4)[None, :]  # [R, 4] x pairs 0..3 of thread t
     KW = K // 4
+    # a block's row pairs: (n0 + 2p, n0 + 2p + 1), or with SWIGLU (j0 + p, j0 + p + N / 2): a
+    # gate row and its up row, whose activation is output j0 + p
+    PA: tl.constexpr = 1 if SWIGLU else 2
+    ob = N // 2 if SWIGLU else 1
     for blk in range(tl.program_id(0), tl.cdiv(N, BN), tl.num_programs(0)):
-        n0 = blk * BN
+        n0 = blk * (BN // 2) * PA  # BN rows, or BN / 2 gate rows (and their up rows)
         d00 = tl.zeros([R], dtype=tl.float32)
         d01, d02, d03, d10, d11, d12, d13 = d00, d00, d00, d00, d00, d00, d00
         d20, d21, d22, d23, d30, d31, d32, d33 = d00, d00, d00, d00, d00, d00, d00, d00
         bad = tl.zeros([R], dtype=tl.int32)
         for kw in range(0, KW, 4 * R):
-            w0, w1, w2, w3, w4, w5, w6, w7 = _chunk_words(w_ptr, n0, stride_wn, kw, wo, N, KW,
-                                                          EVEN, BN)  # fmt: skip
+            w0, w1, w2, w3, w4, w5, w6, w7 = _chunk_words(w_ptr, n0, PA, ob, stride_wn, kw, wo,
+                                                          N, KW, EVEN, BN)  # fmt: skip
             pdl_wait(PDL)  # the first chunk's weight loads overlap the previous kernel's tail
             xa, xb, nb = _x_f16(x_ptr, 2 * kw + kp0, K, GLU, EVEN)
             bad += nb
@@ -271,16 +286,16 @@ def _fp8_mma_kernel(
                 d20, d21, d22, d23 = _pair_mma(d20, d21, d22, d23, w4, w5, xa, xb, R)
                 d30, d31, d32, d33 = _pair_mma(d30, d31, d32, d33, w6, w7, xa, xb, R)
         nbad = tl.sum(bad, axis=0)
-        _store_pair(y_ptr, s_ptr, n0, N, K, d00, d01, d02, d03, nbad, x_ptr, w_ptr, stride_wn,
-                    GLU, R)  # fmt: skip
+        _store_pair(y_ptr, s_ptr, n0, ob, N, K, d00, d01, d02, d03, nbad, x_ptr, w_ptr,
+                    stride_wn, GLU, SWIGLU, R)  # fmt: skip
         if BN > 2:
-            _store_pair(y_ptr, s_ptr, n0 + 2, N, K, d10, d11, d12, d13, nbad, x_ptr, w_ptr,
-                        stride_wn, GLU, R)  # fmt: skip
+            _store_pair(y_ptr, s_ptr, n0 + PA, ob, N, K, d10, d11, d12, d13, nbad, x_ptr, w_ptr,
+                        stride_wn, GLU, SWIGLU, R)  # fmt: skip
         if BN > 4:
-            _store_pair(y_ptr, s_ptr, n0 + 4, N, K, d20, d21, d22, d23, nbad, x_ptr, w_ptr,
-                        stride_wn, GLU, R)  # fmt: skip
-            _store_pair(y_ptr, s_ptr, n0 + 6, N, K, d30, d31, d32, d33, nbad, x_ptr, w_ptr,
-                        stride_wn, GLU, R)  # fmt: skip
+            _store_pair(y_ptr, s_ptr, n0 + 2 * PA, ob, N, K, d20, d21, d22, d23, nbad, x_ptr,
+                        w_ptr, stride_wn, GLU, SWIGLU, R)  # fmt: skip
+            _store_pair(y_ptr, s_ptr, n0 + 3 * PA, ob, N, K, d30, d31, d32, d33, nbad, x_ptr,
+                        w_ptr, stride_wn, GLU, SWIGLU, R)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -342,10 +357,12 @@ def fp8_mma(
     config: Fp8MmaConfig,
     *,
     glu: bool = False,
+    swiglu_out: bool = False,
 ) -> torch.Tensor:
     """y [1, N] in bf16 = f(x) @ (scale[:, None] * e4m3(w))ᵀ on tensor cores, for one row x
-    [1, K or 2K]; the contract of kernels/fp8_gemv.fp8_gemv where `usable` holds. No host
-    synchronisation."""
+    [1, K or 2K]; the contract of kernels/fp8_gemv.fp8_gemv where `usable` holds. With
+    ``swiglu_out`` (w = [gate; up], N even) the result is silu(y[:, :N/2]) * y[:, N/2:], [1, N/2],
+    gate and up rounded to bf16 first. No host synchronisation."""
     assert x.dim() == 2 and w.dim() == 2 and x.stride(-1) == 1 and w.stride(-1) == 1
     assert config.bn in (2, 4, 8), config
     w = fp8_bytes(w)
@@ -354,7 +371,8 @@ def fp8_mma(
     assert usable(x, w), "fp8_mma needs one row of CUDA bf16 x and 4-byte aligned weight rows"
     ok = scale.shape == (N,) and scale.dtype == torch.float32 and scale.stride(0) == 1
     assert ok, f"scale must be contiguous fp32 [{N}], got {scale.dtype} {tuple(scale.shape)}"
-    y = torch.empty((1, N), dtype=x.dtype, device=x.device)
+    assert not swiglu_out or N % 2 == 0, "swiglu_out needs the [gate; up] rows of an even N"
+    y = torch.empty((1, N // 2 if swiglu_out else N), dtype=x.dtype, device=x.device)
     if N == 0:
         return y
     cfg = config
@@ -365,20 +383,23 @@ def fp8_mma(
         blocks = min(blocks, cfg.per_sm * _sm_count(x.device))
     _fp8_mma_kernel[(blocks,)](
         x.view(torch.int32), words, scale, y, N, K, words.stride(0),
-        GLU=glu, BN=cfg.bn, R=32 * cfg.warps, EVEN=even,
+        GLU=glu, SWIGLU=swiglu_out, BN=cfg.bn, R=32 * cfg.warps, EVEN=even,
         num_warps=cfg.warps, num_stages=1, **pdl_args(x.device),
     )  # fmt: skip
     return y
 
 
-def compile_fp8_mma(config: Fp8MmaConfig, *, glu: bool, even: bool, arch: int = 90) -> Any:
+def compile_fp8_mma(
+    config: Fp8MmaConfig, *, glu: bool, even: bool, swiglu_out: bool = False, arch: int = 90
+) -> Any:
     """The kernel compiled for sm_<arch> without a GPU (kernels/compile_check.py), launched
     with programmatic dependent launch as on Hopper."""
     from kernels.compile_check import compile_for_cuda
 
     sig = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*fp32", "y_ptr": "*bf16"}
     sig |= {"N": "i32", "K": "i32", "stride_wn": "i32"}
-    const = {"GLU": glu, "BN": config.bn, "R": 32 * config.warps, "EVEN": even, "PDL": True}
+    const = {"GLU": glu, "SWIGLU": swiglu_out, "BN": config.bn, "R": 32 * config.warps}
+    const |= {"EVEN": even, "PDL": True}
     divisible = ["x_ptr", "w_ptr", "s_ptr", "y_ptr", "K", "stride_wn"]
     return compile_for_cuda(
         _fp8_mma_kernel, sig, const, divisible=divisible, num_warps=config.warps, arch=arch

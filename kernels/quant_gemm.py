@@ -243,10 +243,13 @@ def quant_linear(
     path: str | None = None,
     config: GemvConfig | None = None,
     glu: bool = False,
+    swiglu_out: bool = False,
 ) -> torch.Tensor:
     """y [M, N] = f(x) @ dequant(W)ᵀ for ``fmt`` in {"fp8", "nvfp4"}; see module docstring.
     f(x) = x [M, K], or with ``glu`` silu(x[:, :K]) * x[:, K:] of x [M, 2K] (gate | up): folded
     into the fp8 GEMV where that runs, else computed first by the silu_mul kernel.
+    ``swiglu_out`` (W = [gate; up]): the result is silu(y[:, :N/2]) * y[:, N/2:] [M, N/2],
+    computed in the fp8 tensor-core GEMV's epilogue where that runs, else by silu_mul after.
 
     ``path`` forces "gemv", "tiled" or "dense" (default: from M and, for fp8 decode, the fp8
     GEMV's table); ``split_k`` forces the tiled path's K split; ``config`` the quant_gemv launch
@@ -254,7 +257,15 @@ def quant_linear(
     No host synchronisation unless ``global_scale`` is a one-element tensor (read once; pass a
     float or a [N] tensor)."""
     assert x.dim() == 2 and x.stride(-1) == 1
-    if fmt == "fp8" and path is None and split_k is None and config is None:
+    auto = path is None and split_k is None and config is None
+    if swiglu_out:
+        mma_cfg = fp8_mma_config(w.shape[0], w.shape[1], x.shape[0]) if fmt == "fp8" else None
+        if auto and not glu and mma_cfg is not None and usable(x, w):
+            return fp8_mma(x, w, scale.to(torch.float32), mma_cfg, swiglu_out=True)
+        y = quant_linear(x, w, scale, fmt, global_scale, split_k=split_k, path=path,
+                         config=config, glu=glu)  # fmt: skip
+        return silu_mul(y)
+    if fmt == "fp8" and auto:
         mma_cfg = fp8_mma_config(w.shape[0], w.shape[1], x.shape[0], glu)
         if mma_cfg is not None and usable(x, w):
             return fp8_mma(x, w, scale.to(torch.float32), mma_cfg, glu=glu)

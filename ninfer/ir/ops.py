@@ -89,7 +89,12 @@ def _linear(ts: Types, a: dict) -> Types:
             ts[2].rank == 1 and ts[2].shape[0] == w.shape[0],
             f"linear bias {ts[2]} does not match {w}",
         )
-    return [TensorType(x.dtype, (*x.shape[:-1], w.shape[0]))]
+    n = w.shape[0]
+    if a.get("out") is not None:  # fuse_swiglu_linear: the weight is [gate; up]
+        _need(a["out"] == "swiglu", f"linear: unknown output activation {a['out']!r}")
+        _need(n % 2 == 0 and len(ts) == 2, f"linear out=swiglu needs [gate; up] rows, got {w}")
+        n //= 2
+    return [TensorType(x.dtype, (*x.shape[:-1], n))]
 
 
 def _split(ts: Types, a: dict) -> Types:

@@ -80,18 +80,22 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 def linear(
     s: DeviceStep, a: dict, x: torch.Tensor, w: Any, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """x @ wᵀ (+ bias); attr act=swiglu: x is [gate | up] and the input is silu(gate) * up.
+    """x @ wᵀ (+ bias); attr act=swiglu: x is [gate | up] and the input is silu(gate) * up;
+    attr out=swiglu: w is [gate; up] and the result silu(gate) * up (fp8 weights: in the
+    tensor-core GEMV's epilogue at batch 1).
     Dense weights at decode batch sizes run kernels.gemv where its tables (or the batch-1
     default) say it beats cuBLAS: the CUDA-core GEMV up to 4 rows (activation folded in), tensor-
     core tiles up to 16; quantised weights run kernels.quant_gemm (the fp8 decode GEMV folds
     the activation in too)."""
     glu = a.get("act") == "swiglu"
+    out_glu = a.get("out") == "swiglu"  # (fuse_swiglu_linear folds it only where there is no bias)
     x2 = _rows(x)
     lead = x.shape[:-1]
     if isinstance(w, QuantWeight):
-        y = w.linear(x2, glu=glu)
+        y = w.linear(x2, glu=glu, swiglu_out=out_glu)
     else:
         y = dense_linear(x2, w, glu=glu)
+        y = silu_mul_kernel(y) if out_glu else y
     y = y.view(*lead, y.shape[-1])
     return y if bias is None else y + bias
 

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from kernels.quant_gemm import dequantize_weight, quant_linear
+from kernels.silu_mul import silu_mul
 from ninfer.ir.plan import BufferSpec, Plan
 from ninfer.runtime.weights import TORCH_DTYPES
 
@@ -53,14 +54,22 @@ class QuantWeight:
             for s in self.segments
         )
 
-    def linear(self, x: torch.Tensor, glu: bool = False) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, glu: bool = False, swiglu_out: bool = False) -> torch.Tensor:
         """x [M, K] (last dim contiguous) -> [M, N] in x.dtype; glu: x is [M, 2K] = gate | up
-        and the input is silu(gate) * up (quant_linear folds it into the fp8 GEMV where it can)."""
+        and the input is silu(gate) * up (quant_linear folds it into the fp8 GEMV where it can);
+        swiglu_out: the weight is [gate; up] and the result silu(gate) * up, [M, N/2] (in the
+        fp8 GEMV's epilogue where quant_linear can)."""
+        if swiglu_out and len(self.segments) == 1:
+            s = self.segments[0]
+            return quant_linear(
+                x, s.data, s.scale, self.fmt, s.global_scale, glu=glu, swiglu_out=True
+            )
         ys = [
             quant_linear(x, s.data, s.scale, self.fmt, s.global_scale, glu=glu)
             for s in self.segments
         ]
-        return ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
+        y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
+        return silu_mul(y) if swiglu_out else y
 
 
 def device_parts(

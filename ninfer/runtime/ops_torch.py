@@ -70,9 +70,10 @@ def add(ctx: StepContext, a: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Te
 def linear(
     ctx: StepContext, a: dict, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None
 ):
-    if a.get("act") == "swiglu":  # fuse_swiglu_linear
+    if a.get("act") == "swiglu":  # fuse_swiglu_linear, into the down projection
         x = swiglu(ctx, a, x)
-    return F.linear(x, w, bias)
+    y = F.linear(x, w, bias)
+    return swiglu(ctx, a, y) if a.get("out") == "swiglu" else y  # or into gate/up
 
 
 def logits(ctx: StepContext, a: dict, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

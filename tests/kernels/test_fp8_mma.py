@@ -140,3 +140,42 @@ def test_quant_linear_takes_the_mma_kernel_where_the_table_says(device, monkeypa
     quant_linear(_x(2, K, device, seed=5), q, s, "fp8")  # M = 2: not in the table
     quant_linear(x.float(), q, s, "fp8")  # fp32 x: the FMA kernel
     assert len(calls) == 1
+
+
+def _swiglu_reference(y: torch.Tensor) -> torch.Tensor:
+    g, u = y.float().chunk(2, dim=-1)
+    return (torch.nn.functional.silu(g) * u).to(y.dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "cfg", [Fp8MmaConfig(2, 1), Fp8MmaConfig(4, 2, 2), Fp8MmaConfig(8, 4)], ids=str
+)
+@pytest.mark.parametrize("N,K", [(96, 512), (74, 4100), (24576, 4096)])
+def test_fp8_mma_swiglu_epilogue(device, cfg, N, K) -> None:
+    """w = [gate; up]: the kernel writes silu(gate) * up of each gate row and its up row (N / 2
+    outputs; 74: a ragged last block), also when the program recomputes in fp32."""
+    q, s = _weight(N, K, device, seed=N)
+    x = _x(1, K, device, seed=2)
+    ref = _swiglu_reference(fp8_gemv_reference(x, q, s))
+    y = fp8_mma(x, q, s, cfg, swiglu_out=True)
+    assert y.shape == (1, N // 2)
+    _close(y, ref)
+    x[0, 3] = 1.0e5  # beyond f16: the fp32 path
+    _close(fp8_mma(x, q, s, cfg, swiglu_out=True), _swiglu_reference(fp8_gemv_reference(x, q, s)))
+
+
+@pytest.mark.gpu
+def test_quant_linear_swiglu_out(device, monkeypatch) -> None:
+    """quant_linear(swiglu_out=True): the MMA epilogue where the table names the weight at
+    batch 1, else the GEMV then silu_mul; the same result either way."""
+    N, K = 256, 512
+    q, s = _weight(N, K, device, seed=1)
+    ref = _swiglu_reference(fp8_gemv_reference(_x(1, K, device, seed=2), q, s))
+    monkeypatch.setattr(fp8_mma_mod, "TABLE", {(N, K, False, 1): Fp8MmaConfig(4, 2)})
+    _close(quant_linear(_x(1, K, device, seed=2), q, s, "fp8", swiglu_out=True), ref)
+    monkeypatch.setattr(fp8_mma_mod, "TABLE", {})
+    _close(quant_linear(_x(1, K, device, seed=2), q, s, "fp8", swiglu_out=True), ref)
+    x3 = _x(3, K, device, seed=3)
+    want = _swiglu_reference(fp8_gemv_reference(x3, q, s))
+    _close(quant_linear(x3, q, s, "fp8", swiglu_out=True), want)

@@ -1,9 +1,12 @@
-"""fuse_swiglu_linear: the SwiGLU activation folded into the down projection, printed before and
-after (run with -s); refused when the activation has another reader; the same logits from the
-reference executor with and without it (the CUDA executor's batch-1 GEMV path, which computes
-the activation inside the kernel, is checked in tests/runtime/test_cuda_executor.py)."""
+"""fuse_swiglu_linear: the SwiGLU activation folded into the down projection (into the gate/up
+projection for fp8 weights), printed before and after (run with -s); refused when the
+activation has another reader; the same logits from the reference executor with and without it
+(the CUDA executor's batch-1 GEMV paths, which compute the activation inside the kernels, are
+checked in tests/runtime/test_cuda_executor.py)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +27,14 @@ PASS = "fuse_swiglu_linear"
 
 def _graph(fixture_artifacts, arch: str) -> Graph:
     return FUSE_GATE_UP(graph_for_artifact(Artifact(fixture_artifacts(arch)), CPU), CPU)
+
+
+@pytest.fixture(scope="module")
+def fp8_llama(fixture_hf_dir, tmp_path_factory) -> Path:
+    from ninfer.artifact.convert_hf import convert_hf
+
+    out = tmp_path_factory.mktemp("fp8") / "llama-fp8.ninfer"
+    return convert_hf(fixture_hf_dir("llama"), out, weights="fp8")
 
 
 def _down(g: Graph, layer: int) -> Op:
@@ -78,6 +89,31 @@ def test_cpu_logits_equal_without_the_pass(fixture_artifacts, arch) -> None:
     fused, plain = compile_artifact(a, CPU), compile_artifact(a, CPU, disable=(PASS,))
     assert PASS in fused.passes and PASS not in plain.passes
     assert len(fused.calls) < len(plain.calls)
+    torch.testing.assert_close(
+        _run(Executor(fused, a)), _run(Executor(plain, a)), atol=1e-5, rtol=0
+    )
+
+
+def test_fp8_gate_up_takes_the_activation(fp8_llama) -> None:
+    """fp8 weights: the gate/up projection writes silu(gate) * up ([T, I]) and the down
+    projection reads it as a plain input."""
+    g = FUSE_GATE_UP(graph_for_artifact(Artifact(fp8_llama), CPU), CPU)
+    out = verify(FUSE_SWIGLU_LINEAR(g, CPU))
+    print(f"--- after {PASS} (fp8)\n{print_graph(out, weights=False)}")
+    assert out.meta["fusions"][PASS] == 2 and "swiglu" not in [op.kind for op in out.ops]
+    gate_up = [op for op in out.ops if op.attrs.get("out") == "swiglu"]
+    assert len(gate_up) == 2 and not any("act" in op.attrs for op in out.ops)
+    for layer in (0, 1):
+        down = _down(out, layer)
+        inter = out.weights[down.inputs[1]].type.shape[1]
+        assert out.values[down.inputs[0]].shape[-1] == inter
+        assert g.weights[gate_up[layer].inputs[1]].type.shape[0] == 2 * inter
+
+
+def test_fp8_cpu_logits_equal_without_the_pass(fp8_llama) -> None:
+    a = Artifact(fp8_llama)
+    fused, plain = compile_artifact(a, CPU), compile_artifact(a, CPU, disable=(PASS,))
+    assert any(c.attrs.get("out") == "swiglu" for c in fused.calls)
     torch.testing.assert_close(
         _run(Executor(fused, a)), _run(Executor(plain, a)), atol=1e-5, rtol=0
     )

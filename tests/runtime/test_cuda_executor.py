@@ -145,6 +145,23 @@ def test_interpreted_batch1_gemv_matches_reference(fixture_artifacts):
         torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the gpu tests cover this on a GPU")
+def test_interpreted_fp8_weights_match_reference(fixture_hf_dir, tmp_path):
+    """fp8 weights: the gate/up projection writes the SwiGLU activation (out=swiglu), batch 1
+    decode takes the fp8 GEMV, float32; the same logits as the reference executor."""
+    from ninfer.artifact.convert_hf import convert_hf
+
+    path = convert_hf(fixture_hf_dir("qwen3"), tmp_path / "qwen3-fp8.ninfer", weights="fp8")
+    ref = _reference(path)
+    ex = _cuda(path, "float32", "cpu", kv_dtype="f32", max_concurrency=2)
+    assert any(c.op == "linear" and c.attrs.get("out") == "swiglu" for c in ex.plan.calls)
+    prompts = _prompts(ref.vocab_size, (13,))
+    want = _teacher_forced(ref, prompts, [[5, 6, 7]])
+    got = _teacher_forced(ex, prompts, [[5, 6, 7]])
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("fed", ["in order", "reversed"])
 def test_fed_decode_tokens_equal_host_tokens(fixture_artifacts, fed):
     """A decode step whose tokens come from the previous step's sampled ids on the device
@@ -219,6 +236,32 @@ def test_quantised_weights_match_reference(fixture_hf_dir, tmp_path, arch, weigh
     tokens = _greedy(ref, prompts, 6)
     for w, g in zip(_teacher_forced(ref, prompts, tokens), _teacher_forced(ex, prompts, tokens)):
         torch.testing.assert_close(g, w, atol=2e-3, rtol=2e-3)
+
+
+@gpu
+def test_fp8_tensor_core_gemv_in_the_engine(fixture_hf_dir, tmp_path, monkeypatch):
+    """bf16 compute, fp8 weights, every projection on the tensor-core fp8 GEMV at batch 1 (the
+    gate/up projection with its SwiGLU epilogue): the same logits as with the FMA GEMV."""
+    from kernels.fp8_mma import Fp8MmaConfig
+    from ninfer.artifact.convert_hf import convert_hf
+
+    path = convert_hf(fixture_hf_dir("qwen3"), tmp_path / "qwen3-fp8.ninfer", weights="fp8")
+    prompts = _prompts(_reference(path).vocab_size, (13,))
+    tokens = [[5, 6, 7, 8]]
+    monkeypatch.setattr("kernels.quant_gemm.fp8_mma_config", lambda N, K, M, glu=False: None)
+    want = _teacher_forced(_cuda(path, "bfloat16", kv_dtype="bf16"), prompts, tokens)
+    used = []
+
+    def mma_config(N, K, M, glu=False):
+        used.append((N, K))
+        return Fp8MmaConfig(4, 2) if M == 1 else None
+
+    monkeypatch.setattr("kernels.quant_gemm.fp8_mma_config", mma_config)
+    got = _teacher_forced(_cuda(path, "bfloat16", kv_dtype="bf16"), prompts, tokens)
+    assert used
+    for w, g in zip(want[1:], got[1:]):  # the decode steps (batch 1)
+        err = float((g - w).abs().max()) / float(w.abs().max())
+        assert err < 2e-2, err
 
 
 @gpu
