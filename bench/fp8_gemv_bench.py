@@ -28,6 +28,7 @@ import argparse
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import torch
 from triton.errors import TritonError
@@ -205,16 +206,24 @@ def main() -> None:
     if args.compile_only:
         compile_only(args.jobs)
         return
+    sweep_shapes(args, bench_shape, TABLE_PATH, "fp8_gemv_h200", write_md)
+
+
+def sweep_shapes(
+    args: argparse.Namespace, bench: Any, table_path: Path, name: str, md: Any
+) -> None:
+    """bench(N, K, glu, bw, quick) -> row for every shape (two with --quick), then the table of
+    the rows' "wins" (with --write-table) and the reports <name>.json / .md in --out."""
     t0 = time.time()
     bw = copy_bandwidth()
     print(f"copy {bw / 1e9:.0f} GB/s", flush=True)
     rows = []
     for N, K, glu in SHAPES[:2] if args.quick else SHAPES:
-        rows.append(bench_shape(N, K, glu, bw, args.quick))
+        rows.append(bench(N, K, glu, bw, args.quick))
         torch.cuda.empty_cache()
     table = {f"{r['N']}:{r['K']}:{int(r['glu'])}": r["wins"] for r in rows}
-    out, dev = _save(args, TABLE_PATH, "fp8_gemv_h200.json", bw, rows, table, t0)
-    write_md(out / "fp8_gemv_h200.md", dev, bw, rows)
+    out, dev = _save(args, table_path, f"{name}.json", bw, rows, table, t0)
+    md(out / f"{name}.md", dev, bw, rows)
     print(f"done in {time.time() - t0:.0f} s", flush=True)
 
 

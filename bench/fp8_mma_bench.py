@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
 
-from bench.dense_gemv_bench import ROTATE_BYTES, _per_call, _save, copy_bandwidth
-from bench.fp8_gemv_bench import SHAPES
+from bench.dense_gemv_bench import ROTATE_BYTES, _per_call
+from bench.fp8_gemv_bench import sweep_shapes
 from kernels.fp8_gemv import Fp8GemvConfig, fp8_gemv, fp8_gemv_config, fp8_gemv_reference
 from kernels.fp8_mma import TABLE_PATH, Fp8MmaConfig, fp8_mma
 from kernels.quant_gemm import quantize_weight_fp8
@@ -118,17 +117,7 @@ def main() -> None:
     ap.add_argument("--write-table", action="store_true")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
-    t0 = time.time()
-    bw = copy_bandwidth()
-    print(f"copy {bw / 1e9:.0f} GB/s", flush=True)
-    rows = []
-    for N, K, glu in SHAPES[:2] if args.quick else SHAPES:
-        rows.append(bench_shape(N, K, glu, bw, args.quick))
-        torch.cuda.empty_cache()
-    table = {f"{r['N']}:{r['K']}:{int(r['glu'])}": r["wins"] for r in rows}
-    out, dev = _save(args, TABLE_PATH, "fp8_mma_h200.json", bw, rows, table, t0)
-    write_md(out / "fp8_mma_h200.md", dev, bw, rows)
-    print(f"done in {time.time() - t0:.0f} s", flush=True)
+    sweep_shapes(args, bench_shape, TABLE_PATH, "fp8_mma_h200", write_md)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,11 @@ Used by tests/kernels/test_fp8_gemv.py and ``bench/fp8_gemv_bench.py --compile-o
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -26,6 +28,20 @@ from typing import Any, NamedTuple
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+
+
+def run_fresh(code: str, timeout: float = 300) -> str:
+    """Run Python ``code`` in a fresh interpreter from the project root, outside Triton's CPU
+    interpreter (tests set TRITON_INTERPRET=1 before the kernels are decorated), and return the
+    last line it printed. Raises AssertionError with its stderr when it fails."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env, cwd=root, capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout.strip().splitlines()[-1]
 
 
 def compile_for_cuda(

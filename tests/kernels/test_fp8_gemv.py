@@ -1,16 +1,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from kernels import fp8_gemv as fp8_gemv_mod
 from kernels import quant_gemm
+from kernels.compile_check import run_fresh
 from kernels.fp8_gemv import Fp8GemvConfig, fp8_gemv, fp8_gemv_reference
 from kernels.gemv import load_table
 from kernels.quant_gemm import quant_linear, quant_linear_reference, quantize_weight_fp8
@@ -167,14 +164,7 @@ def test_fp8_gemv_compiles_for_sm90_without_shared_memory() -> None:
     moves a tensor between register layouts through shared memory or byte permutes: the x halves
     match the weight bytes' layout."""
     pytest.importorskip("triton.backends.nvidia")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[2]
-    run = subprocess.run(
-        [sys.executable, "-c", _COMPILE_CHECK],
-        env=env, cwd=root, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    plain, glu4 = json.loads(run.stdout.strip().splitlines()[-1])
+    plain, glu4 = json.loads(run_fresh(_COMPILE_CHECK))
     # BN 4 x 2 chunks of weight bytes + 2 chunks x 2 halves of one x row
     assert plain["loops"] == 1 and plain["loads"] == plain["loads_16b"] == 4 * 2 + 2 * 2
     # BN 2 x 4 chunks + 4 chunks x 4 rows x 2 halves x (gate, up)

@@ -1,15 +1,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from kernels import fp8_mma as fp8_mma_mod
+from kernels.compile_check import run_fresh
 from kernels.fp8_gemv import fp8_gemv_reference
 from kernels.fp8_mma import Fp8MmaConfig, fp8_mma, fp8_mma_config, usable
 from kernels.quant_gemm import quant_linear, quantize_weight_fp8
@@ -34,14 +31,7 @@ def test_fp8_mma_compiles_for_sm90() -> None:
     two of x, twice that with GLU), converts e4m3 pairs with cvt.rn.f16x2.e4m3x2 and feeds f16
     mma.sync without moving data through shared memory."""
     pytest.importorskip("triton.backends.nvidia")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[2]
-    run = subprocess.run(
-        [sys.executable, "-c", _COMPILE_CHECK],
-        env=env, cwd=root, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    plain, glu2 = json.loads(run.stdout.strip().splitlines()[-1])
+    plain, glu2 = json.loads(run_fresh(_COMPILE_CHECK))
     # BN 8 weight rows + x pairs 0..3 and 4..7 of one row
     assert plain["loads_16b"] == plain["loads"] == 8 + 2
     # BN 4 rows + 2 halves x (gate, up)

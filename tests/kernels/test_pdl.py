@@ -4,15 +4,12 @@ kernels do before they wait for the kernel they depend on."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from kernels import launch
+from kernels.compile_check import run_fresh
 
 # Compiled for sm_90 in a fresh process (outside the interpreter, no GPU needed): per kernel,
 # the global loads and stores the PTX issues before its first griddepcontrol.wait, and whether
@@ -81,14 +78,7 @@ def test_kernels_issue_only_weight_loads_before_the_wait() -> None:
     before it, every one lets the next kernel launch right after it, and a kernel compiled
     with PDL off has no wait at all."""
     pytest.importorskip("triton.backends.nvidia")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[2]
-    run = subprocess.run(
-        [sys.executable, "-c", _COMPILE_CHECK],
-        env=env, cwd=root, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
+    got = json.loads(run_fresh(_COMPILE_CHECK))
     assert got.pop("fp8_off") is None
     # (loads, of them 16 bytes wide): dense 1 row x 2 chunks, fp8 4 rows x 1 chunk, nvfp4 4 rows
     # x 2 chunks + a 4-byte block-scale pair each; rmsnorm the gain (4096 bf16 over 256 threads,
