@@ -53,12 +53,22 @@ def older_path(M: int) -> str:
     return "gemv" if M <= GEMV_MAX_M["fp8"] else "tiled"
 
 
-def bench_shape(N: int, K: int, glu: bool, bw: float, quick: bool) -> dict:
+def rotating_fp8(N: int, K: int) -> tuple[int, list[torch.Tensor], list[torch.Tensor]]:
+    """(weight + scale bytes, copies of one random fp8 weight and of its scales): enough copies
+    (over ROTATE_BYTES) that a call cycling through them never reads its weight from L2."""
     wbytes = N * K + 4 * N
     copies = max(1, -(-ROTATE_BYTES // wbytes))
     q, s = quantize_weight_fp8(torch.randn(N, K, device="cuda") * 0.05)
-    qs = [q] + [q.clone() for _ in range(copies - 1)]
-    ss = [s] + [s.clone() for _ in range(copies - 1)]
+    return (
+        wbytes,
+        [q] + [q.clone() for _ in range(copies - 1)],
+        [s] + [s.clone() for _ in range(copies - 1)],
+    )
+
+
+def bench_shape(N: int, K: int, glu: bool, bw: float, quick: bool) -> dict:
+    wbytes, qs, ss = rotating_fp8(N, K)
+    q, s, copies = qs[0], ss[0], len(qs)
     xk = 2 * K if glu else K
     row: dict = {"N": N, "K": K, "glu": glu, "copies": copies}
 

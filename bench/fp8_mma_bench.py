@@ -20,11 +20,10 @@ from pathlib import Path
 
 import torch
 
-from bench.dense_gemv_bench import ROTATE_BYTES, _per_call
-from bench.fp8_gemv_bench import sweep_shapes
+from bench.dense_gemv_bench import _per_call
+from bench.fp8_gemv_bench import rotating_fp8, sweep_shapes
 from kernels.fp8_gemv import Fp8GemvConfig, fp8_gemv, fp8_gemv_config, fp8_gemv_reference
 from kernels.fp8_mma import TABLE_PATH, Fp8MmaConfig, fp8_mma
-from kernels.quant_gemm import quantize_weight_fp8
 
 SWEEP = [
     Fp8MmaConfig(bn, warps, per_sm)
@@ -36,11 +35,8 @@ FMA_FALLBACK = Fp8GemvConfig(4, 4, 1)  # shapes the FMA table has no entry for
 
 
 def bench_shape(N: int, K: int, glu: bool, bw: float, quick: bool) -> dict:
-    wbytes = N * K + 4 * N
-    copies = max(1, -(-ROTATE_BYTES // wbytes))
-    q, s = quantize_weight_fp8(torch.randn(N, K, device="cuda") * 0.05)
-    qs = [q] + [q.clone() for _ in range(copies - 1)]
-    ss = [s] + [s.clone() for _ in range(copies - 1)]
+    wbytes, qs, ss = rotating_fp8(N, K)
+    q, s, copies = qs[0], ss[0], len(qs)
     xk = 2 * K if glu else K
     row: dict = {"N": N, "K": K, "glu": glu, "copies": copies, "wins": {}}
 
