@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU validation + benchmarks of the CUDA executor, as run through the device tool on an H200:
-#   bash bench/run_gpu.sh tests|bench-quick|bench-full  (logs and reports go to $OUT, default bench/results)
+#   bash bench/run_gpu.sh tests|bench-quick|bench-full|ratios  (logs and reports go to $OUT, default bench/results)
 # Every report records the exact `ninfer bench` command that produced it.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -22,5 +22,10 @@ case "${1:-tests}" in
     bench qwen3-8b-fp8 120 --synthetic qwen3-8b --weights fp8 --batch-sizes 1,8 --input-len 512 --output-len 64
     bench qwen3-8b-nvfp4 120 --synthetic qwen3-8b --weights nvfp4 --batch-sizes 1,8 --input-len 512 --output-len 64
     bench qwen3-8b-bf16-prefill4096 120 --synthetic qwen3-8b --weights bf16 --batch-sizes 1 --input-len 4096 --output-len 16
+    ;;
+  ratios)  # batch 1 in every weight format, one process each, back to back: the fp8 / nvfp4 ratios
+    for w in bf16 fp8 nvfp4; do
+      bench qwen3-8b-$w-b1 90 --synthetic qwen3-8b --weights $w --batch-sizes 1 --input-len 512 --output-len 64
+    done
     ;;
 esac
