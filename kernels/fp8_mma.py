@@ -1,31 +1,34 @@
-"""Decode GEMV of an fp8 weight on tensor cores (CUDA, sm_89+): y [M, N] = f(x) @ (s · e4m3(W))ᵀ.
+"""Batch-1 decode GEMV of an fp8 weight on tensor cores (CUDA, sm_89+): y = f(x) @ (s · e4m3(W))ᵀ.
 
 Same contract as kernels/fp8_gemv.fp8_gemv (W [N, K] e4m3 bytes, one fp32 scale per row, f(x) = x
-or silu(gate) * up with ``glu``), for M <= 4 rows of bf16 x. The fp32-FMA kernel spends ~2.8
+or silu(gate) * up with ``glu``), for one row of bf16 x. The fp32-FMA kernel spends ~3.4 SASS
 instructions per weight byte (e4m3 -> f16 -> f32 conversions and one FMA per value) and issues
-on every other cycle at 37 % occupancy (Nsight Compute on the H200): it is instruction-bound on
-the small projections. Here a weight byte costs ~0.6:
+on every other cycle at 37 % occupancy (Nsight Compute on the H200): it is instruction-bound.
+Here a weight byte costs ~1.1-1.4:
 
-- a program owns BN weight rows (BN/2 row pairs a, b) and thread t holds 32-bit words
-  [4t, 4t + 4) of each row in every K chunk (16 values; one 16-byte load per row), as in
-  kernels/nvfp4_gemv.py;
+- a block of BN weight rows is taken as BN/2 row pairs (a, b); thread t holds 32-bit words
+  [4t, 4t + 4) of each row in every K chunk (16 values; one 16-byte load per row), each row a
+  separate [R, 4] load so that the lane / register layout is the same for every row (triton
+  3.6 spread the rows of one [rows, R, 4] load across lanes);
 - ``cvt.rn.f16x2.e4m3x2`` turns two weight bytes into an f16 pair (exact: every e4m3 value is an
   f16), and x is rounded to f16 pairs once per chunk (shared by all BN rows);
 - ``mma.sync m16n8k16`` (f16 in, fp32 accumulate) runs on lane-local data: lane (g, t) feeds
   words of its rows a and b as A rows g and g + 8 and its own x values as B column g, so D[g][g]
   and D[g + 8][g] accumulate the products of quad g's four lanes (nvfp4_words' _DIAG_ASM picks
   them out at the end); one MMA covers 4 values of 2 rows per lane;
-- the row scale multiplies each row's sum once, at the end.
+- the row scale multiplies each row's sum once, at the end; with ``swiglu_out`` (W = [gate;
+  up]) a pair is a gate row and its up row, and the kernel writes silu(gate) * up;
+- programs take one row block each, or (``per_sm``) a few per SM loop over the blocks.
 
 Numerics: e4m3 -> f16 and the tensor-core products are exact and accumulate in fp32. x -> f16
 is exact for 2^-14 <= |x| < 65504; smaller values keep their bits down to 2^-24 (f16
 subnormals: an absolute error below 3e-8 per value). A program that meets |x| >= 65504 (or a
-NaN) in any chunk computes its rows again with fp32 FMAs from the bytes (`_fma_rows`), so large
+NaN) in any chunk computes its rows again with fp32 FMAs from the bytes (`_fma_row`), so large
 activations stay exact at the cost of one more pass over that program's weights.
 
 Launch shapes (`Fp8MmaConfig`) come from kernels/fp8_mma_table.json, written by
-``bench/fp8_gemv_bench.py --write-table``; `fp8_mma_config` returns None for shapes and batch
-sizes where the sweep kept kernels/fp8_gemv.py, or where no GPU runs the kernel.
+``bench/fp8_mma_bench.py --write-table``; `fp8_mma_config` returns None for shapes where the
+sweep kept kernels/fp8_gemv.py, for batch sizes above 1, and under the interpreter.
 """
 
 from __future__ import annotations
