@@ -4,7 +4,8 @@ Same contract as kernels/fp8_gemv.fp8_gemv (W [N, K] e4m3 bytes, one fp32 scale 
 or silu(gate) * up with ``glu``), for one row of bf16 x. The fp32-FMA kernel spends ~3.4 SASS
 instructions per weight byte (e4m3 -> f16 -> f32 conversions and one FMA per value) and issues
 on every other cycle at 37 % occupancy (Nsight Compute on the H200): it is instruction-bound.
-Here a weight byte costs ~1.1-1.4:
+Here a weight byte costs ~1.4 (8 rows per block) to ~2.3 (4 rows; the x conversion is shared
+by fewer rows) in the K loop:
 
 - a block of BN weight rows is taken as BN/2 row pairs (a, b); thread t holds 32-bit words
   [4t, 4t + 4) of each row in every K chunk (16 values; one 16-byte load per row), each row a
