@@ -331,6 +331,12 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+@functools.cache
+def _has_e4m3_cvt(device: torch.device) -> bool:
+    """cvt.rn.f16x2.e4m3x2 needs sm_89 or later."""
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
 def fp8_mma_config(N: int, K: int, M: int, glu: bool = False) -> Fp8MmaConfig | None:
     """The measured launch shape for one row of x (M = 1) against an [N, K] fp8 weight, or
     None (the FMA kernel of kernels/fp8_gemv.py: other batch sizes, unmeasured shapes, shapes
@@ -341,10 +347,11 @@ def fp8_mma_config(N: int, K: int, M: int, glu: bool = False) -> Fp8MmaConfig | 
 
 
 def usable(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether fp8_mma can take x and w: one row of CUDA bf16 x, 4-byte aligned, and weight rows
-    4-byte aligned with K a multiple of 4."""
+    """Whether fp8_mma can take x and w: one row of bf16 x on a CUDA device of sm_89 or later,
+    4-byte aligned, and weight rows 4-byte aligned with K a multiple of 4."""
     return (
         x.is_cuda
+        and _has_e4m3_cvt(x.device)
         and x.dtype == torch.bfloat16
         and x.shape[0] == 1
         and x.data_ptr() % 4 == 0
