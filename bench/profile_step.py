@@ -6,16 +6,22 @@ profiler), next to the CUDA Graph replay time of the same step, for a synthetic 
 Prints one table per model: kernel name, launches per step, microseconds per step, share of
 the kernels' sum; then the sum of kernel times, the eager step's wall time and the graph
 replay's time. The gap between the kernels' sum and the graph replay is launch/tail overhead
-between kernels; the kernels' sum against the weights' copy time is kernel efficiency.
+between kernels; the kernels' sum against the weights' copy time is kernel efficiency. `--ablate norms,merge`
+then times the graph step again with each part removed: what that part costs inside the graph.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 from collections import defaultdict
 
 import torch
+import triton
+import triton.language as tl
+
+from kernels.launch import pdl_args, pdl_wait
 
 
 def _short(name: str) -> str:
@@ -95,6 +101,83 @@ def profile(args: argparse.Namespace) -> None:
     print(f"kernels/step {n_kernels:.0f}; kernel sum {total / 1e3:.3f} ms; eager step {eager:.3f} ms; "
           f"graph step {g:.3f} ms; weights {wb:.2f} GB")  # fmt: skip
 
+    def graph_ms() -> float:
+        ex._graphs.clear()
+        ex.records.clear()
+        for p in range(20):
+            ex.run(decode(ctx + 40 + p))
+        torch.cuda.synchronize()
+        t = sorted(r.gpu_s() for r in ex.records if r.graph)
+        return t[len(t) // 2] * 1e3
+
+    for name in args.ablate.split(",") if args.ablate else []:
+        runs = []
+        for _ in range(3):  # alternate, so drift in clocks falls on both sides
+            full = graph_ms()
+            with _ablated(name):
+                runs.append((full, graph_ms()))
+        full, without = sorted(runs, key=lambda r: r[0] - r[1])[1]
+        print(f"graph step without {name}: {without:.3f} ms against {full:.3f} ms "
+              f"(saves {full - without:+.3f} ms; all: "
+              + " ".join(f"{a - b:+.3f}" for a, b in runs) + ")")  # fmt: skip
+    ex._graphs.clear()
+
+
+@triton.jit
+def _copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+
+
+def _copy(x: torch.Tensor) -> torch.Tensor:
+    y = torch.empty_like(x)
+    _copy_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024, **pdl_args(x.device))
+    return y
+
+
+@contextlib.contextmanager
+def _ablated(name: str):
+    """What-if timing: the decode step with one kind of work removed (its outputs are wrong;
+    the residual stream stays bounded so no kernel takes a slow path). `norms`: RMSNorm returns
+    its input; `prologue`: the attention prologue (q/k norm, rotary, KV write); `merge`: the
+    split-attention merge; `attention`: the whole attention op; `copy`: the attention op as
+    one kernel that copies q (against `attention`: what one more kernel in the chain costs)."""
+    from kernels import paged_decode
+    from ninfer.runtime import cuda_ops
+
+    ops = cuda_ops.CUDA_OPS
+    saved = (dict(ops), cuda_ops.attention_prologue, paged_decode._merge_kernel,
+             cuda_ops.paged_attention_decode)  # fmt: skip
+    if name == "norms":
+        ops["rmsnorm"] = lambda s, a, x, w: x
+        ops["add_rmsnorm"] = lambda s, a, x, r, w: (r, r)
+    elif name == "prologue":
+        cuda_ops.attention_prologue = lambda q, *rest, **kw: q
+    elif name == "merge":  # the output then stays as first made: zeros, not whatever was there
+        paged_decode._merge_kernel = defaultdict(lambda: lambda *a, **k: None)
+        zeros: dict[tuple, torch.Tensor] = {}
+
+        def decode_into_zeros(q, *rest, **kw):
+            if tuple(q.shape) not in zeros:  # made in the warm-up before capture
+                zeros[tuple(q.shape)] = torch.zeros_like(q)
+            return saved[3](q, *rest, out=zeros[tuple(q.shape)], **kw)
+
+        cuda_ops.paged_attention_decode = decode_into_zeros
+    elif name == "attention":
+        ops["attention"] = lambda s, a, q, *rest: q
+    elif name == "copy":  # the attention op as one trivial kernel: the cost of a kernel boundary
+        ops["attention"] = lambda s, a, q, *rest: _copy(q)
+    else:
+        raise SystemExit(f"--ablate: unknown part {name!r}")
+    try:
+        yield
+    finally:
+        ops.clear()
+        ops.update(saved[0])
+        cuda_ops.attention_prologue, paged_decode._merge_kernel = saved[1], saved[2]
+        cuda_ops.paged_attention_decode = saved[3]
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -103,6 +186,7 @@ def main() -> None:
     p.add_argument("--kv-dtype", default=None)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--context", type=int, default=512)
+    p.add_argument("--ablate", default="", help="comma list of norms,prologue,merge,attention,copy")
     profile(p.parse_args())
 
 
