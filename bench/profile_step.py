@@ -142,7 +142,8 @@ def _ablated(name: str):
     the residual stream stays bounded so no kernel takes a slow path). `norms`: RMSNorm returns
     its input; `prologue`: the attention prologue (q/k norm, rotary, KV write); `merge`: the
     split-attention merge; `attention`: the whole attention op; `copy`: the attention op as
-    one kernel that copies q (against `attention`: what one more kernel in the chain costs)."""
+    one kernel that copies q (against `attention`: what one more kernel in the chain costs);
+    `proj:NxK`: the projections with an [N, K] weight (K of the input x) return zeros."""
     from kernels import paged_decode
     from ninfer.runtime import cuda_ops
 
@@ -168,6 +169,20 @@ def _ablated(name: str):
         ops["attention"] = lambda s, a, q, *rest: q
     elif name == "copy":  # the attention op as one trivial kernel: the cost of a kernel boundary
         ops["attention"] = lambda s, a, q, *rest: _copy(q)
+    elif name.startswith("proj:"):  # proj:NxK, the projections of weight [N, K]: zeros instead
+        shape = tuple(int(v) for v in name[5:].split("x"))
+        made: dict[tuple, torch.Tensor] = {}
+
+        def linear(s, a, x, w, *rest):
+            ws = (w.out_features, x.shape[-1]) if hasattr(w, "out_features") else tuple(w.shape)
+            if ws != shape:
+                return saved[0]["linear"](s, a, x, w, *rest)
+            key = (tuple(x.shape), a.get("out"))
+            if key not in made:  # made in the warm-up before capture
+                made[key] = torch.zeros_like(saved[0]["linear"](s, a, x, w, *rest))
+            return made[key]
+
+        ops["linear"] = linear
     else:
         raise SystemExit(f"--ablate: unknown part {name!r}")
     try:
@@ -186,7 +201,9 @@ def main() -> None:
     p.add_argument("--kv-dtype", default=None)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--context", type=int, default=512)
-    p.add_argument("--ablate", default="", help="comma list of norms,prologue,merge,attention,copy")
+    p.add_argument(
+        "--ablate", default="", help="comma list of norms,prologue,merge,attention,copy,proj:NxK"
+    )
     profile(p.parse_args())
 
 

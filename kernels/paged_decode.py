@@ -222,8 +222,11 @@ def paged_attention_decode(
     v_fmt: str = "plain",
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
+    block_n: int | None = None,
+    num_warps: int = 4,
 ) -> torch.Tensor:
-    """Decode attention over paged KV; see the module docstring. Returns out [B, Hq, D]."""
+    """Decode attention over paged KV; see the module docstring. Returns out [B, Hq, D].
+    block_n: tokens per tile (default 64 up to D=128, else 32)."""
     B, Hq, D = q.shape
     assert q.stride(-1) == 1
     page_size, hkv = k_cache.shape[1], k_cache.shape[2]
@@ -234,7 +237,7 @@ def paged_attention_decode(
     if B == 0:
         return out
     block_d = max(16, triton.next_power_of_2(D))
-    block_n = 64 if block_d <= 128 else 32
+    block_n = block_n or (64 if block_d <= 128 else 32)
     block_g = max(16, triton.next_power_of_2(G))
     if num_splits is None:
         num_splits = _default_splits(B, hkv, block_tables.shape[1] * page_size, block_n, q.device)
@@ -283,24 +286,31 @@ def paged_attention_decode(
         VSC_FP8=v_scale is not None and v_scale.dtype == torch.uint8,
         F32_DOT=f32_dot(q.dtype),
         HW_FP8=hw_fp8(),
-        num_warps=4,
+        num_warps=num_warps,
         **pdl_args(q.device),
     )
     if num_splits > 1:
-        _merge_kernel[(B, Hq)](
-            po,
-            plse,
-            out,
-            Hq,
-            out.stride(0),
-            out.stride(1),
-            D=D,
-            BLOCK_D=triton.next_power_of_2(D),
-            NUM_SPLITS=num_splits,
-            BLOCK_S=triton.next_power_of_2(num_splits),
-            **pdl_args(q.device),
-        )
+        merge_splits(po, plse, out)
     return out
+
+
+def merge_splits(po: torch.Tensor, plse: torch.Tensor, out: torch.Tensor) -> None:
+    """out [B, Hq, D] from the split partials po [B, Hq, S, D] (fp32 o) and plse [B, Hq, S]
+    (log2-sum-exp, -inf for an empty split)."""
+    B, Hq, S, D = po.shape
+    _merge_kernel[(B, Hq)](
+        po,
+        plse,
+        out,
+        Hq,
+        out.stride(0),
+        out.stride(1),
+        D=D,
+        BLOCK_D=triton.next_power_of_2(D),
+        NUM_SPLITS=S,
+        BLOCK_S=triton.next_power_of_2(S),
+        **pdl_args(out.device),
+    )
 
 
 def paged_attention_decode_reference(
