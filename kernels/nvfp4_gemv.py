@@ -57,14 +57,18 @@ def _nvfp4_gemv_kernel(
     stride_xm, stride_wn, stride_sn, stride_ym,
     HAS_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, R: tl.constexpr,
     UNROLL: tl.constexpr, X32: tl.constexpr, MMA: tl.constexpr, EVEN: tl.constexpr,
-    HW: tl.constexpr, PDL: tl.constexpr,
+    HW: tl.constexpr, SWIGLU: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # grid (cdiv(N, BN), cdiv(M, BM)). w_ptr: the weight as int32 words [N, K/8] (stride_wn in
     # words); a chunk is R * 4 words (R = 32 * warps threads along K, all BN rows in each thread):
     # thread i holds words [4i, 4i + 4), blocks [2i, 2i + 2) and x values [32i, 32i + 32).
     # An iteration computes UNROLL chunks loaded by the one before (the first by the prologue)
     # and issues the next UNROLL chunks' loads first, so they are in flight during the compute.
-    n = tl.program_id(0) * BN + tl.arange(0, BN)
+    if SWIGLU:  # rows a: gate rows [j, j + BN/2), rows b: the matching up rows (N/2 further)
+        h = tl.arange(0, BN)
+        n = tl.program_id(0) * (BN // 2) + h % (BN // 2) + (h >= BN // 2).to(tl.int32) * (N // 2)
+    else:
+        n = tl.program_id(0) * BN + tl.arange(0, BN)
     nmask = n < N
     w_rows = w_ptr + n.to(tl.int64)[:, None, None] * stride_wn  # [BN, 1, 1]
     s_rows = s_ptr + n.to(tl.int64)[:, None, None] * stride_sn
@@ -127,22 +131,43 @@ def _nvfp4_gemv_kernel(
         rs = gscale
     y_row0 = y_ptr + m0.to(tl.int64) * stride_ym
     if MMA:
-        _store_sum(y_row0, _mma_rows(d00, d01, d02, d03, BN), rs, n, nmask, m0, M)
-        if BM > 1:
-            _store_sum(y_row0 + stride_ym, _mma_rows(d10, d11, d12, d13, BN), rs, n, nmask,
-                       m0 + 1, M)  # fmt: skip
-        if BM > 2:
-            _store_sum(y_row0 + 2 * stride_ym, _mma_rows(d20, d21, d22, d23, BN), rs, n, nmask,
-                       m0 + 2, M)  # fmt: skip
-            _store_sum(y_row0 + 3 * stride_ym, _mma_rows(d30, d31, d32, d33, BN), rs, n, nmask,
-                       m0 + 3, M)  # fmt: skip
+        y0 = _mma_rows(d00, d01, d02, d03, BN)
+        y1 = _mma_rows(d10, d11, d12, d13, BN)
+        y2 = _mma_rows(d20, d21, d22, d23, BN)
+        y3 = _mma_rows(d30, d31, d32, d33, BN)
     else:
-        _store_sum(y_row0, tl.sum(acc0, axis=1), rs, n, nmask, m0, M)
-        if BM > 1:
-            _store_sum(y_row0 + stride_ym, tl.sum(acc1, axis=1), rs, n, nmask, m0 + 1, M)
-        if BM > 2:
-            _store_sum(y_row0 + 2 * stride_ym, tl.sum(acc2, axis=1), rs, n, nmask, m0 + 2, M)
-            _store_sum(y_row0 + 3 * stride_ym, tl.sum(acc3, axis=1), rs, n, nmask, m0 + 3, M)
+        y0 = tl.sum(acc0, axis=1)
+        y1 = tl.sum(acc1, axis=1)
+        y2 = tl.sum(acc2, axis=1)
+        y3 = tl.sum(acc3, axis=1)
+    _store_rows(y_row0, y0, rs, n, nmask, m0, M, SWIGLU, BN)
+    if BM > 1:
+        _store_rows(y_row0 + stride_ym, y1, rs, n, nmask, m0 + 1, M, SWIGLU, BN)
+    if BM > 2:
+        _store_rows(y_row0 + 2 * stride_ym, y2, rs, n, nmask, m0 + 2, M, SWIGLU, BN)
+        _store_rows(y_row0 + 3 * stride_ym, y3, rs, n, nmask, m0 + 3, M, SWIGLU, BN)
+
+
+@triton.jit
+def _halves(v, BN: tl.constexpr):
+    """[BN] -> its first and second halves."""
+    return tl.split(tl.permute(tl.reshape(v, [2, BN // 2]), (1, 0)))
+
+
+@triton.jit
+def _store_rows(y_row, y, rs, n, nmask, m, M, SWIGLU: tl.constexpr, BN: tl.constexpr):
+    """The rows' sums y [BN] times rs for x row m < M; with SWIGLU (first half gate rows j,
+    second half their up rows) silu(gate) * up at j, gate and up rounded to y's dtype first as a
+    separate activation would see them."""
+    if SWIGLU:
+        out = y_row.dtype.element_ty
+        g, u = _halves(y * rs, BN)
+        g = g.to(out).to(tl.float32)
+        act = g * tl.sigmoid(g) * u.to(out).to(tl.float32)
+        j, _ = _halves(n, BN)
+        tl.store(y_row + j, act.to(out), mask=j * 0 + m < M)
+    else:
+        _store_sum(y_row, y, rs, n, nmask, m, M)
 
 
 @dataclass(frozen=True)
@@ -240,8 +265,11 @@ def nvfp4_gemv(
     scale: torch.Tensor,
     global_scale: float | torch.Tensor = 1.0,
     config: Nvfp4GemvConfig | None = None,
+    swiglu_out: bool = False,
 ) -> torch.Tensor:
-    """y [M, N] in x.dtype = x @ dequant(W)ᵀ (fp32 math). x [M, K] (bf16 / fp16 / fp32, last dim
+    """y [M, N] in x.dtype = x @ dequant(W)ᵀ (fp32 math); with ``swiglu_out`` (W = [gate; up],
+    see swiglu_out_ok) silu(y[:, :N/2]) * y[:, N/2:] [M, N/2] from one launch, each program
+    taking gate rows and their up rows. x [M, K] (bf16 / fp16 / fp32, last dim
     contiguous), w [N, K/2] uint8 and scale [N, K/16] uint8 or float8_e4m3fn with contiguous last
     dims, K a multiple of 16; w's rows must start on 4-byte boundaries (it is read as int32
     words). ``global_scale``: float, one-element tensor or fp32 [N]. ``config`` forces the launch
@@ -261,12 +289,14 @@ def nvfp4_gemv(
     if scale.stride(-1) != 1 or w.data_ptr() % 4 or w.stride(0) % 4:
         raise ValueError("nvfp4_gemv: w rows must be 4-byte aligned and scale rows contiguous")
     gscale, rows = _global_scale(global_scale, N)
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    y = torch.empty((M, N // 2 if swiglu_out else N), dtype=x.dtype, device=x.device)
     if M == 0 or N == 0:
         return y
     cfg = config or nvfp4_gemv_config(N, K, M)
     if cfg is None:
         cfg = INTERPRETED if interpreting() else DEFAULT_M1 if M == 1 else DEFAULT_MULTI
+    if swiglu_out and not swiglu_out_ok(N, cfg):
+        raise ValueError(f"nvfp4_gemv: swiglu_out needs N / 2 a multiple of bn / 2; N {N}, {cfg}")
     bm = 1 if M == 1 else 2 if M == 2 else MAX_M
     even = K % (cfg.bk * cfg.unroll) == 0 and N % cfg.bn == 0
     words = w.view(torch.int32)  # [N, K/8]
@@ -278,10 +308,15 @@ def nvfp4_gemv(
         gscale * (MMA_BIAS if mma else DECODE_BIAS), xk.stride(0), words.stride(0),
         scale.stride(0), y.stride(0),
         HAS_G=rows is not None, BM=bm, BN=cfg.bn, R=32 * cfg.warps, UNROLL=cfg.unroll,
-        X32=x32, MMA=mma, EVEN=even, HW=hw_fp8(), num_warps=cfg.warps, num_stages=1,
-        **pdl_args(x.device),
+        X32=x32, MMA=mma, EVEN=even, HW=hw_fp8(), SWIGLU=swiglu_out, num_warps=cfg.warps,
+        num_stages=1, **pdl_args(x.device),
     )  # fmt: skip
     return y
+
+
+def swiglu_out_ok(N: int, cfg: Nvfp4GemvConfig) -> bool:
+    """Whether a program of ``cfg`` can pair its gate rows with their up rows in W [N, K]."""
+    return cfg.bn >= 2 and N % 2 == 0 and (N // 2) % (cfg.bn // 2) == 0
 
 
 def nvfp4_gemv_reference(

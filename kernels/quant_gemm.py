@@ -41,7 +41,7 @@ import triton.language as tl
 from kernels.fp8_gemv import fp8_gemv, fp8_gemv_config
 from kernels.fp8_mma import fp8_mma, fp8_mma_config, usable
 from kernels.launch import f32_dot, hw_fp8, interpreting
-from kernels.nvfp4_gemv import nvfp4_gemv, nvfp4_gemv_config
+from kernels.nvfp4_gemv import Nvfp4GemvConfig, nvfp4_gemv, nvfp4_gemv_config, swiglu_out_ok
 from kernels.quant_decode import (
     E2M1_MAX,
     FP8_E4M3_MAX,
@@ -262,6 +262,9 @@ def quant_linear(
         mma_cfg = fp8_mma_config(w.shape[0], w.shape[1], x.shape[0]) if fmt == "fp8" else None
         if auto and not glu and mma_cfg is not None and usable(x, w):
             return fp8_mma(x, w, scale.to(torch.float32), mma_cfg, swiglu_out=True)
+        cfg = _nvfp4_config(x, w) if fmt == "nvfp4" and auto and not glu else None
+        if cfg is not None and swiglu_out_ok(w.shape[0], cfg):
+            return nvfp4_gemv(x, w, scale, global_scale, cfg, swiglu_out=True)
         y = quant_linear(x, w, scale, fmt, global_scale, split_k=split_k, path=path,
                          config=config, glu=glu)  # fmt: skip
         return silu_mul(y)
@@ -274,11 +277,8 @@ def quant_linear(
             return fp8_gemv(x, w, scale.to(torch.float32), fp8_cfg, glu=glu)
     if glu:
         x = silu_mul(x)
-    if fmt == "nvfp4" and path is None and split_k is None and config is None:
-        cfg = nvfp4_gemv_config(w.shape[0], x.shape[1], x.shape[0])
-        aligned = w.data_ptr() % 4 == 0 and w.stride(0) % 4 == 0
-        if cfg is not None and aligned and w.dtype == torch.uint8:
-            return nvfp4_gemv(x, w, scale, global_scale, cfg)
+    if fmt == "nvfp4" and auto and (cfg := _nvfp4_config(x, w)) is not None:
+        return nvfp4_gemv(x, w, scale, global_scale, cfg)
     M, K = x.shape
     N = w.shape[0]
     w = fp8_bytes(w) if fmt == "fp8" else w
@@ -401,6 +401,12 @@ def dequantize_weight(
             return vals * s * global_scale.to(torch.float32).reshape(-1, 1)
         return vals * s * float(global_scale)
     raise ValueError(f"unknown weight format {fmt!r}; expected 'fp8' or 'nvfp4'")
+
+
+def _nvfp4_config(x: torch.Tensor, w: torch.Tensor) -> Nvfp4GemvConfig | None:
+    """The nvfp4 GEMV's launch shape for x against packed w, or None where it does not run."""
+    aligned = w.data_ptr() % 4 == 0 and w.stride(0) % 4 == 0 and w.dtype == torch.uint8
+    return nvfp4_gemv_config(w.shape[0], x.shape[1], x.shape[0]) if aligned else None
 
 
 def quant_linear_reference(

@@ -1,7 +1,7 @@
 """Fold the SwiGLU activation into a projection beside it, whichever reads or writes it cheaper:
 
     %gu = linear(%h, @gate_up)          ==>      %act = linear(%h, @gate_up) {out=swiglu}
-    %act = swiglu(%gu)                  (fp8 weights)
+    %act = swiglu(%gu)                  (fp8, nvfp4 weights)
     %y = linear(%act, @down_proj)       ==>      %y = linear(%gu, @down_proj) {act=swiglu}
                                         (other formats)
 
@@ -9,9 +9,10 @@
 (input width 2K): the CUDA runtime's decode GEMVs (kernels/gemv.py, kernels/fp8_gemv.py)
 compute the activation in registers as they stream the down weight. With out=swiglu the weight
 is [gate; up] ([2I, K]) and the result silu(y[..., :I]) * y[..., I:]: the fp8 tensor-core GEMV
-(kernels/fp8_mma.py) pairs each gate row with its up row and writes the activation, so the down
-projection reads I values instead of recomputing silu(gate) * up from 2I in every program
-(which costs it ~14 % at batch 1 on the H200). Either way a decode step has one launch and one
+(kernels/fp8_mma.py) and the nvfp4 GEMV (kernels/nvfp4_gemv.py) pair each gate row with its up
+row and write the activation, so the down projection reads I values instead of recomputing
+silu(gate) * up from 2I in every program (which costs the fp8 one ~14 % at batch 1 on the
+H200; the nvfp4 GEMV has no activation fold and ran the silu_mul kernel before it). Either way a decode step has one launch and one
 round trip of the [T, 2I] activation fewer per MLP; paths that cannot fold apply the activation
 as a separate step. The fold happens only when the values involved have no other reader and are
 no graph output, and into gate/up only without a bias.
@@ -24,7 +25,7 @@ from ninfer.passes.base import Pass
 from ninfer.passes.options import CompileOptions
 
 # weight formats whose gate/up projection takes the activation as its epilogue
-EPILOGUE_FORMATS = ("fp8",)
+EPILOGUE_FORMATS = ("fp8", "nvfp4")
 
 
 def _into_gate_up(g: Graph, j: int, users: dict, prod: dict) -> int | None:
@@ -75,5 +76,5 @@ def _run(graph: Graph, options: CompileOptions) -> Graph:
 FUSE_SWIGLU_LINEAR = Pass(
     "fuse_swiglu_linear",
     _run,
-    "swiglu folded into the linear beside it (gate/up for fp8 weights, else down)",
+    "swiglu folded into the linear beside it (gate/up for fp8 and nvfp4 weights, else down)",
 )

@@ -72,6 +72,36 @@ def test_bf16_x_and_row_global_scale(device, cfg) -> None:
     _check(y.cpu(), x.float(), w, s, gs)
 
 
+@pytest.mark.parametrize("M", [1, 3])
+@pytest.mark.parametrize(
+    "cfg,dtype",
+    [
+        (Nvfp4GemvConfig(4, 1, 1), torch.float32),  # FMA variant, EVEN
+        (Nvfp4GemvConfig(8, 1, 2), torch.bfloat16),
+        (Nvfp4GemvConfig(4, 1, 2, mma=True), torch.bfloat16),  # tensor cores on CUDA
+    ],
+)
+def test_swiglu_out(device, M, cfg, dtype) -> None:
+    """W = [gate; up]: silu(gate) * up [M, N/2] from one launch equals the GEMV's output through
+    the activation, gate and up rounded to x's dtype first (per-row global scale: each row's own)."""
+    N, K = 24, 1056
+    w, s = _weight(N, K, seed=9)
+    gs = torch.linspace(0.2, 2.0, N)
+    x = _x(M, K, dtype, seed=M).to(device)
+    w, s, gs = w.to(device), s.to(device), gs.to(device)
+    y = nvfp4_gemv(x, w, s, gs, cfg, swiglu_out=True)
+    assert y.shape == (M, N // 2) and y.dtype == dtype
+    gu = nvfp4_gemv(x, w, s, gs, cfg).float()
+    g, u = gu[:, : N // 2], gu[:, N // 2 :]
+    want = (g * torch.sigmoid(g) * u).to(dtype)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(
+        y.float(), want.float(), rtol=tol, atol=tol * float(want.abs().max())
+    )
+    with pytest.raises(ValueError, match="swiglu_out needs"):
+        nvfp4_gemv(x, w[:20], s[:20], 1.0, Nvfp4GemvConfig(8, 1, 1), swiglu_out=True)
+
+
 def test_every_code_and_scale_exact(device) -> None:
     """One-hot x rows read single weights: y[k, n] = W[n, k] exactly, for all 16 codes (both
     nibbles of all 256 bytes) under every scale magnitude of SCALE_BYTES (subnormals too)."""

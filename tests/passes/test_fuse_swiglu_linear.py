@@ -1,5 +1,5 @@
 """fuse_swiglu_linear: the SwiGLU activation folded into the down projection (into the gate/up
-projection for fp8 weights), printed before and after (run with -s); refused when the
+projection for fp8 and nvfp4 weights), printed before and after (run with -s); refused when the
 activation has another reader; the same logits from the reference executor with and without it
 (the CUDA executor's batch-1 GEMV paths, which compute the activation inside the kernels, are
 checked in tests/runtime/test_cuda_executor.py)."""
@@ -29,12 +29,13 @@ def _graph(fixture_artifacts, arch: str) -> Graph:
     return FUSE_GATE_UP(graph_for_artifact(Artifact(fixture_artifacts(arch)), CPU), CPU)
 
 
-@pytest.fixture(scope="module")
-def fp8_llama(fixture_hf_dir, tmp_path_factory) -> Path:
+@pytest.fixture(scope="module", params=["fp8", "nvfp4"])
+def quant_llama(request, fixture_hf_dir, tmp_path_factory) -> Path:
+    """The llama fixture with fp8 or nvfp4 projections (both take the gate/up fold)."""
     from ninfer.artifact.convert_hf import convert_hf
 
-    out = tmp_path_factory.mktemp("fp8") / "llama-fp8.ninfer"
-    return convert_hf(fixture_hf_dir("llama"), out, weights="fp8")
+    out = tmp_path_factory.mktemp(request.param) / f"llama-{request.param}.ninfer"
+    return convert_hf(fixture_hf_dir("llama"), out, weights=request.param)
 
 
 def _down(g: Graph, layer: int) -> Op:
@@ -94,12 +95,12 @@ def test_cpu_logits_equal_without_the_pass(fixture_artifacts, arch) -> None:
     )
 
 
-def test_fp8_gate_up_takes_the_activation(fp8_llama) -> None:
-    """fp8 weights: the gate/up projection writes silu(gate) * up ([T, I]) and the down
+def test_quantised_gate_up_takes_the_activation(quant_llama) -> None:
+    """fp8 / nvfp4 weights: the gate/up projection writes silu(gate) * up ([T, I]) and the down
     projection reads it as a plain input."""
-    g = FUSE_GATE_UP(graph_for_artifact(Artifact(fp8_llama), CPU), CPU)
+    g = FUSE_GATE_UP(graph_for_artifact(Artifact(quant_llama), CPU), CPU)
     out = verify(FUSE_SWIGLU_LINEAR(g, CPU))
-    print(f"--- after {PASS} (fp8)\n{print_graph(out, weights=False)}")
+    print(f"--- after {PASS} ({quant_llama.stem})\n{print_graph(out, weights=False)}")
     assert out.meta["fusions"][PASS] == 2 and "swiglu" not in [op.kind for op in out.ops]
     gate_up = [op for op in out.ops if op.attrs.get("out") == "swiglu"]
     assert len(gate_up) == 2 and not any("act" in op.attrs for op in out.ops)
@@ -110,8 +111,8 @@ def test_fp8_gate_up_takes_the_activation(fp8_llama) -> None:
         assert g.weights[gate_up[layer].inputs[1]].type.shape[0] == 2 * inter
 
 
-def test_fp8_cpu_logits_equal_without_the_pass(fp8_llama) -> None:
-    a = Artifact(fp8_llama)
+def test_quantised_cpu_logits_equal_without_the_pass(quant_llama) -> None:
+    a = Artifact(quant_llama)
     fused, plain = compile_artifact(a, CPU), compile_artifact(a, CPU, disable=(PASS,))
     assert any(c.attrs.get("out") == "swiglu" for c in fused.calls)
     torch.testing.assert_close(

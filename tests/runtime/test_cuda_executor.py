@@ -152,12 +152,16 @@ def _interpreted_batch1_matches_reference(path, swiglu_attr: str) -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the gpu tests cover this on a GPU")
-def test_interpreted_fp8_weights_match_reference(fixture_hf_dir, tmp_path):
-    """fp8 weights: the gate/up projection writes the SwiGLU activation (out=swiglu), batch 1
-    decode takes the fp8 GEMV, float32; the same logits as the reference executor."""
+@pytest.mark.parametrize("weights", ["fp8", "nvfp4"])
+def test_interpreted_quantised_weights_match_reference(fixture_hf_dir, tmp_path, weights):
+    """fp8 / nvfp4 weights: the gate/up projection writes the SwiGLU activation (out=swiglu),
+    batch 1 decode takes the fp8 / nvfp4 GEMV, float32; the same logits as the reference
+    executor."""
     from ninfer.artifact.convert_hf import convert_hf
 
-    path = convert_hf(fixture_hf_dir("qwen3"), tmp_path / "qwen3-fp8.ninfer", weights="fp8")
+    path = convert_hf(
+        fixture_hf_dir("qwen3"), tmp_path / f"qwen3-{weights}.ninfer", weights=weights
+    )
     _interpreted_batch1_matches_reference(path, "out")
 
 
