@@ -5,43 +5,54 @@
         --section WarpStateStats python3 bench/ncu_gemv.py
 
 Each kernel runs once un-profiled (compilation, warm-up), then once between
-cudaProfilerStart / Stop. Kernels: kernels/gemv.py (bf16), kernels/fp8_gemv.py and
-kernels/nvfp4_gemv.py with their table's launch shape.
+cudaProfilerStart / Stop. Kernels: kernels/gemv.py (bf16), kernels/fp8_gemv.py,
+kernels/fp8_mma.py (where its table has a shape) and kernels/nvfp4_gemv.py with their table's
+launch shape, each as a decode step runs it (the quantised gate/up projections with the SwiGLU
+epilogue, the bf16 down projection with the SwiGLU folded into its input). `--only mma,nvfp4` keeps those kernels (names: dense, fma, mma, nvfp4).
 """
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Callable
+from functools import partial
+
 import torch
 
 from kernels.fp8_gemv import fp8_gemv, fp8_gemv_config
+from kernels.fp8_mma import fp8_mma, fp8_mma_config
 from kernels.gemv import dense_gemv, dense_gemv_config
 from kernels.nvfp4_gemv import nvfp4_gemv
 from kernels.quant_gemm import quantize_weight_fp8, quantize_weight_nvfp4
 
+# (N, K, down projection): q/k/v, o, gate/up, down of Qwen3-8B
 SHAPES = [(6144, 4096, False), (4096, 4096, False), (24576, 4096, False), (4096, 12288, True)]
 
 
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", default="dense,fma,mma,nvfp4")
+    only = set(p.parse_args().only.split(","))
     torch.manual_seed(0)
-    calls = []
-    for N, K, glu in SHAPES:
+    named: list[tuple[str, Callable[[], torch.Tensor]]] = []
+    for N, K, down in SHAPES:
+        # as a decode step runs them: the bf16 down projection computes the SwiGLU of x =
+        # [gate | up] itself, the fp8 / nvfp4 gate/up projections write it (their epilogue)
         w = torch.randn(N, K, device="cuda") * 0.05
-        x = torch.randn(1, 2 * K if glu else K, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
+        x2 = torch.randn(1, 2 * K, device="cuda", dtype=torch.bfloat16)
         wb = w.to(torch.bfloat16)
-        calls.append(
-            lambda x=x, wb=wb, glu=glu: dense_gemv(
-                x, wb, dense_gemv_config(*wb.shape, 1, glu), glu=glu
-            )
-        )
+        dcfg = dense_gemv_config(N, K, 1, down)
+        named.append(("dense", partial(dense_gemv, x2 if down else x, wb, dcfg, glu=down)))
         q, s = quantize_weight_fp8(w)
-        calls.append(
-            lambda x=x, q=q, s=s, glu=glu: fp8_gemv(
-                x, q, s, fp8_gemv_config(*q.shape, 1, glu), glu=glu
-            )
-        )
-        if not glu:
-            q4, s4, g4 = quantize_weight_nvfp4(w)
-            calls.append(lambda x=x, q4=q4, s4=s4, g4=g4: nvfp4_gemv(x, q4, s4, g4))
+        named.append(("fma", partial(fp8_gemv, x, q, s, fp8_gemv_config(N, K, 1))))
+        gu = N == 24576
+        mcfg = fp8_mma_config(N, K, 1)
+        if mcfg is not None:
+            named.append(("mma", partial(fp8_mma, x, q, s, mcfg, swiglu_out=gu)))
+        q4, s4, g4 = quantize_weight_nvfp4(w)
+        named.append(("nvfp4", partial(nvfp4_gemv, x, q4, s4, g4, swiglu_out=gu)))
+    calls = [c for name, c in named if name in only]
     for c in calls:
         c()
     torch.cuda.synchronize()
