@@ -23,7 +23,10 @@ as 32-bit words with less work per word:
   the block scale in bf16x2 (exact), then mma.sync m16n8k16 on lane-local data (see
   _E2M1X8_BF16_ASM and _MMA_ASM): the FMAs and conversions leave the CUDA cores. ~27-29 SASS per
   word at batch 1 and ~30-37 at batch 4 (the FMA variant needs ~65-80 there).
-Both are exact up to fp32 accumulation order (bf16 products of e2m1, e4m3 and x are exact;
+- ``swiglu_out`` (W = [gate; up]): a program's first BN/2 rows are gate rows j and the others
+  their up rows j + N/2 (the MMA variant's row pairs), and it writes silu(gate) * up at j: the
+  gate/up projection with the activation as its epilogue (fuse_swiglu_linear's out=swiglu).
+Both variants are exact up to fp32 accumulation order (bf16 products of e2m1, e4m3 and x are exact;
 tensor cores accumulate in fp32).
 
 Launch shapes (`Nvfp4GemvConfig`) come from the H200 sweep (nvfp4_gemv_table.json, written by

@@ -54,7 +54,7 @@ sig = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*u8", "g_ptr": "*fp32", "y_pt
 sig |= {a: "i32" for a in ("M", "N", "K")} | {"gscale": "fp32"}
 sig |= {a: "i32" for a in ("stride_xm", "stride_wn", "stride_sn", "stride_ym")}
 const = {"HAS_G": False, "BM": 1, "BN": 4, "R": 128, "UNROLL": 2, "X32": True, "MMA": False,
-         "EVEN": True, "HW": True, "PDL": True}
+         "EVEN": True, "HW": True, "SWIGLU": False, "PDL": True}
 k = compile_for_cuda(_nvfp4_gemv_kernel, sig, const, divisible=dims(sig), num_warps=4)
 out["nvfp4"] = before_wait(k.asm["ptx"])
 sig = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16",
