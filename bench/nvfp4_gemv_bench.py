@@ -211,7 +211,7 @@ def compile_only(sweep: list[Nvfp4GemvConfig], shapes: list[tuple[int, int]]) ->
                 seen.add(key)
                 consts = {"HAS_G": False, "BM": bm, "BN": cfg.bn, "R": 32 * cfg.warps,
                           "UNROLL": cfg.unroll, "X32": True, "MMA": cfg.mma, "EVEN": even,
-                          "HW": True, "SWIGLU": False, "PDL": True}  # fmt: skip
+                          "HW": True, "SWIGLU": False, "PDL": True, "S16": cfg.mma}  # fmt: skip
                 src = triton.compiler.ASTSource(
                     fn=_nvfp4_gemv_kernel,
                     signature={**_SIG, **{k: "constexpr" for k in consts}},

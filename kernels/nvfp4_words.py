@@ -329,14 +329,23 @@ def _mma_chunk(
     d00, d01, d02, d03, d10, d11, d12, d13, d20, d21, d22, d23, d30, d31, d32, d33,
     w, s, one, x0, x1, x2, x3, k0, xq, K,
     BM: tl.constexpr, BN: tl.constexpr, R: tl.constexpr, EVEN: tl.constexpr,
+    S16: tl.constexpr,
 ):  # fmt: skip
     """MMA variant of _chunk; dm0..dm3: x row m's D tensors [BN/2, R] (rows a: the program's
-    first BN/2 rows, b: the others)."""
+    first BN/2 rows, b: the others). S16: s holds a thread's two scale bytes per row as one
+    uint16 [BN, R]."""
     H: tl.constexpr = BN // 2
     wa, wb = tl.split(tl.permute(tl.reshape(w, [2, H, R, 4]), (1, 2, 3, 0)))  # rows a / b
-    sa, sb = tl.split(tl.permute(tl.reshape(s, [2, H, R, 2]), (1, 2, 3, 0)))
-    sa0, sa1 = tl.split(sa)
-    sb0, sb1 = tl.split(sb)
+    if S16:
+        sa, sb = tl.split(tl.permute(tl.reshape(s, [2, H, R]), (1, 2, 0)))
+        sa0 = (sa & 0xFF).to(tl.uint8)
+        sa1 = (sa >> 8).to(tl.uint8)
+        sb0 = (sb & 0xFF).to(tl.uint8)
+        sb1 = (sb >> 8).to(tl.uint8)
+    else:
+        sa, sb = tl.split(tl.permute(tl.reshape(s, [2, H, R, 2]), (1, 2, 3, 0)))
+        sa0, sa1 = tl.split(sa)
+        sb0, sb1 = tl.split(sb)
     for word in tl.static_range(4):
         if word < 2:
             sca = _scale_bf16x2(sa0)
@@ -373,17 +382,26 @@ def _mma_rows(d0, d1, d2, d3, BN: tl.constexpr):
 
 
 @triton.jit
-def _load_chunk(w_rows, s_rows, kw, wo, so, nmask, KW, KB, EVEN: tl.constexpr):
-    """Raw words [BN, R, 4] (uint32) and scale bytes [BN, R, 2] of the chunk whose first word is
-    kw (first block kw / 2). Past the last word: zero (EVEN: not loaded, undefined, unused)."""
-    kb = kw // 2
+def _load_chunk(w_rows, s_rows, kw, wo, so, nmask, KW, KB, EVEN: tl.constexpr,
+                S16: tl.constexpr):  # fmt: skip
+    """Raw words [BN, R, 4] (uint32; loaded as [BN, 4R] from word offsets wo [1, 4R]) and
+    scale bytes [BN, R, 2] (S16: [BN, R] uint16, a thread's two bytes as one word) of the chunk
+    whose first word is kw (first block kw / 2). Past the last word: zero (EVEN: not loaded,
+    undefined, unused)."""
+    kb = kw // 4 if S16 else kw // 2
+    nb = KB // 2 if S16 else KB
     if EVEN:  # whole chunks: one predicate for the chunk
         w = tl.load(w_rows + kw + wo, mask=wo * 0 + kw < KW)
         s = tl.load(s_rows + kb + so, mask=so * 0 + kw < KW)
     else:
-        w = tl.load(w_rows + kw + wo, mask=nmask[:, None, None] & (kw + wo < KW), other=0)
-        s = tl.load(s_rows + kb + so, mask=nmask[:, None, None] & (kb + so < KB), other=0)
-    return w.to(tl.uint32, bitcast=True), s
+        w = tl.load(w_rows + kw + wo, mask=nmask[:, None] & (kw + wo < KW), other=0)
+        if S16:
+            s = tl.load(s_rows + kb + so, mask=nmask[:, None] & (kb + so < nb), other=0)
+        else:
+            s = tl.load(s_rows + kb + so, mask=nmask[:, None, None] & (kb + so < nb), other=0)
+    BN: tl.constexpr = w.shape[0]
+    R: tl.constexpr = w.shape[1] // 4
+    return tl.reshape(w, [BN, R, 4]).to(tl.uint32, bitcast=True), s
 
 
 @triton.jit

@@ -54,9 +54,12 @@ sig = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*u8", "g_ptr": "*fp32", "y_pt
 sig |= {a: "i32" for a in ("M", "N", "K")} | {"gscale": "fp32"}
 sig |= {a: "i32" for a in ("stride_xm", "stride_wn", "stride_sn", "stride_ym")}
 const = {"HAS_G": False, "BM": 1, "BN": 4, "R": 128, "UNROLL": 2, "X32": True, "MMA": False,
-         "EVEN": True, "HW": True, "SWIGLU": False, "PDL": True}
+         "EVEN": True, "HW": True, "SWIGLU": False, "PDL": True, "S16": False}
 k = compile_for_cuda(_nvfp4_gemv_kernel, sig, const, divisible=dims(sig), num_warps=4)
 out["nvfp4"] = before_wait(k.asm["ptx"])
+const |= {"MMA": True, "S16": True}
+k = compile_for_cuda(_nvfp4_gemv_kernel, sig, const, divisible=dims(sig), num_warps=4)
+out["nvfp4_mma"] = before_wait(k.asm["ptx"])
 sig = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16",
        "res_out_ptr": "*bf16", "H": "i32", "stride_x": "i32", "stride_r": "i32",
        "stride_y": "i32", "stride_ro": "i32", "eps": "fp32"}
@@ -81,9 +84,11 @@ def test_kernels_issue_only_weight_loads_before_the_wait() -> None:
     got = json.loads(run_fresh(_COMPILE_CHECK))
     assert got.pop("fp8_off") is None
     # (loads, of them 16 bytes wide): dense 1 row x 2 chunks, fp8 4 rows x 1 chunk, nvfp4 4 rows
-    # x 2 chunks + a 4-byte block-scale pair each; rmsnorm the gain (4096 bf16 over 256 threads,
-    # masked 2-byte loads); the attention merge nothing
-    before = {"dense": (2, 2), "fp8": (4, 4), "nvfp4": (16, 8), "rmsnorm": (16, 0), "merge": (0, 0)}
+    # x 2 chunks + a block-scale pair each (two bytes; the tensor-core variant: one 16-bit
+    # load); rmsnorm the gain (4096 bf16 over 256 threads, masked 2-byte loads); the attention
+    # merge nothing
+    before = {"dense": (2, 2), "fp8": (4, 4), "nvfp4": (16, 8), "nvfp4_mma": (16, 8)}
+    before |= {"rmsnorm": (16, 0), "merge": (0, 0)}
     for name, (loads, wide) in before.items():
         st = got[name]
         assert st["stores"] == 0 and st["then_launch"], (name, st)
