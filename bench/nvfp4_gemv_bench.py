@@ -1,7 +1,7 @@
 # ruff: noqa: B023  (each lambda is timed before the loop moves on)
 """Decode GEMV of NVFP4 weights on CUDA: kernels/nvfp4_gemv.py against quant_linear(fmt="nvfp4").
 
-    python -m bench.nvfp4_gemv_bench [--out DIR] [--write-table] [--quick]
+    python -m bench.nvfp4_gemv_bench [--out DIR] [--write-table] [--quick] [--configs "4,2,1,1;..."]
     python -m bench.nvfp4_gemv_bench --compile-only      # no GPU: sm_90 compile + SASS counts
 
 Per projection shape of Qwen3-8B and Qwen3.5-9B (bench/dense_gemv_bench.py SHAPES without the
@@ -238,8 +238,16 @@ def main() -> None:
     ap.add_argument("--write-table", action="store_true")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--compile-only", action="store_true", help="sm_90 compile check, no GPU")
+    ap.add_argument(
+        "--configs", default=None, help="sweep only these shapes: 'bn,warps,unroll,mma;...'"
+    )
     args = ap.parse_args()
     sweep = QUICK_SWEEP if args.quick else SWEEP
+    if args.configs:
+        sweep = [
+            Nvfp4GemvConfig(bn, warps, unroll, bool(mma))
+            for bn, warps, unroll, mma in (map(int, c.split(",")) for c in args.configs.split(";"))
+        ]
     shapes = NK[:2] if args.quick else NK
     if args.compile_only:
         compile_only(sweep, shapes)
