@@ -30,7 +30,7 @@ import torch
 import triton
 
 from bench.dense_gemv_bench import ROTATE_BYTES, SHAPES, _per_call, _save, copy_bandwidth
-from kernels.nvfp4_gemv import TABLE_PATH, Nvfp4GemvConfig, nvfp4_gemv
+from kernels.nvfp4_gemv import TABLE_PATH, Nvfp4GemvConfig, compile_nvfp4_gemv, nvfp4_gemv
 from kernels.quant_gemm import dequantize_weight, quant_linear
 
 # Qwen3-8B qkv, o, gate_up, down; Qwen3.5-9B in-projection, gated-attention qkv (o and down as
@@ -160,14 +160,6 @@ def write_md(path: Path, dev: str, bw: float, rows: list[dict]) -> None:
 
 # -- --compile-only: sm_90 without a GPU ---------------------------------------------------------
 
-_SIG = {
-    "x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*u8", "g_ptr": "*fp32", "y_ptr": "*bf16",
-    "M": "i32", "N": "i32", "K": "i32", "gscale": "fp32", "stride_xm": "i32", "stride_wn": "i32",
-    "stride_sn": "i32", "stride_ym": "i32",
-}  # fmt: skip
-_ALIGNED = ("x_ptr", "w_ptr", "s_ptr", "g_ptr", "y_ptr", "stride_xm", "stride_wn", "stride_sn",
-            "stride_ym")  # fmt: skip
-
 
 def _loop_sass(cubin: bytes) -> int | None:
     """Instructions of the innermost backward-branch loop of a cubin (cuobjdump), or None."""
@@ -193,13 +185,6 @@ def _loop_sass(cubin: bytes) -> int | None:
 
 
 def compile_only(sweep: list[Nvfp4GemvConfig], shapes: list[tuple[int, int]]) -> None:
-    from triton.backends.compiler import GPUTarget
-
-    from kernels.nvfp4_gemv import _nvfp4_gemv_kernel
-
-    target = GPUTarget("cuda", 90, 32)
-    names = list(_SIG)
-    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in _ALIGNED}
     seen = set()
     for cfg in sweep:
         for bm in (1, 2, 4):
@@ -209,20 +194,9 @@ def compile_only(sweep: list[Nvfp4GemvConfig], shapes: list[tuple[int, int]]) ->
                 if key in seen:
                     continue
                 seen.add(key)
-                consts = {"HAS_G": False, "BM": bm, "BN": cfg.bn, "R": 32 * cfg.warps,
-                          "UNROLL": cfg.unroll, "X32": True, "MMA": cfg.mma, "EVEN": even,
-                          "HW": True, "SWIGLU": False, "PDL": True, "S16": cfg.mma}  # fmt: skip
-                src = triton.compiler.ASTSource(
-                    fn=_nvfp4_gemv_kernel,
-                    signature={**_SIG, **{k: "constexpr" for k in consts}},
-                    constexprs=consts,
-                    attrs=attrs,
-                )
                 stage, per_word = "none", None
                 try:
-                    k = triton.compile(
-                        src, target=target, options={"num_warps": cfg.warps, "num_stages": 1}
-                    )
+                    k = compile_nvfp4_gemv(cfg, bm=bm, even=even)
                     stage = "+".join(s for s in ("ttgir", "llir", "ptx", "cubin") if s in k.asm)
                     if "cubin" in k.asm and (n := _loop_sass(k.asm["cubin"])):
                         per_word = n / (cfg.bn * 4 * cfg.unroll)

@@ -47,6 +47,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import triton
@@ -355,3 +356,24 @@ def nvfp4_gemv_reference(
 
     wf = dequantize_weight(w, fp8_bytes(scale), "nvfp4", global_scale)
     return (x.float() @ wf.t()).to(x.dtype)
+
+
+def compile_nvfp4_gemv(
+    config: Nvfp4GemvConfig, *, bm: int, even: bool, swiglu_out: bool = False, arch: int = 90
+) -> Any:
+    """The kernel compiled for sm_<arch> without a GPU (kernels/compile_check.py) as nvfp4_gemv
+    launches it on Hopper for bf16 x (programmatic dependent launch; the tensor-core variant
+    with 16-bit scale loads where ``config.mma``), pointers and strides specialised as for the
+    model shapes."""
+    from kernels.compile_check import compile_for_cuda
+
+    sig = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*u8", "g_ptr": "*fp32", "y_ptr": "*bf16"}
+    sig |= {"M": "i32", "N": "i32", "K": "i32", "gscale": "fp32"}
+    sig |= {a: "i32" for a in ("stride_xm", "stride_wn", "stride_sn", "stride_ym")}
+    const = {"HAS_G": False, "BM": bm, "BN": config.bn, "R": 32 * config.warps}
+    const |= {"UNROLL": config.unroll, "X32": True, "MMA": config.mma, "EVEN": even, "HW": True}
+    const |= {"SWIGLU": swiglu_out, "PDL": True, "S16": config.mma}
+    divisible = [a for a in sig if a.endswith("_ptr") or a.startswith("stride") or a == "K"]
+    return compile_for_cuda(
+        _nvfp4_gemv_kernel, sig, const, divisible=divisible, num_warps=config.warps, arch=arch
+    )

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from kernels import nvfp4_gemv as mod
+from kernels.compile_check import run_fresh
 from kernels.nvfp4_gemv import Nvfp4GemvConfig, load_table, nvfp4_gemv, nvfp4_gemv_reference
 from kernels.quant_decode import E2M1_VALUES, decode_fp8
 from kernels.quant_gemm import dequantize_weight, quantize_weight_nvfp4
@@ -189,3 +192,35 @@ def test_real_shapes_gpu(device, mma, NK) -> None:
                     y = nvfp4_gemv(x[:m], w, s, 0.01, cfg).float()
                     err = ((y - ref[:m]).abs().max() / ref[:m].abs().max()).item()
                     assert err < 1e-2, (cfg, m, err)
+
+
+_COMPILE_CHECK = """
+import json
+from kernels.compile_check import loop_stats, resource_usage
+from kernels.nvfp4_gemv import Nvfp4GemvConfig, compile_nvfp4_gemv
+out = []
+for cfg, bm, swiglu in [((4, 2, 1, True), 1, False), ((8, 2, 1, True), 4, True)]:
+    k = compile_nvfp4_gemv(Nvfp4GemvConfig(*cfg), bm=bm, even=True, swiglu_out=swiglu)
+    out.append(loop_stats(k.asm["ptx"])._asdict() | {"regs": resource_usage(k).get("REG")})
+print(json.dumps(out))
+"""
+
+
+def test_tensor_core_variant_compiles_without_shared_memory() -> None:
+    """Compiled for sm_90 (no GPU needed; a fresh process, outside the interpreter), the
+    tensor-core variant's K loop loads each weight row's words 16 bytes wide, x 16 bytes at a
+    time and each row's two block scales as one 16-bit word, and never moves a tensor between
+    register layouts through shared memory: the words, scales and x values of a K position meet
+    in one thread. (With triton 3.6, the H200's, a [BN, threads, 4] word load spread the rows
+    across lanes and sent every x value through shared memory, ten barriers per chunk and 96
+    registers; 3.9 happened to place them well either way.)"""
+    pytest.importorskip("triton.backends.nvidia")
+    plain, swiglu4 = json.loads(run_fresh(_COMPILE_CHECK))
+    # BN 4 rows + 4 x loads of one row; BN 8 rows + 4 x loads of each of 4 rows; one scale
+    # load per row
+    assert plain["loops"] == 1 and (plain["loads_16b"], plain["loads"]) == (4 + 4, 4 + 4 + 4)
+    assert (swiglu4["loads_16b"], swiglu4["loads"]) == (8 + 4 * 4, 8 + 4 * 4 + 8)
+    for st in (plain, swiglu4):
+        assert st["shared"] == st["barriers"] == st["shuffles"] == 0, st
+    if plain["regs"] is not None:  # cuobjdump ships with triton's NVIDIA backend
+        assert plain["regs"] <= 72, plain
