@@ -45,7 +45,7 @@ import triton.language as tl
 
 from kernels.gemv import load_table, table_config
 from kernels.launch import interpreting, pdl_args, pdl_wait
-from kernels.nvfp4_words import _DIAG_ASM
+from kernels.nvfp4_words import _DIAG_ASM, mma_lanes
 from kernels.quant_decode import fp8_bytes
 
 F16_MAX = tl.constexpr(65504.0)
@@ -81,14 +81,6 @@ def _f16x2(lo, hi):
     return tl.inline_asm_elementwise(
         "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", [lo, hi], dtype=tl.int32, is_pure=True, pack=1
     )
-
-
-@triton.jit
-def _mma(d0, d1, d2, d3, a0, a1, a2, a3, b0, b1):
-    return tl.inline_asm_elementwise(
-        _MMA_F16_ASM, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, d0, d1, d2, d3],
-        dtype=(tl.float32,) * 4, is_pure=True, pack=1,
-    )  # fmt: skip
 
 
 @triton.jit
@@ -164,8 +156,8 @@ def _pair_mma(d0, d1, d2, d3, wa, wb, xa, xb, R: tl.constexpr):
     for q in tl.static_range(4):
         a0, a2 = _e4m3x4(_quarter(wa, q, R))
         a1, a3 = _e4m3x4(_quarter(wb, q, R))
-        d0, d1, d2, d3 = _mma(d0, d1, d2, d3, a0, a1, a2, a3,
-                              _x_pair(xa, xb, 2 * q, R), _x_pair(xa, xb, 2 * q + 1, R))  # fmt: skip
+        d0, d1, d2, d3 = mma_lanes(d0, d1, d2, d3, a0, a1, a2, a3, _x_pair(xa, xb, 2 * q, R),
+                                   _x_pair(xa, xb, 2 * q + 1, R), _MMA_F16_ASM)  # fmt: skip
     return d0, d1, d2, d3
 
 

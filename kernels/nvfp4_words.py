@@ -273,9 +273,11 @@ def _decode_bf16(w, s2, one):
 
 
 @triton.jit
-def _mma(d0, d1, d2, d3, a0, a1, a2, a3, b0, b1):
+def mma_lanes(d0, d1, d2, d3, a0, a1, a2, a3, b0, b1, ASM: tl.constexpr):
+    """D + A * B of one mma.sync m16n8k16 given as ``ASM`` (bf16 here, f16 in kernels/fp8_mma.py)
+    on each lane's fragments: a0..a3 of A, b0 b1 of B, d0..d3 the fp32 accumulators."""
     return tl.inline_asm_elementwise(
-        _MMA_ASM, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, d0, d1, d2, d3],
+        ASM, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, d0, d1, d2, d3],
         dtype=(tl.float32,) * 4, is_pure=True, pack=1,
     )  # fmt: skip
 
@@ -304,8 +306,8 @@ def _mma_word(d0, d1, d2, d3, a0, a1, a2, a3, b0, b1, b2, b3, x_row, kv, xq, K,
               EVEN: tl.constexpr):  # fmt: skip
     """D + one word of rows a (pairs a0..a3) and b (b0..b3) times the matching x values."""
     x04, x26, x15, x37 = _x_pairs(x_row, kv, xq, K, EVEN)
-    d0, d1, d2, d3 = _mma(d0, d1, d2, d3, a0, b0, a1, b1, x04, x26)
-    d0, d1, d2, d3 = _mma(d0, d1, d2, d3, a2, b2, a3, b3, x15, x37)
+    d0, d1, d2, d3 = mma_lanes(d0, d1, d2, d3, a0, b0, a1, b1, x04, x26, _MMA_ASM)
+    d0, d1, d2, d3 = mma_lanes(d0, d1, d2, d3, a2, b2, a3, b3, x15, x37, _MMA_ASM)
     return d0, d1, d2, d3
 
 
