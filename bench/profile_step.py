@@ -7,7 +7,8 @@ Prints one table per model: kernel name, launches per step, microseconds per ste
 the kernels' sum; then the sum of kernel times, the eager step's wall time and the graph
 replay's time. The gap between the kernels' sum and the graph replay is launch/tail overhead
 between kernels; the kernels' sum against the weights' copy time is kernel efficiency. `--ablate norms,merge`
-then times the graph step again with each part removed: what that part costs inside the graph.
+then times the graph step again with each part removed: what that part costs inside the graph;
+`--variant` with other launch shapes from the kernel tables.
 """
 
 from __future__ import annotations
@@ -120,7 +121,58 @@ def profile(args: argparse.Namespace) -> None:
         print(f"graph step without {name}: {without:.3f} ms against {full:.3f} ms "
               f"(saves {full - without:+.3f} ms; all: "
               + " ".join(f"{a - b:+.3f}" for a, b in runs) + ")")  # fmt: skip
+    for spec in args.variant:
+        runs = []
+        for _ in range(3):
+            full = graph_ms()
+            with _table_variant(spec):
+                runs.append((full, graph_ms()))
+        full, other = sorted(runs, key=lambda r: r[0] - r[1])[1]
+        print(f"graph step with {spec}: {other:.3f} ms against {full:.3f} ms "
+              f"(saves {full - other:+.3f} ms; all: "
+              + " ".join(f"{a - b:+.3f}" for a, b in runs) + ")")  # fmt: skip
     ex._graphs.clear()
+
+
+def _table_entry(item: str) -> tuple[dict, tuple, object]:
+    """One `--variant` item, `TABLE N:K[:glu]:M=CFG`: the launch table (fp8_mma, fp8_gemv,
+    nvfp4 or dense), its key, and the config CFG (comma-separated fields, or `none`: the other
+    path)."""
+    from kernels import fp8_gemv, fp8_mma, gemv, nvfp4_gemv
+
+    name, rest = item.split(None, 1)
+    where, cfg = rest.replace(" ", "").split("=")
+    n, k, *more = (int(v) for v in where.split(":"))
+    make = {"fp8_mma": (fp8_mma.TABLE, fp8_mma.Fp8MmaConfig),
+            "fp8_gemv": (fp8_gemv.TABLE, fp8_gemv.Fp8GemvConfig),
+            "nvfp4": (nvfp4_gemv.TABLE, nvfp4_gemv.Nvfp4GemvConfig),
+            "dense": (gemv.TABLE, gemv.DenseGemvConfig)}  # fmt: skip
+    if name not in make:
+        raise SystemExit(f"--variant: unknown table {name!r} (fp8_mma, fp8_gemv, nvfp4, dense)")
+    table, config_type = make[name]
+    key = (n, k, *more) if name == "nvfp4" else (n, k, bool(more[0]), more[1])
+    fields = [int(v) for v in cfg.split(",")] if cfg != "none" else None
+    if name == "nvfp4" and fields is not None and len(fields) == 4:
+        fields[3] = bool(fields[3])
+    return table, key, None if fields is None else config_type(*fields)
+
+
+@contextlib.contextmanager
+def _table_variant(spec: str):
+    """The decode step with launch-table entries replaced (`--variant`, items joined by `;`):
+    what another launch shape for a weight does inside the captured step."""
+    entries = [_table_entry(item) for item in spec.split(";") if item.strip()]
+    saved = [(table, key, table.get(key, KeyError)) for table, key, _ in entries]
+    for table, key, cfg in entries:
+        table[key] = cfg
+    try:
+        yield
+    finally:
+        for table, key, old in saved:
+            if old is KeyError:
+                table.pop(key, None)
+            else:
+                table[key] = old
 
 
 @triton.jit
@@ -204,6 +256,11 @@ def main() -> None:
     p.add_argument(
         "--ablate", default="", help="comma list of norms,prologue,merge,attention,copy,proj:NxK"
     )
+    p.add_argument(
+        "--variant", action="append", default=[],
+        help="time the step with launch-table entries replaced, e.g. "
+        "'fp8_mma 6144:4096:0:1=4,2,0; fp8_gemv 6144:4096:0:1=none' (repeatable)",
+    )  # fmt: skip
     profile(p.parse_args())
 
 

@@ -7,7 +7,13 @@ import torch
 
 from kernels import nvfp4_gemv as mod
 from kernels.compile_check import run_fresh
-from kernels.nvfp4_gemv import Nvfp4GemvConfig, load_table, nvfp4_gemv, nvfp4_gemv_reference
+from kernels.nvfp4_gemv import (
+    Nvfp4GemvConfig,
+    load_table,
+    nvfp4_gemv,
+    nvfp4_gemv_reference,
+    swiglu_out_ok,
+)
 from kernels.quant_decode import E2M1_VALUES, decode_fp8
 from kernels.quant_gemm import dequantize_weight, quantize_weight_nvfp4
 
@@ -192,6 +198,29 @@ def test_real_shapes_gpu(device, mma, NK) -> None:
                     y = nvfp4_gemv(x[:m], w, s, 0.01, cfg).float()
                     err = ((y - ref[:m]).abs().max() / ref[:m].abs().max()).item()
                     assert err < 1e-2, (cfg, m, err)
+
+
+@pytest.mark.gpu
+def test_table_launch_shapes_gpu(device) -> None:
+    """Every launch shape kernels/nvfp4_gemv_table.json picks, at its own weight shape and batch
+    bucket, against the dequantised matmul; for the gate/up weight also through its SwiGLU
+    epilogue (what the decode step runs)."""
+    picked = [(key, cfg) for key, cfg in mod.TABLE.items() if cfg is not None]
+    assert picked
+    for (N, K, M), cfg in picked:
+        w, s = _weight(N, K, seed=N + K)
+        w, s = w.to(device), s.to(device)
+        x = _x(M, K, torch.bfloat16, seed=M).to(device)
+        ref = x.float() @ dequantize_weight(w, s, "nvfp4", 0.01).t()
+        y = nvfp4_gemv(x, w, s, 0.01, cfg).float()
+        err = ((y - ref).abs().max() / ref.abs().max()).item()
+        assert err < 1e-2, (N, K, M, cfg, err)
+        if N == 24576 and swiglu_out_ok(N, cfg):
+            g, u = ref.to(torch.bfloat16).float().chunk(2, dim=1)
+            want = g * torch.sigmoid(g) * u
+            got = nvfp4_gemv(x, w, s, 0.01, cfg, swiglu_out=True).float()
+            err = ((got - want).abs().max() / want.abs().max()).item()
+            assert err < 2e-2, (N, K, M, cfg, "swiglu", err)
 
 
 _COMPILE_CHECK = """
