@@ -113,7 +113,7 @@ def loop_stats(ptx: str, which: int | None = None) -> LoopStats:
 
     return LoopStats(
         loops=loops,
-        loads_16b=count(r"\bld\.global(?:\.\w+)*\.v4\.(?:b32|u32|f32)"),
+        loads_16b=count(r"\bld\.global(?:\.[\w:]+)*\.v4\.(?:b32|u32|f32)"),
         loads=count(r"\bld\.global"),
         shared=count(r"\b(?:ld|st)\.shared"),
         barriers=count(r"\bbar\.sync"),

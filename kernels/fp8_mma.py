@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from kernels.gemv import load_table, table_config
-from kernels.launch import interpreting, pdl_args, pdl_wait
+from kernels.launch import WEIGHT_EVICT, interpreting, pdl_args, pdl_wait
 from kernels.nvfp4_words import _DIAG_ASM, mma_lanes
 from kernels.quant_decode import fp8_bytes
 
@@ -167,9 +167,11 @@ def _row_words(w_ptr, row, stride_wn, kw, wo, N, KW, EVEN: tl.constexpr):
     the matrix unless EVEN)."""
     ptr = w_ptr + row.to(tl.int64) * stride_wn + kw + wo
     if EVEN:
-        w = tl.load(ptr)
+        w = tl.load(ptr, eviction_policy=WEIGHT_EVICT)
     else:
-        w = tl.load(ptr, mask=(wo * 0 + row < N) & (kw + wo < KW), other=0)
+        w = tl.load(
+            ptr, mask=(wo * 0 + row < N) & (kw + wo < KW), other=0, eviction_policy=WEIGHT_EVICT
+        )
     return w
 
 

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch import f32_dot, interpreting, pdl_args, pdl_wait
+from kernels.launch import WEIGHT_EVICT, f32_dot, interpreting, pdl_args, pdl_wait
 from kernels.silu_mul import silu_mul
 
 VEC = 8  # K elements per thread per chunk: one 16-byte load of bf16
@@ -53,9 +53,11 @@ def weight_chunk(w_rows, k, nmask, K, EVEN: tl.constexpr):
     """The weight tile at K offsets k of rows w_rows (zero outside the matrix unless EVEN);
     any element type (kernels/fp8_gemv.py loads e4m3 bytes with it)."""
     if EVEN:
-        w = tl.load(w_rows + k)
+        w = tl.load(w_rows + k, eviction_policy=WEIGHT_EVICT)
     else:
-        w = tl.load(w_rows + k, mask=nmask[:, None] & (k < K), other=0.0)
+        w = tl.load(
+            w_rows + k, mask=nmask[:, None] & (k < K), other=0.0, eviction_policy=WEIGHT_EVICT
+        )
     return w
 
 

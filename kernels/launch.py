@@ -10,6 +10,12 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+# The decode GEMVs read every weight byte once per step, gigabytes of them, so their weight
+# loads are marked evict-first: streaming through L2 they then displace one another rather than
+# what the latency-bound kernels between them read again (activations, the KV cache, norm
+# gains). H200, one device call, one process each: fp8 graph step 2.604 -> 2.559 ms, bf16 4.021 -> 3.992 ms.
+WEIGHT_EVICT = tl.constexpr("evict_first")
+
 
 def interpreting() -> bool:
     """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernels.launch import WEIGHT_EVICT
 from kernels.quant_decode import fp8_raw_to_f32
 
 # One word of 8 e2m1 nibbles (element j in bits 4j..4j+3) -> its 8 values * 2^-14 as fp32, in K
@@ -393,14 +394,29 @@ def _load_chunk(w_rows, s_rows, kw, wo, so, nmask, KW, KB, EVEN: tl.constexpr,
     kb = kw // 4 if S16 else kw // 2
     nb = KB // 2 if S16 else KB
     if EVEN:  # whole chunks: one predicate for the chunk
-        w = tl.load(w_rows + kw + wo, mask=wo * 0 + kw < KW)
-        s = tl.load(s_rows + kb + so, mask=so * 0 + kw < KW)
+        w = tl.load(w_rows + kw + wo, mask=wo * 0 + kw < KW, eviction_policy=WEIGHT_EVICT)
+        s = tl.load(s_rows + kb + so, mask=so * 0 + kw < KW, eviction_policy=WEIGHT_EVICT)
     else:
-        w = tl.load(w_rows + kw + wo, mask=nmask[:, None] & (kw + wo < KW), other=0)
+        w = tl.load(
+            w_rows + kw + wo,
+            mask=nmask[:, None] & (kw + wo < KW),
+            other=0,
+            eviction_policy=WEIGHT_EVICT,
+        )
         if S16:
-            s = tl.load(s_rows + kb + so, mask=nmask[:, None] & (kb + so < nb), other=0)
+            s = tl.load(
+                s_rows + kb + so,
+                mask=nmask[:, None] & (kb + so < nb),
+                other=0,
+                eviction_policy=WEIGHT_EVICT,
+            )
         else:
-            s = tl.load(s_rows + kb + so, mask=nmask[:, None, None] & (kb + so < nb), other=0)
+            s = tl.load(
+                s_rows + kb + so,
+                mask=nmask[:, None, None] & (kb + so < nb),
+                other=0,
+                eviction_policy=WEIGHT_EVICT,
+            )
     BN: tl.constexpr = w.shape[0]
     R: tl.constexpr = w.shape[1] // 4
     return tl.reshape(w, [BN, R, 4]).to(tl.uint32, bitcast=True), s

@@ -32,8 +32,9 @@ def before_wait(ptx):
     head = lines[: waits[0]]
     return {
         "loads": sum(bool(re.search(r"\\bld\\.global", l)) for l in head),
-        "loads_16b": sum(bool(re.search(r"\\bld\\.global(?:\\.\\w+)*\\.v4", l)) for l in head),
+        "loads_16b": sum(bool(re.search(r"\\bld\\.global(?:\\.[\\w:]+)*\\.v4", l)) for l in head),
         "stores": sum(bool(re.search(r"\\b(?:st|red|atom)\\.global", l)) for l in head),
+        "evict_first": sum("evict_first" in l for l in head if re.search(r"\\bld\\.global", l)),
         "then_launch": lines[waits[0] + 1].startswith("griddepcontrol.launch_dependents"),
     }
 
@@ -93,6 +94,9 @@ def test_kernels_issue_only_weight_loads_before_the_wait() -> None:
         st = got[name]
         assert st["stores"] == 0 and st["then_launch"], (name, st)
         assert (st["loads"], st["loads_16b"]) == (loads, wide), (name, st)
+        # weights (and nvfp4 block scales) stream through L2 evict-first (kernels/launch.py)
+        weights = {"dense": 2, "fp8": 4, "nvfp4": 16, "nvfp4_mma": 16}.get(name, 0)
+        assert st["evict_first"] == weights, (name, st)
 
 
 def test_pdl_args_off_where_unsupported(monkeypatch) -> None:
