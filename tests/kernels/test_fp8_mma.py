@@ -4,6 +4,8 @@ import json
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from kernels import fp8_mma as fp8_mma_mod
 from kernels.compile_check import run_fresh
@@ -48,6 +50,32 @@ def test_fp8_mma_off_in_the_interpreter() -> None:
     assert fp8_mma_config(4096, 4096, 1) is None
     x = torch.zeros(1, 64, dtype=torch.bfloat16)
     assert not usable(x, torch.zeros(8, 64, dtype=torch.uint8))
+
+
+@triton.jit
+def _too_big_kernel(p_ptr, out_ptr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    p = tl.load(p_ptr + i).to(tl.uint32, bitcast=True)
+    t = fp8_mma_mod._too_big(p) & 0x80008000
+    tl.store(out_ptr + i, t.to(tl.int32, bitcast=True))
+
+
+def test_range_check_on_bf16_bits_matches_f16_range(device) -> None:
+    """The K loop's integer range check flags exactly the bf16 values f16 cannot hold (|x| >=
+    65504, inf, NaN), for every bf16 bit pattern in either half of a pair, the other half
+    holding a value that fits."""
+    bits = torch.arange(65536, dtype=torch.int32)
+    vals = bits.to(torch.int16).view(torch.bfloat16).float()
+    want = ~(vals.abs() < 65504.0)  # NaN compares false
+    fits = 0x3F80  # 1.0 in the other half
+    for pairs, hi in ((bits | (fits << 16), False), ((bits << 16) | fits, True)):
+        out = torch.empty(65536, dtype=torch.int32, device=device)
+        _too_big_kernel[(65536 // 1024,)](pairs.to(device), out, BLOCK=1024)
+        flag = out.cpu()
+        got = (flag & (1 << 31 if hi else 1 << 15)) != 0
+        other = (flag & (1 << 15 if hi else 1 << 31)) != 0
+        assert torch.equal(got, want)
+        assert not other.any()
 
 
 def _weight(N: int, K: int, device: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,6 +128,11 @@ def test_fp8_mma_large_x_recomputed_exactly(device, glu) -> None:
     _close(y, ref)
     x[0, 9] = float("nan")
     assert torch.isnan(fp8_mma(x, q, s, Fp8MmaConfig(8, 2), glu=glu)).all()
+    if not glu:  # bf16 at the edge: 65280 (f16 holds it) on tensor cores, 65536 and inf in fp32
+        for edge in (65280.0, -65280.0, 65536.0, float("-inf")):
+            x = _x(1, K, device, seed=4)
+            x[0, 11] = edge
+            _close(fp8_mma(x, q, s, Fp8MmaConfig(4, 2)), fp8_gemv_reference(x, q, s))
 
 
 @pytest.mark.gpu
