@@ -202,10 +202,9 @@ def _pair_mma(d0, d1, d2, d3, wa, wb, xa, xb, R: tl.constexpr):
 
 
 @triton.jit
-def _row_words(w_ptr, row, stride_wn, kw, wo, N, KW, EVEN: tl.constexpr):
-    """Words [kw + 4t, kw + 4t + 4) of weight row ``row`` for each thread t: [R, 4] (zero past
-    the matrix unless EVEN)."""
-    ptr = w_ptr + row.to(tl.int64) * stride_wn + kw + wo
+def _row_words(ptr, row, kw, wo, N, KW, EVEN: tl.constexpr):
+    """The words at ptr [R, 4] (row ``row``'s words [kw + 4t, kw + 4t + 4) for each thread t;
+    zero past the matrix unless EVEN)."""
     if EVEN:
         w = tl.load(ptr, eviction_policy=WEIGHT_EVICT)
     else:
@@ -216,22 +215,22 @@ def _row_words(w_ptr, row, stride_wn, kw, wo, N, KW, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _chunk_words(w_ptr, a0, PA: tl.constexpr, ob, stride_wn, kw, wo, N, KW, EVEN: tl.constexpr,
-                 BN: tl.constexpr):  # fmt: skip
+def _chunk_words(pa, pb, a0, PA: tl.constexpr, ob, stride_wn, kw, wo, N, KW,
+                 EVEN: tl.constexpr, BN: tl.constexpr):  # fmt: skip
     """The chunk at word kw of a block's BN / 2 row pairs (a, b) = (a0 + PA * p, a + ob), as
     w0 = a of pair 0, w1 = its b, w2 = a of pair 1, ... (BN = 2, 4 or 8; the unused of the eight
-    results repeat w0)."""
-    w0 = _row_words(w_ptr, a0, stride_wn, kw, wo, N, KW, EVEN)
-    w1 = _row_words(w_ptr, a0 + ob, stride_wn, kw, wo, N, KW, EVEN)
+    results repeat w0). pa / pb [R, 4]: the chunk's words of rows a0 and a0 + ob."""
+    w0 = _row_words(pa, a0, kw, wo, N, KW, EVEN)
+    w1 = _row_words(pb, a0 + ob, kw, wo, N, KW, EVEN)
     w2, w3, w4, w5, w6, w7 = w0, w0, w0, w0, w0, w0
     if BN > 2:
-        w2 = _row_words(w_ptr, a0 + PA, stride_wn, kw, wo, N, KW, EVEN)
-        w3 = _row_words(w_ptr, a0 + PA + ob, stride_wn, kw, wo, N, KW, EVEN)
+        w2 = _row_words(pa + PA * stride_wn, a0 + PA, kw, wo, N, KW, EVEN)
+        w3 = _row_words(pb + PA * stride_wn, a0 + PA + ob, kw, wo, N, KW, EVEN)
     if BN > 4:
-        w4 = _row_words(w_ptr, a0 + 2 * PA, stride_wn, kw, wo, N, KW, EVEN)
-        w5 = _row_words(w_ptr, a0 + 2 * PA + ob, stride_wn, kw, wo, N, KW, EVEN)
-        w6 = _row_words(w_ptr, a0 + 3 * PA, stride_wn, kw, wo, N, KW, EVEN)
-        w7 = _row_words(w_ptr, a0 + 3 * PA + ob, stride_wn, kw, wo, N, KW, EVEN)
+        w4 = _row_words(pa + 2 * PA * stride_wn, a0 + 2 * PA, kw, wo, N, KW, EVEN)
+        w5 = _row_words(pb + 2 * PA * stride_wn, a0 + 2 * PA + ob, kw, wo, N, KW, EVEN)
+        w6 = _row_words(pa + 3 * PA * stride_wn, a0 + 3 * PA, kw, wo, N, KW, EVEN)
+        w7 = _row_words(pb + 3 * PA * stride_wn, a0 + 3 * PA + ob, kw, wo, N, KW, EVEN)
     return w0, w1, w2, w3, w4, w5, w6, w7
 
 
@@ -285,18 +284,20 @@ def _store_pair(y_ptr, s_ptr, ra, ob, N, K, d0, d1, d2, d3, bad, x_ptr, w_ptr, s
 
 @triton.jit
 def _fp8_mma_kernel(
-    x_ptr, w_ptr, s_ptr, y_ptr, N, K, stride_wn,
+    x_ptr, w_ptr, s_ptr, y_ptr, N, K, ROW_WORDS: tl.constexpr,
     GLU: tl.constexpr, SWIGLU: tl.constexpr, BN: tl.constexpr, R: tl.constexpr,
     EVEN: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # grid (G,), one x row: program p computes row blocks p, p + G, ... of BN rows (G = the
     # row blocks, or a few programs per SM: then every program is resident from the start and
     # the next kernel's programs, launched early, find room to issue their first loads).
-    # w_ptr: the weight as int32 words [N, K/4] (stride_wn in words); x_ptr: the bf16 x row as
-    # int32 pairs. A chunk is R threads x 4 words per row; a block's rows are taken as pairs
-    # (2p, 2p + 1), p < BN / 2 <= 4, each row a separate [R, 4] load so that thread t (lane
-    # t % 32 of warp t // 32) holds the same K words of every row: the lane-local MMA needs a
-    # lane's weights and x to share their K positions.
+    # w_ptr: the weight as int32 words [N, K/4], rows ROW_WORDS words apart (a constant: a
+    # block's rows load from one pointer, advanced per chunk, at immediate offsets; 125 -> 107
+    # SASS per chunk at 4 rows); x_ptr: the bf16 x row as int32 pairs. A chunk is R threads x 4
+    # words per row; a block's rows are taken as pairs (2p, 2p + 1), p < BN / 2 <= 4, each row
+    # a separate [R, 4] load so that thread t (lane t % 32 of warp t // 32) holds the same K
+    # words of every row: the lane-local MMA needs a lane's weights and x to share their K
+    # positions.
     i = tl.arange(0, R)
     wo = (i * 4)[:, None] + tl.arange(0, 4)[None, :]  # [R, 4]
     kp0 = (i * 8)[:, None] + tl.arange(0, 4)[None, :]  # [R, 4] x pairs 0..3 of thread t
@@ -311,9 +312,13 @@ def _fp8_mma_kernel(
         d01, d02, d03, d10, d11, d12, d13 = d00, d00, d00, d00, d00, d00, d00
         d20, d21, d22, d23, d30, d31, d32, d33 = d00, d00, d00, d00, d00, d00, d00, d00
         bad = tl.zeros([R], dtype=tl.int32)
+        pa = w_ptr + n0.to(tl.int64) * ROW_WORDS + wo  # rows n0 and n0 + ob, advanced per chunk
+        pb = pa + ob * ROW_WORDS
         for kw in range(0, KW, 4 * R):
-            w0, w1, w2, w3, w4, w5, w6, w7 = _chunk_words(w_ptr, n0, PA, ob, stride_wn, kw, wo,
+            w0, w1, w2, w3, w4, w5, w6, w7 = _chunk_words(pa, pb, n0, PA, ob, ROW_WORDS, kw, wo,
                                                           N, KW, EVEN, BN)  # fmt: skip
+            pa += 4 * R
+            pb += 4 * R
             pdl_wait(PDL)  # the first chunk's weight loads overlap the previous kernel's tail
             xa, xb, nb = _x_f16(x_ptr, 2 * kw + kp0, K, GLU, EVEN)
             bad += nb
@@ -325,15 +330,15 @@ def _fp8_mma_kernel(
                 d30, d31, d32, d33 = _pair_mma(d30, d31, d32, d33, w6, w7, xa, xb, R)
         nbad = tl.sum(bad, axis=0)
         _store_pair(y_ptr, s_ptr, n0, ob, N, K, d00, d01, d02, d03, nbad, x_ptr, w_ptr,
-                    stride_wn, GLU, SWIGLU, R)  # fmt: skip
+                    ROW_WORDS, GLU, SWIGLU, R)  # fmt: skip
         if BN > 2:
             _store_pair(y_ptr, s_ptr, n0 + PA, ob, N, K, d10, d11, d12, d13, nbad, x_ptr, w_ptr,
-                        stride_wn, GLU, SWIGLU, R)  # fmt: skip
+                        ROW_WORDS, GLU, SWIGLU, R)  # fmt: skip
         if BN > 4:
             _store_pair(y_ptr, s_ptr, n0 + 2 * PA, ob, N, K, d20, d21, d22, d23, nbad, x_ptr,
-                        w_ptr, stride_wn, GLU, SWIGLU, R)  # fmt: skip
+                        w_ptr, ROW_WORDS, GLU, SWIGLU, R)  # fmt: skip
             _store_pair(y_ptr, s_ptr, n0 + 3 * PA, ob, N, K, d30, d31, d32, d33, nbad, x_ptr,
-                        w_ptr, stride_wn, GLU, SWIGLU, R)  # fmt: skip
+                        w_ptr, ROW_WORDS, GLU, SWIGLU, R)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -427,7 +432,7 @@ def fp8_mma(
     if cfg.per_sm:
         blocks = min(blocks, cfg.per_sm * _sm_count(x.device))
     _fp8_mma_kernel[(blocks,)](
-        x.view(torch.int32), words, scale, y, N, K, words.stride(0),
+        x.view(torch.int32), words, scale, y, N, K, ROW_WORDS=words.stride(0),
         GLU=glu, SWIGLU=swiglu_out, BN=cfg.bn, R=32 * cfg.warps, EVEN=even,
         num_warps=cfg.warps, num_stages=1, **pdl_args(x.device),
     )  # fmt: skip
@@ -435,17 +440,24 @@ def fp8_mma(
 
 
 def compile_fp8_mma(
-    config: Fp8MmaConfig, *, glu: bool, even: bool, swiglu_out: bool = False, arch: int = 90
+    config: Fp8MmaConfig,
+    *,
+    glu: bool,
+    even: bool,
+    swiglu_out: bool = False,
+    arch: int = 90,
+    row_words: int = 1024,
 ) -> Any:
     """The kernel compiled for sm_<arch> without a GPU (kernels/compile_check.py), launched
-    with programmatic dependent launch as on Hopper."""
+    with programmatic dependent launch as on Hopper, for weight rows ``row_words`` 32-bit words
+    apart (1024: K = 4096)."""
     from kernels.compile_check import compile_for_cuda
 
     sig = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*fp32", "y_ptr": "*bf16"}
-    sig |= {"N": "i32", "K": "i32", "stride_wn": "i32"}
+    sig |= {"N": "i32", "K": "i32"}
     const = {"GLU": glu, "SWIGLU": swiglu_out, "BN": config.bn, "R": 32 * config.warps}
-    const |= {"EVEN": even, "PDL": True}
-    divisible = ["x_ptr", "w_ptr", "s_ptr", "y_ptr", "K", "stride_wn"]
+    const |= {"EVEN": even, "PDL": True, "ROW_WORDS": row_words}
+    divisible = ["x_ptr", "w_ptr", "s_ptr", "y_ptr", "K"]
     return compile_for_cuda(
         _fp8_mma_kernel, sig, const, divisible=divisible, num_warps=config.warps, arch=arch
     )

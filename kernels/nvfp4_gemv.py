@@ -66,7 +66,7 @@ DECODE_BIAS = 16384.0  # the decoded fp16 values are e2m1 * 2^-14
 @triton.jit
 def _nvfp4_gemv_kernel(
     x_ptr, w_ptr, s_ptr, g_ptr, y_ptr, M, N, K, gscale,
-    stride_xm, stride_wn, stride_sn, stride_ym,
+    stride_xm, stride_ym, stride_wn: tl.constexpr, stride_sn: tl.constexpr,
     HAS_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, R: tl.constexpr,
     UNROLL: tl.constexpr, X32: tl.constexpr, MMA: tl.constexpr, EVEN: tl.constexpr,
     HW: tl.constexpr, SWIGLU: tl.constexpr, PDL: tl.constexpr, S16: tl.constexpr,
@@ -330,8 +330,8 @@ def nvfp4_gemv(
     s16 = mma and scale.data_ptr() % 2 == 0 and scale.stride(0) % 2 == 0 and K % 32 == 0
     _nvfp4_gemv_kernel[(triton.cdiv(N, cfg.bn), triton.cdiv(M, bm))](
         xk, words, scale, rows if rows is not None else words, y, M, N, K,
-        gscale * (MMA_BIAS if mma else DECODE_BIAS), xk.stride(0), words.stride(0),
-        scale.stride(0), y.stride(0),
+        gscale * (MMA_BIAS if mma else DECODE_BIAS), xk.stride(0), y.stride(0),
+        stride_wn=words.stride(0), stride_sn=scale.stride(0),
         HAS_G=rows is not None, BM=bm, BN=cfg.bn, R=32 * cfg.warps, UNROLL=cfg.unroll,
         X32=x32, MMA=mma, EVEN=even, HW=hw_fp8(), SWIGLU=swiglu_out, S16=s16, num_warps=cfg.warps,
         num_stages=1, **pdl_args(x.device),
@@ -359,7 +359,13 @@ def nvfp4_gemv_reference(
 
 
 def compile_nvfp4_gemv(
-    config: Nvfp4GemvConfig, *, bm: int, even: bool, swiglu_out: bool = False, arch: int = 90
+    config: Nvfp4GemvConfig,
+    *,
+    bm: int,
+    even: bool,
+    swiglu_out: bool = False,
+    arch: int = 90,
+    k: int = 4096,
 ) -> Any:
     """The kernel compiled for sm_<arch> without a GPU (kernels/compile_check.py) as nvfp4_gemv
     launches it on Hopper for bf16 x (programmatic dependent launch; the tensor-core variant
@@ -369,10 +375,11 @@ def compile_nvfp4_gemv(
 
     sig = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*u8", "g_ptr": "*fp32", "y_ptr": "*bf16"}
     sig |= {"M": "i32", "N": "i32", "K": "i32", "gscale": "fp32"}
-    sig |= {a: "i32" for a in ("stride_xm", "stride_wn", "stride_sn", "stride_ym")}
+    sig |= {a: "i32" for a in ("stride_xm", "stride_ym")}
     const = {"HAS_G": False, "BM": bm, "BN": config.bn, "R": 32 * config.warps}
     const |= {"UNROLL": config.unroll, "X32": True, "MMA": config.mma, "EVEN": even, "HW": True}
     const |= {"SWIGLU": swiglu_out, "PDL": True, "S16": config.mma}
+    const |= {"stride_wn": k // 8, "stride_sn": k // 16}
     divisible = [a for a in sig if a.endswith("_ptr") or a.startswith("stride") or a == "K"]
     return compile_for_cuda(
         _nvfp4_gemv_kernel, sig, const, divisible=divisible, num_warps=config.warps, arch=arch

@@ -53,9 +53,10 @@ k = compile_fp8_gemv(Fp8GemvConfig(4, 4, 1), glu=True, bm=1, even=True, pdl=Fals
 out["fp8_off"] = before_wait(k.asm["ptx"])
 sig = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*u8", "g_ptr": "*fp32", "y_ptr": "*bf16"}
 sig |= {a: "i32" for a in ("M", "N", "K")} | {"gscale": "fp32"}
-sig |= {a: "i32" for a in ("stride_xm", "stride_wn", "stride_sn", "stride_ym")}
+sig |= {a: "i32" for a in ("stride_xm", "stride_ym")}
 const = {"HAS_G": False, "BM": 1, "BN": 4, "R": 128, "UNROLL": 2, "X32": True, "MMA": False,
-         "EVEN": True, "HW": True, "SWIGLU": False, "PDL": True, "S16": False}
+         "EVEN": True, "HW": True, "SWIGLU": False, "PDL": True, "S16": False,
+         "stride_wn": 512, "stride_sn": 256}
 k = compile_for_cuda(_nvfp4_gemv_kernel, sig, const, divisible=dims(sig), num_warps=4)
 out["nvfp4"] = before_wait(k.asm["ptx"])
 const |= {"MMA": True, "S16": True}
