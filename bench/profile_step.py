@@ -111,26 +111,23 @@ def profile(args: argparse.Namespace) -> None:
         t = sorted(r.gpu_s() for r in ex.records if r.graph)
         return t[len(t) // 2] * 1e3
 
-    for name in args.ablate.split(",") if args.ablate else []:
-        runs = []
-        for _ in range(3):  # alternate, so drift in clocks falls on both sides
-            full = graph_ms()
-            with _ablated(name):
-                runs.append((full, graph_ms()))
-        full, without = sorted(runs, key=lambda r: r[0] - r[1])[1]
-        print(f"graph step without {name}: {without:.3f} ms against {full:.3f} ms "
-              f"(saves {full - without:+.3f} ms; all: "
-              + " ".join(f"{a - b:+.3f}" for a, b in runs) + ")")  # fmt: skip
-    for spec in args.variant:
+    def against_full(label: str, change) -> None:
+        """The graph step under ``change()`` (a context manager) against the full step, three
+        times alternating so that drift in clocks falls on both sides; the median pair."""
         runs = []
         for _ in range(3):
             full = graph_ms()
-            with _table_variant(spec):
+            with change():
                 runs.append((full, graph_ms()))
         full, other = sorted(runs, key=lambda r: r[0] - r[1])[1]
-        print(f"graph step with {spec}: {other:.3f} ms against {full:.3f} ms "
+        print(f"graph step {label}: {other:.3f} ms against {full:.3f} ms "
               f"(saves {full - other:+.3f} ms; all: "
               + " ".join(f"{a - b:+.3f}" for a, b in runs) + ")")  # fmt: skip
+
+    for name in args.ablate.split(",") if args.ablate else []:
+        against_full(f"without {name}", lambda name=name: _ablated(name))
+    for spec in args.variant:
+        against_full(f"with {spec}", lambda spec=spec: _table_variant(spec))
     ex._graphs.clear()
 
 
