@@ -1,4 +1,6 @@
-"""bench/profile_step.py's --variant: launch-table entries swapped for one timing, then restored."""
+"""bench/profile_step.py's --variant: launch-table entries swapped for one timing, then restored
+(here, not in tests/commands: importing the kernels modules before tests/kernels/conftest.py sets
+TRITON_INTERPRET would compile them for a GPU and break the interpreted kernel tests)."""
 
 from __future__ import annotations
 
