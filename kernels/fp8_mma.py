@@ -95,26 +95,6 @@ def _bf16_pair(p):
 
 
 @triton.jit
-def _x_load(x_row, kp, K, GLU: tl.constexpr, EVEN: tl.constexpr):
-    """f(x) at the bf16 pairs kp [R, 4] (one 16-byte load per thread, two with GLU) as the
-    (low, high) fp32 values of each pair."""
-    if EVEN:
-        p = tl.load(x_row + kp)
-    else:
-        p = tl.load(x_row + kp, mask=kp < K // 2, other=0)
-    lo, hi = _bf16_pair(p)
-    if GLU:
-        if EVEN:
-            q = tl.load(x_row + K // 2 + kp)
-        else:
-            q = tl.load(x_row + K // 2 + kp, mask=kp < K // 2, other=0)
-        ulo, uhi = _bf16_pair(q)
-        lo = lo * tl.sigmoid(lo) * ulo
-        hi = hi * tl.sigmoid(hi) * uhi
-    return lo, hi
-
-
-@triton.jit
 def _x_pairs(x_row, kp, K, EVEN: tl.constexpr):
     """The bf16 pairs of x at kp [R, 4] as uint32 (zero past K unless EVEN)."""
     if EVEN:
@@ -122,6 +102,18 @@ def _x_pairs(x_row, kp, K, EVEN: tl.constexpr):
     else:
         p = tl.load(x_row + kp, mask=kp < K // 2, other=0)
     return p.to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _x_load(x_row, kp, K, GLU: tl.constexpr, EVEN: tl.constexpr):
+    """f(x) at the bf16 pairs kp [R, 4] (one 16-byte load per thread, two with GLU) as the
+    (low, high) fp32 values of each pair."""
+    lo, hi = _bf16_pair(_x_pairs(x_row, kp, K, EVEN).to(tl.int32, bitcast=True))
+    if GLU:
+        ulo, uhi = _bf16_pair(_x_pairs(x_row + K // 2, kp, K, EVEN).to(tl.int32, bitcast=True))
+        lo = lo * tl.sigmoid(lo) * ulo
+        hi = hi * tl.sigmoid(hi) * uhi
+    return lo, hi
 
 
 @triton.jit

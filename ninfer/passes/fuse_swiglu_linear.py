@@ -12,9 +12,9 @@ is [gate; up] ([2I, K]) and the result silu(y[..., :I]) * y[..., I:]: the fp8 te
 (kernels/fp8_mma.py) and the nvfp4 GEMV (kernels/nvfp4_gemv.py) pair each gate row with its up
 row and write the activation, so the down projection reads I values instead of recomputing
 silu(gate) * up from 2I in every program (which costs the fp8 one ~14 % at batch 1 on the
-H200; the nvfp4 GEMV has no activation fold and ran the silu_mul kernel before it). Either way a decode step has one launch and one
-round trip of the [T, 2I] activation fewer per MLP; paths that cannot fold apply the activation
-as a separate step. The fold happens only when the values involved have no other reader and are
+H200; the nvfp4 GEMV has no activation fold and ran the silu_mul kernel before it). Either way
+a decode step has one launch and one round trip of the [T, 2I] activation fewer per MLP; paths
+that cannot fold apply the activation as a separate step. The fold happens only when the values involved have no other reader and are
 no graph output, and into gate/up only without a bias.
 """
 
