@@ -23,12 +23,12 @@ by fewer rows) sm_90 SASS instructions in the K loop:
 
 Numerics: e4m3 -> f16 and the tensor-core products are exact and accumulate in fp32. x -> f16
 is exact for 2^-14 <= |x| < 65504; smaller values keep their bits down to 2^-24 (f16
-subnormals: an absolute error below 3e-8 per value). A program that meets |x| >= 65504 (or a
-NaN) in any chunk computes its rows again with fp32 FMAs from the bytes (`_fma_row`), so large
-activations stay exact at the cost of one more pass over that program's weights. For bf16 x
-the K loop tests the range on the bits (`_too_big`: two integer ops per pair, not an abs and a
-compare per value; 144 -> 125 instructions per chunk at 4 rows, fp8 graph step 2.637 -> 2.595
-ms on the H200).
+subnormals: an absolute error below 3e-8 per value). A value beyond f16's range (it rounds to
+inf; NaN stays NaN) turns every row sum it enters into inf or NaN, so a row whose sum is not finite is
+computed again with fp32 FMAs from the bytes (`_fma_row`): large activations stay exact at the
+cost of one more pass over those rows, and the K loop tests nothing (an abs and a compare per
+value cost 144 -> 107 instructions per chunk at 4 rows; the test on the bf16 bits, two integer
+ops per pair, 107 -> 84 with it gone).
 
 Launch shapes (`Fp8MmaConfig`) come from kernels/fp8_mma_table.json, written by
 ``bench/fp8_mma_bench.py --write-table``; `fp8_mma_config` returns None for shapes where the
@@ -50,8 +50,6 @@ from kernels.gemv import load_table, table_config
 from kernels.launch import WEIGHT_EVICT, interpreting, pdl_args, pdl_wait
 from kernels.nvfp4_words import _DIAG_ASM, mma_lanes
 from kernels.quant_decode import fp8_bytes
-
-F16_MAX = tl.constexpr(65504.0)
 
 # a word's four e4m3 bytes (b0 b1 b2 b3, b0 lowest) -> f16 pairs (b0 b1), (b2 b3)
 _E4M3X4_ASM = tl.constexpr(
@@ -117,41 +115,12 @@ def _x_load(x_row, kp, K, GLU: tl.constexpr, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _too_big(p):
-    """Per bf16 pair (uint32): bit 15 / 31 set where that half's magnitude is >= 2^15 * 1.9921875
-    (bits >= 0x4780: the bf16 values from 65536 up, inf and NaN), the ones f16 cannot hold; the
-    largest bf16 below is 65280. Each half's 15 magnitude bits plus 0x3880 stays within 16 bits
-    and carries into its bit 15 exactly when they are >= 0x4780."""
-    return (p & 0x7FFF7FFF) + 0x38803880
-
-
-@triton.jit
-def _or4(t):
-    """[R, 4] -> [R]: the OR of each thread's four (in-thread)."""
-    a, b = tl.split(tl.reshape(t, [t.shape[0], 2, 2]))
-    c = a | b
-    c0, c1 = tl.split(c)
-    return c0 | c1
-
-
-@triton.jit
 def _x_f16(x_row, kp, K, GLU: tl.constexpr, EVEN: tl.constexpr):
-    """Thread t's 16 x values (pairs kp [R, 4] and kp + 4) as two [R, 4] tensors of f16 pairs,
-    and whether some value f16 cannot hold (|v| >= 65504, inf or NaN: the program recomputes in
-    fp32), as 0 / 1 per thread."""
-    if GLU:
-        lo, hi = _x_load(x_row, kp, K, GLU, EVEN)
-        lo2, hi2 = _x_load(x_row, kp + 4, K, GLU, EVEN)
-        ok = (tl.abs(lo) < F16_MAX) & (tl.abs(hi) < F16_MAX)  # false for NaN
-        ok = ok & (tl.abs(lo2) < F16_MAX) & (tl.abs(hi2) < F16_MAX)
-        bad = tl.max(tl.where(ok, 0, 1), axis=1)
-    else:  # bf16 x: the range check on the bits, two integer ops per pair
-        p = _x_pairs(x_row, kp, K, EVEN)
-        q = _x_pairs(x_row, kp + 4, K, EVEN)
-        lo, hi = _bf16_pair(p.to(tl.int32, bitcast=True))
-        lo2, hi2 = _bf16_pair(q.to(tl.int32, bitcast=True))
-        bad = ((_or4(_too_big(p) | _too_big(q)) & 0x80008000) != 0).to(tl.int32)
-    return _f16x2(lo, hi), _f16x2(lo2, hi2), bad
+    """Thread t's 16 x values (pairs kp [R, 4] and kp + 4) as two [R, 4] tensors of f16 pairs
+    (a value f16 cannot hold becomes inf: see _store_pair)."""
+    lo, hi = _x_load(x_row, kp, K, GLU, EVEN)
+    lo2, hi2 = _x_load(x_row, kp + 4, K, GLU, EVEN)
+    return _f16x2(lo, hi), _f16x2(lo2, hi2)
 
 
 @triton.jit
@@ -245,10 +214,10 @@ def _fma_row(x_row, w_ptr, row, N, K, stride_wn, GLU: tl.constexpr, BK: tl.const
 
 
 @triton.jit
-def _store_pair(y_ptr, s_ptr, ra, ob, N, K, d0, d1, d2, d3, bad, x_ptr, w_ptr, stride_wn,
+def _store_pair(y_ptr, s_ptr, ra, ob, N, K, d0, d1, d2, d3, x_ptr, w_ptr, stride_wn,
                 GLU: tl.constexpr, SWIGLU: tl.constexpr, R: tl.constexpr):  # fmt: skip
     """The sums of rows ra and rb = ra + ob times their scales (from the MMA sums, or recomputed
-    in fp32 when some x value did not fit f16: bad > 0) to y[ra] and y[rb]; with SWIGLU (rows
+    in fp32 when one is not finite) to y[ra] and y[rb]; with SWIGLU (rows
     ra of the gate half and rb of the up half) silu(gate) * up to y[ra], gate and up rounded to
     y's dtype first, as a separate activation would see them."""
     rb = ra + ob
@@ -258,7 +227,10 @@ def _store_pair(y_ptr, s_ptr, ra, ob, N, K, d0, d1, d2, d3, bad, x_ptr, w_ptr, s
     )  # fmt: skip
     ya = tl.sum(da, axis=0)
     yb = tl.sum(db, axis=0)
-    if bad > 0:
+    # an x value f16 cannot hold (|x| >= 65504, inf, NaN) became inf or NaN, and so did every
+    # sum it entered (times a weight: inf, or NaN for a zero weight); finite e4m3 x f16 products
+    # cannot overflow an fp32 sum. Such a row is computed again in fp32 from the bytes.
+    if not ((tl.abs(ya) < float("inf")) & (tl.abs(yb) < float("inf"))):
         xr = x_ptr.to(tl.pointer_type(tl.bfloat16))
         ya = _fma_row(xr, w_ptr, ra, N, K, stride_wn, GLU, 4 * R)
         yb = _fma_row(xr, w_ptr, rb, N, K, stride_wn, GLU, 4 * R)
@@ -303,7 +275,6 @@ def _fp8_mma_kernel(
         d00 = tl.zeros([R], dtype=tl.float32)
         d01, d02, d03, d10, d11, d12, d13 = d00, d00, d00, d00, d00, d00, d00
         d20, d21, d22, d23, d30, d31, d32, d33 = d00, d00, d00, d00, d00, d00, d00, d00
-        bad = tl.zeros([R], dtype=tl.int32)
         pa = w_ptr + n0.to(tl.int64) * ROW_WORDS + wo  # rows n0 and n0 + ob, advanced per chunk
         pb = pa + ob * ROW_WORDS
         for kw in range(0, KW, 4 * R):
@@ -312,24 +283,22 @@ def _fp8_mma_kernel(
             pa += 4 * R
             pb += 4 * R
             pdl_wait(PDL)  # the first chunk's weight loads overlap the previous kernel's tail
-            xa, xb, nb = _x_f16(x_ptr, 2 * kw + kp0, K, GLU, EVEN)
-            bad += nb
+            xa, xb = _x_f16(x_ptr, 2 * kw + kp0, K, GLU, EVEN)
             d00, d01, d02, d03 = _pair_mma(d00, d01, d02, d03, w0, w1, xa, xb, R)
             if BN > 2:
                 d10, d11, d12, d13 = _pair_mma(d10, d11, d12, d13, w2, w3, xa, xb, R)
             if BN > 4:
                 d20, d21, d22, d23 = _pair_mma(d20, d21, d22, d23, w4, w5, xa, xb, R)
                 d30, d31, d32, d33 = _pair_mma(d30, d31, d32, d33, w6, w7, xa, xb, R)
-        nbad = tl.sum(bad, axis=0)
-        _store_pair(y_ptr, s_ptr, n0, ob, N, K, d00, d01, d02, d03, nbad, x_ptr, w_ptr,
+        _store_pair(y_ptr, s_ptr, n0, ob, N, K, d00, d01, d02, d03, x_ptr, w_ptr,
                     ROW_WORDS, GLU, SWIGLU, R)  # fmt: skip
         if BN > 2:
-            _store_pair(y_ptr, s_ptr, n0 + PA, ob, N, K, d10, d11, d12, d13, nbad, x_ptr, w_ptr,
+            _store_pair(y_ptr, s_ptr, n0 + PA, ob, N, K, d10, d11, d12, d13, x_ptr, w_ptr,
                         ROW_WORDS, GLU, SWIGLU, R)  # fmt: skip
         if BN > 4:
-            _store_pair(y_ptr, s_ptr, n0 + 2 * PA, ob, N, K, d20, d21, d22, d23, nbad, x_ptr,
+            _store_pair(y_ptr, s_ptr, n0 + 2 * PA, ob, N, K, d20, d21, d22, d23, x_ptr,
                         w_ptr, ROW_WORDS, GLU, SWIGLU, R)  # fmt: skip
-            _store_pair(y_ptr, s_ptr, n0 + 3 * PA, ob, N, K, d30, d31, d32, d33, nbad, x_ptr,
+            _store_pair(y_ptr, s_ptr, n0 + 3 * PA, ob, N, K, d30, d31, d32, d33, x_ptr,
                         w_ptr, ROW_WORDS, GLU, SWIGLU, R)  # fmt: skip
 
 
