@@ -256,6 +256,35 @@ selp.f32 $1, $1, 0f00000000, p;
 
 
 @triton.jit
+def _scale_pair_bf16x2(pair):
+    """A thread's two e4m3 block scales as one uint16 (first block low) -> bf16x2 bit patterns
+    (s0, s0) and (s1, s1), s = e4m3 * 2^118 (exact): one e4m3x2 conversion for both."""
+    return tl.inline_asm_elementwise(
+        """
+{
+.reg .b16 h, l, u;
+.reg .b32 f;
+.reg .f32 a, b;
+cvt.u16.u32 h, $2;
+cvt.rn.f16x2.e4m3x2 f, h;
+mov.b32 {l, u}, f;
+cvt.f32.f16 a, l;
+cvt.f32.f16 b, u;
+mul.f32 a, a, 0f7A800000;
+mul.f32 b, b, 0f7A800000;
+cvt.rn.bf16x2.f32 $0, a, a;
+cvt.rn.bf16x2.f32 $1, b, b;
+}
+""",
+        "=r,=r,r",
+        [pair.to(tl.int32)],
+        dtype=(tl.int32, tl.int32),
+        is_pure=True,
+        pack=1,
+    )
+
+
+@triton.jit
 def _scale_bf16x2(raw):
     """e4m3 bytes -> bf16x2 bit patterns (s, s), s = e4m3 * 2^118 (exact)."""
     sc = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * 3.3230699894622904e35  # 2^118
@@ -339,23 +368,23 @@ def _mma_chunk(
     uint16 [BN, R]."""
     H: tl.constexpr = BN // 2
     wa, wb = tl.split(tl.permute(tl.reshape(w, [2, H, R, 4]), (1, 2, 3, 0)))  # rows a / b
-    if S16:
+    if S16:  # both of a thread's scales of a row from one e4m3x2 conversion
         sa, sb = tl.split(tl.permute(tl.reshape(s, [2, H, R]), (1, 2, 0)))
-        sa0 = (sa & 0xFF).to(tl.uint8)
-        sa1 = (sa >> 8).to(tl.uint8)
-        sb0 = (sb & 0xFF).to(tl.uint8)
-        sb1 = (sb >> 8).to(tl.uint8)
+        ca0, ca1 = _scale_pair_bf16x2(sa)
+        cb0, cb1 = _scale_pair_bf16x2(sb)
     else:
         sa, sb = tl.split(tl.permute(tl.reshape(s, [2, H, R, 2]), (1, 2, 3, 0)))
         sa0, sa1 = tl.split(sa)
         sb0, sb1 = tl.split(sb)
+        ca0, ca1 = _scale_bf16x2(sa0), _scale_bf16x2(sa1)
+        cb0, cb1 = _scale_bf16x2(sb0), _scale_bf16x2(sb1)
     for word in tl.static_range(4):
         if word < 2:
-            sca = _scale_bf16x2(sa0)
-            scb = _scale_bf16x2(sb0)
+            sca = ca0
+            scb = cb0
         else:
-            sca = _scale_bf16x2(sa1)
-            scb = _scale_bf16x2(sb1)
+            sca = ca1
+            scb = cb1
         a0, a1, a2, a3 = _decode_bf16(_word_of(wa, word, H, R), sca, one)
         b0, b1, b2, b3 = _decode_bf16(_word_of(wb, word, H, R), scb, one)
         kv = k0 + 8 * word
