@@ -51,6 +51,9 @@ from kernels.launch import WEIGHT_EVICT, interpreting, pdl_args, pdl_wait
 from kernels.nvfp4_words import _DIAG_ASM, mma_lanes
 from kernels.quant_decode import fp8_bytes
 
+NORM_STATS = 32  # partial sums of s² a residual-add epilogue leaves (program % NORM_STATS)
+STATS = tl.constexpr(NORM_STATS)
+
 # a word's four e4m3 bytes (b0 b1 b2 b3, b0 lowest) -> f16 pairs (b0 b1), (b2 b3)
 _E4M3X4_ASM = tl.constexpr(
     """
@@ -115,12 +118,33 @@ def _x_load(x_row, kp, K, GLU: tl.constexpr, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _x_f16(x_row, kp, K, GLU: tl.constexpr, EVEN: tl.constexpr):
+def _x_f16(x_row, kp, K, GLU: tl.constexpr, EVEN: tl.constexpr, NORM: tl.constexpr):
     """Thread t's 16 x values (pairs kp [R, 4] and kp + 4) as two [R, 4] tensors of f16 pairs
-    (a value f16 cannot hold becomes inf: see _store_pair)."""
-    lo, hi = _x_load(x_row, kp, K, GLU, EVEN)
-    lo2, hi2 = _x_load(x_row, kp + 4, K, GLU, EVEN)
-    return _f16x2(lo, hi), _f16x2(lo2, hi2)
+    (a value f16 cannot hold becomes inf: see _store_pair). With NORM, x already is f16 pairs
+    (the producer's s * gain) and is loaded as it is."""
+    if NORM:
+        xa = _x_pairs(x_row, kp, K, EVEN).to(tl.int32, bitcast=True)
+        xb = _x_pairs(x_row, kp + 4, K, EVEN).to(tl.int32, bitcast=True)
+    else:
+        lo, hi = _x_load(x_row, kp, K, GLU, EVEN)
+        lo2, hi2 = _x_load(x_row, kp + 4, K, GLU, EVEN)
+        xa, xb = _f16x2(lo, hi), _f16x2(lo2, hi2)
+    return xa, xb
+
+
+@triton.jit
+def _gain(g_ptr, i, ZC: tl.constexpr):
+    """RMSNorm gain(s) at i in fp32 (zero-centred: 1 + w)."""
+    g = tl.load(g_ptr + i).to(tl.float32)
+    if ZC:
+        g = g + 1.0
+    return g
+
+
+@triton.jit
+def _rstd(st_ptr, K, eps):
+    """1 / rms of the hidden state whose sum of squares the producer left in st [32]."""
+    return 1.0 / tl.sqrt(tl.sum(tl.load(st_ptr + tl.arange(0, STATS)), axis=0) / K + eps)
 
 
 @triton.jit
@@ -196,9 +220,11 @@ def _chunk_words(pa, pb, a0, PA: tl.constexpr, ob, stride_wn, kw, wo, N, KW,
 
 
 @triton.jit
-def _fma_row(x_row, w_ptr, row, N, K, stride_wn, GLU: tl.constexpr, BK: tl.constexpr):
+def _fma_row(x_row, w_ptr, row, N, K, stride_wn, GLU: tl.constexpr, BK: tl.constexpr, g_ptr,
+             NORM: tl.constexpr, ZC: tl.constexpr):  # fmt: skip
     """fp32 sum of weight row ``row`` against one x row, from the bytes with fp32 FMAs (the
-    path for x values f16 cannot hold)."""
+    path for x values f16 cannot hold). With NORM, x_row is the hidden state s and the values
+    are s * gain, as the producer's f16 copy holds them."""
     w_row = w_ptr.to(tl.pointer_type(tl.uint8)) + row.to(tl.int64) * (4 * stride_wn)
     kk = tl.arange(0, BK)
     acc = tl.zeros([BK], dtype=tl.float32)
@@ -209,17 +235,24 @@ def _fma_row(x_row, w_ptr, row, N, K, stride_wn, GLU: tl.constexpr, BK: tl.const
         x = tl.load(x_row + k, mask=k < K, other=0.0).to(tl.float32)
         if GLU:
             x = x * tl.sigmoid(x) * tl.load(x_row + K + k, mask=k < K, other=0.0).to(tl.float32)
+        if NORM:
+            x = x * _gain(g_ptr, tl.minimum(k, K - 1), ZC)
         acc += w.to(tl.float8e4nv, bitcast=True).to(tl.float32) * x
     return tl.sum(acc, axis=0)
 
 
 @triton.jit
 def _store_pair(y_ptr, s_ptr, ra, ob, N, K, d0, d1, d2, d3, x_ptr, w_ptr, stride_wn,
-                GLU: tl.constexpr, SWIGLU: tl.constexpr, R: tl.constexpr):  # fmt: skip
+                GLU: tl.constexpr, SWIGLU: tl.constexpr, R: tl.constexpr, rstd, xs_ptr, gin_ptr,
+                NORM: tl.constexpr, ZC_IN: tl.constexpr, r_ptr, g_ptr, u_ptr,
+                RES: tl.constexpr, ZC: tl.constexpr):  # fmt: skip
     """The sums of rows ra and rb = ra + ob times their scales (from the MMA sums, or recomputed
     in fp32 when one is not finite) to y[ra] and y[rb]; with SWIGLU (rows
     ra of the gate half and rb of the up half) silu(gate) * up to y[ra], gate and up rounded to
-    y's dtype first, as a separate activation would see them."""
+    y's dtype first, as a separate activation would see them. NORM: the sums times ``rstd``
+    first (the input was s * gain). RES: y = s = residual + y (each rounded to y's dtype, as
+    the separate residual add), u = f16(s * gain of the next RMSNorm); returns the sum of s²
+    over the two rows (0 without RES)."""
     rb = ra + ob
     da, db = tl.inline_asm_elementwise(
         _DIAG_ASM, "=f,=f,f,f,f,f", [d0, d1, d2, d3], dtype=(tl.float32,) * 2, is_pure=True,
@@ -231,19 +264,41 @@ def _store_pair(y_ptr, s_ptr, ra, ob, N, K, d0, d1, d2, d3, x_ptr, w_ptr, stride
     # sum it entered (times a weight: inf, or NaN for a zero weight); finite e4m3 x f16 products
     # cannot overflow an fp32 sum. Such a row is computed again in fp32 from the bytes.
     if not ((tl.abs(ya) < float("inf")) & (tl.abs(yb) < float("inf"))):
-        xr = x_ptr.to(tl.pointer_type(tl.bfloat16))
-        ya = _fma_row(xr, w_ptr, ra, N, K, stride_wn, GLU, 4 * R)
-        yb = _fma_row(xr, w_ptr, rb, N, K, stride_wn, GLU, 4 * R)
+        if NORM:
+            xr = xs_ptr
+        else:
+            xr = x_ptr.to(tl.pointer_type(tl.bfloat16))
+        ya = _fma_row(xr, w_ptr, ra, N, K, stride_wn, GLU, 4 * R, gin_ptr, NORM, ZC_IN)
+        yb = _fma_row(xr, w_ptr, rb, N, K, stride_wn, GLU, 4 * R, gin_ptr, NORM, ZC_IN)
+    if NORM:
+        ya = ya * rstd
+        yb = yb * rstd
     ya = ya * tl.load(s_ptr + ra, mask=ra < N, other=0.0)
     yb = yb * tl.load(s_ptr + rb, mask=rb < N, other=0.0)
     out = y_ptr.dtype.element_ty
+    sq = tl.full([], 0.0, tl.float32)
     if SWIGLU:
         g = ya.to(out).to(tl.float32)
         act = g * tl.sigmoid(g) * yb.to(out).to(tl.float32)
         tl.store(y_ptr + ra, act.to(out), mask=rb < N)
+    elif RES:
+        sa = (ya.to(out).to(tl.float32) + tl.load(r_ptr + ra, mask=ra < N, other=0.0).to(
+            tl.float32)).to(out)  # fmt: skip
+        sb = (yb.to(out).to(tl.float32) + tl.load(r_ptr + rb, mask=rb < N, other=0.0).to(
+            tl.float32)).to(out)  # fmt: skip
+        tl.store(y_ptr + ra, sa, mask=ra < N)
+        tl.store(y_ptr + rb, sb, mask=rb < N)
+        fa = sa.to(tl.float32)
+        fb = sb.to(tl.float32)
+        ga = _gain(g_ptr, tl.minimum(ra, N - 1), ZC)
+        gb = _gain(g_ptr, tl.minimum(rb, N - 1), ZC)
+        tl.store(u_ptr + ra, (fa * ga).to(tl.float16), mask=ra < N)
+        tl.store(u_ptr + rb, (fb * gb).to(tl.float16), mask=rb < N)
+        sq = tl.where(ra < N, fa * fa, 0.0) + tl.where(rb < N, fb * fb, 0.0)
     else:
         tl.store(y_ptr + ra, ya.to(out), mask=ra < N)
         tl.store(y_ptr + rb, yb.to(out), mask=rb < N)
+    return sq
 
 
 @triton.jit
@@ -251,6 +306,8 @@ def _fp8_mma_kernel(
     x_ptr, w_ptr, s_ptr, y_ptr, N, K, ROW_WORDS: tl.constexpr,
     GLU: tl.constexpr, SWIGLU: tl.constexpr, BN: tl.constexpr, R: tl.constexpr,
     EVEN: tl.constexpr, PDL: tl.constexpr,
+    xs_ptr, gin_ptr, st_in_ptr, eps, NORM: tl.constexpr, ZC_IN: tl.constexpr,
+    r_ptr, g_ptr, u_ptr, st_ptr, RES: tl.constexpr, ZC: tl.constexpr,
 ):  # fmt: skip
     # grid (G,), one x row: program p computes row blocks p, p + G, ... of BN rows (G = the
     # row blocks, or a few programs per SM: then every program is resident from the start and
@@ -270,6 +327,11 @@ def _fp8_mma_kernel(
     # gate row and its up row, whose activation is output j0 + p
     PA: tl.constexpr = 1 if SWIGLU else 2
     ob = N // 2 if SWIGLU else 1
+    # NORM (the input is an RMSNorm's, folded in, see `NormedX`): x_ptr holds f16(s * gain) and
+    # the sums are scaled by 1 / rms(s) from the producer's partial sums of s² (st_in_ptr).
+    # RES (`ResidualNorm`): y = s = residual + this projection, plus u = f16(s * the next
+    # RMSNorm's gain) and this program's sum of s² added to st_ptr[program % STATS].
+    sq = tl.full([], 0.0, tl.float32)
     for blk in range(tl.program_id(0), tl.cdiv(N, BN), tl.num_programs(0)):
         n0 = blk * (BN // 2) * PA  # BN rows, or BN / 2 gate rows (and their up rows)
         d00 = tl.zeros([R], dtype=tl.float32)
@@ -283,23 +345,32 @@ def _fp8_mma_kernel(
             pa += 4 * R
             pb += 4 * R
             pdl_wait(PDL)  # the first chunk's weight loads overlap the previous kernel's tail
-            xa, xb = _x_f16(x_ptr, 2 * kw + kp0, K, GLU, EVEN)
+            xa, xb = _x_f16(x_ptr, 2 * kw + kp0, K, GLU, EVEN, NORM)
             d00, d01, d02, d03 = _pair_mma(d00, d01, d02, d03, w0, w1, xa, xb, R)
             if BN > 2:
                 d10, d11, d12, d13 = _pair_mma(d10, d11, d12, d13, w2, w3, xa, xb, R)
             if BN > 4:
                 d20, d21, d22, d23 = _pair_mma(d20, d21, d22, d23, w4, w5, xa, xb, R)
                 d30, d31, d32, d33 = _pair_mma(d30, d31, d32, d33, w6, w7, xa, xb, R)
-        _store_pair(y_ptr, s_ptr, n0, ob, N, K, d00, d01, d02, d03, x_ptr, w_ptr,
-                    ROW_WORDS, GLU, SWIGLU, R)  # fmt: skip
+        rstd = 1.0
+        if NORM:
+            rstd = _rstd(st_in_ptr, K, eps)
+        sq += _store_pair(y_ptr, s_ptr, n0, ob, N, K, d00, d01, d02, d03, x_ptr, w_ptr,
+                          ROW_WORDS, GLU, SWIGLU, R, rstd, xs_ptr, gin_ptr, NORM, ZC_IN, r_ptr,
+                          g_ptr, u_ptr, RES, ZC)  # fmt: skip
         if BN > 2:
-            _store_pair(y_ptr, s_ptr, n0 + PA, ob, N, K, d10, d11, d12, d13, x_ptr, w_ptr,
-                        ROW_WORDS, GLU, SWIGLU, R)  # fmt: skip
+            sq += _store_pair(y_ptr, s_ptr, n0 + PA, ob, N, K, d10, d11, d12, d13, x_ptr, w_ptr,
+                              ROW_WORDS, GLU, SWIGLU, R, rstd, xs_ptr, gin_ptr, NORM, ZC_IN,
+                              r_ptr, g_ptr, u_ptr, RES, ZC)  # fmt: skip
         if BN > 4:
-            _store_pair(y_ptr, s_ptr, n0 + 2 * PA, ob, N, K, d20, d21, d22, d23, x_ptr,
-                        w_ptr, ROW_WORDS, GLU, SWIGLU, R)  # fmt: skip
-            _store_pair(y_ptr, s_ptr, n0 + 3 * PA, ob, N, K, d30, d31, d32, d33, x_ptr,
-                        w_ptr, ROW_WORDS, GLU, SWIGLU, R)  # fmt: skip
+            sq += _store_pair(y_ptr, s_ptr, n0 + 2 * PA, ob, N, K, d20, d21, d22, d23, x_ptr,
+                              w_ptr, ROW_WORDS, GLU, SWIGLU, R, rstd, xs_ptr, gin_ptr, NORM,
+                              ZC_IN, r_ptr, g_ptr, u_ptr, RES, ZC)  # fmt: skip
+            sq += _store_pair(y_ptr, s_ptr, n0 + 3 * PA, ob, N, K, d30, d31, d32, d33, x_ptr,
+                              w_ptr, ROW_WORDS, GLU, SWIGLU, R, rstd, xs_ptr, gin_ptr, NORM,
+                              ZC_IN, r_ptr, g_ptr, u_ptr, RES, ZC)  # fmt: skip
+    if RES:
+        tl.atomic_add(st_ptr + tl.program_id(0) % STATS, sq, sem="relaxed")
 
 
 @dataclass(frozen=True)
@@ -361,43 +432,109 @@ def usable(x: torch.Tensor, w: torch.Tensor) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class NormedX:
+    """rmsnorm(s) * gain as the projection after it reads it, the norm left for that projection
+    to finish (the producer, a projection with a `ResidualNorm` epilogue, wrote s and u):
+    s [1, K] (bf16), u = f16(s * gain) [1, K], the gain [K] (1 + gain when zero-centred), and
+    ``stats``, fp32 [NORM_STATS] partial sums of s² (their total is the sum). The consumer scales its
+    row sums by 1 / sqrt(sum / K + eps)."""
+
+    s: torch.Tensor
+    u: torch.Tensor
+    gain: torch.Tensor
+    zero_centered: bool
+    stats: torch.Tensor
+    eps: float
+
+    def materialize(self) -> torch.Tensor:
+        """The normalised input itself (for a consumer that cannot fold the norm in)."""
+        from kernels.rmsnorm import rmsnorm
+
+        return rmsnorm(self.s, self.gain, self.eps, zero_centered=self.zero_centered)[0]
+
+
+@dataclass(frozen=True)
+class ResidualNorm:
+    """The epilogue of a projection whose output y joins the residual stream right before an
+    RMSNorm: s = residual + y (as a separate add would round it), u = f16(s * gain), and the
+    partial sums of s² added into ``stats`` (fp32 [NORM_STATS], zero before the launch)."""
+
+    residual: torch.Tensor
+    gain: torch.Tensor
+    zero_centered: bool
+    stats: torch.Tensor
+
+
 def fp8_mma(
-    x: torch.Tensor,
+    x: torch.Tensor | NormedX,
     w: torch.Tensor,
     scale: torch.Tensor,
     config: Fp8MmaConfig,
     *,
     glu: bool = False,
     swiglu_out: bool = False,
-) -> torch.Tensor:
+    residual: ResidualNorm | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """y [1, N] in bf16 = f(x) @ (scale[:, None] * e4m3(w))ᵀ on tensor cores, for one row x
     [1, K or 2K]; the contract of kernels/fp8_gemv.fp8_gemv where `usable` holds. With
     ``swiglu_out`` (w = [gate; up], N even) the result is silu(y[:, :N/2]) * y[:, N/2:], [1, N/2],
-    gate and up rounded to bf16 first. No host synchronisation."""
-    assert x.dim() == 2 and w.dim() == 2 and x.stride(-1) == 1 and w.stride(-1) == 1
+    gate and up rounded to bf16 first. x a `NormedX`: the projection of rmsnorm(s) * gain.
+    With ``residual`` (see `ResidualNorm`): returns (s, u). No host synchronisation."""
+    normed = x if isinstance(x, NormedX) else None
+    xb = normed.s if normed is not None else x
+    assert xb.dim() == 2 and w.dim() == 2 and xb.stride(-1) == 1 and w.stride(-1) == 1
     assert config.bn in (2, 4, 8), config
     w = fp8_bytes(w)
     N, K = w.shape
-    assert x.shape[1] == (2 * K if glu else K), (x.shape, w.shape, glu)
-    assert usable(x, w), "fp8_mma needs one row of CUDA bf16 x and 4-byte aligned weight rows"
+    assert xb.shape[1] == (2 * K if glu else K), (xb.shape, w.shape, glu)
+    assert usable(xb, w), "fp8_mma needs one row of CUDA bf16 x and 4-byte aligned weight rows"
     ok = scale.shape == (N,) and scale.dtype == torch.float32 and scale.stride(0) == 1
     assert ok, f"scale must be contiguous fp32 [{N}], got {scale.dtype} {tuple(scale.shape)}"
     assert not swiglu_out or N % 2 == 0, "swiglu_out needs the [gate; up] rows of an even N"
-    y = torch.empty((1, N // 2 if swiglu_out else N), dtype=x.dtype, device=x.device)
+    assert normed is None or not glu, "a normalised input has no activation"
+    assert residual is None or not swiglu_out, "the residual epilogue writes the projection"
+    y = torch.empty((1, N // 2 if swiglu_out else N), dtype=xb.dtype, device=xb.device)
+    u = torch.empty((1, N), dtype=torch.float16, device=xb.device) if residual else None
     if N == 0:
-        return y
+        return y if residual is None else (y, u)
     cfg = config
     even = K % cfg.bk == 0 and N % cfg.bn == 0
     words = w.view(torch.int32)
     blocks = triton.cdiv(N, cfg.bn)
     if cfg.per_sm:
-        blocks = min(blocks, cfg.per_sm * _sm_count(x.device))
+        blocks = min(blocks, cfg.per_sm * _sm_count(xb.device))
+    if normed is not None:
+        _check_norm_parts(normed.u, normed.gain, normed.stats, K, xb)
+        nx = (normed.u.view(torch.int32), xb, normed.gain, normed.stats, normed.eps)
+        nz = normed.zero_centered
+    else:
+        nx, nz = (xb.view(torch.int32), xb, scale, scale, 0.0), False
+    if residual is not None:
+        r = residual
+        assert r.residual.shape == (1, N) and r.residual.dtype == xb.dtype, r.residual.shape
+        _check_norm_parts(u, r.gain, r.stats, N, xb)
+        rx = (r.residual, r.gain, u, r.stats)
+        rz = r.zero_centered
+    else:
+        rx, rz = (y, scale, y, scale), False
     _fp8_mma_kernel[(blocks,)](
-        x.view(torch.int32), words, scale, y, N, K, ROW_WORDS=words.stride(0),
+        nx[0], words, scale, y, N, K, ROW_WORDS=words.stride(0),
         GLU=glu, SWIGLU=swiglu_out, BN=cfg.bn, R=32 * cfg.warps, EVEN=even,
-        num_warps=cfg.warps, num_stages=1, **pdl_args(x.device),
+        xs_ptr=nx[1], gin_ptr=nx[2], st_in_ptr=nx[3], eps=nx[4], NORM=normed is not None,
+        ZC_IN=nz, r_ptr=rx[0], g_ptr=rx[1], u_ptr=rx[2], st_ptr=rx[3], RES=residual is not None,
+        ZC=rz, num_warps=cfg.warps, num_stages=1, **pdl_args(xb.device),
     )  # fmt: skip
-    return y
+    return y if residual is None else (y, u)
+
+
+def _check_norm_parts(u, gain, stats, n: int, x: torch.Tensor) -> None:
+    assert u.shape == (1, n) and u.dtype == torch.float16 and u.stride(-1) == 1, u.shape
+    assert gain.shape == (n,) and gain.stride(0) == 1 and gain.dtype == x.dtype, gain.shape
+    ok = stats.shape == (NORM_STATS,) and stats.dtype == torch.float32 and stats.is_contiguous()
+    assert ok, (
+        f"stats must be contiguous fp32 [{NORM_STATS}], got {stats.dtype} {tuple(stats.shape)}"
+    )
 
 
 def compile_fp8_mma(
@@ -408,16 +545,22 @@ def compile_fp8_mma(
     swiglu_out: bool = False,
     arch: int = 90,
     row_words: int = 1024,
+    norm: bool = False,
+    residual: bool = False,
 ) -> Any:
     """The kernel compiled for sm_<arch> without a GPU (kernels/compile_check.py), launched
     with programmatic dependent launch as on Hopper, for weight rows ``row_words`` 32-bit words
-    apart (1024: K = 4096)."""
+    apart (1024: K = 4096); ``norm`` / ``residual``: a `NormedX` input / `ResidualNorm`
+    epilogue."""
     from kernels.compile_check import compile_for_cuda
 
     sig = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*fp32", "y_ptr": "*bf16"}
     sig |= {"N": "i32", "K": "i32"}
+    sig |= {"xs_ptr": "*bf16", "gin_ptr": "*bf16", "st_in_ptr": "*fp32", "eps": "fp32"}
+    sig |= {"r_ptr": "*bf16", "g_ptr": "*bf16", "u_ptr": "*fp16", "st_ptr": "*fp32"}
     const = {"GLU": glu, "SWIGLU": swiglu_out, "BN": config.bn, "R": 32 * config.warps}
     const |= {"EVEN": even, "PDL": True, "ROW_WORDS": row_words}
+    const |= {"NORM": norm, "ZC_IN": False, "RES": residual, "ZC": False}
     divisible = ["x_ptr", "w_ptr", "s_ptr", "y_ptr", "K"]
     return compile_for_cuda(
         _fp8_mma_kernel, sig, const, divisible=divisible, num_warps=config.warps, arch=arch

@@ -176,3 +176,63 @@ def test_quant_linear_swiglu_out(device, monkeypatch) -> None:
     x3 = _x(3, K, device, seed=3)
     want = _swiglu_reference(fp8_gemv_reference(x3, q, s))
     _close(quant_linear(x3, q, s, "fp8", swiglu_out=True), want)
+
+
+def _norm_ref(s: torch.Tensor, g: torch.Tensor, eps: float, zc: bool) -> torch.Tensor:
+    from kernels.rmsnorm import rmsnorm_reference
+
+    return rmsnorm_reference(s, g, eps, zero_centered=zc)[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("zc", [False, True])
+@pytest.mark.parametrize(
+    "cfg", [Fp8MmaConfig(2, 2), Fp8MmaConfig(4, 4), Fp8MmaConfig(8, 2, 1)], ids=str
+)
+@pytest.mark.parametrize("H,K1,N2", [(4096, 4096, 6144), (100, 1000, 38)])
+def test_rmsnorm_between_two_projections(device, zc, cfg, H, K1, N2) -> None:
+    """fuse_norm_linear's kernels: the first projection's residual epilogue gives s = r + y
+    exactly as the separate add rounds it, u = f16(s * gain) and the sum of s² (also with
+    programs that loop over several blocks, and a ragged last block whose missing rows add
+    nothing); the second projection, given NormedX, equals the projection of rmsnorm(s) * gain,
+    with and without SwiGLU epilogue."""
+    from kernels.fp8_mma import NORM_STATS, NormedX, ResidualNorm
+
+    q1, s1 = _weight(H, K1, device, seed=H)
+    x = _x(1, K1, device, seed=5)
+    r = _x(1, H, device, seed=6) * 4
+    g = (torch.rand(H, generator=torch.Generator().manual_seed(1)) + 0.5).to(device, torch.bfloat16)
+    stats = torch.zeros(NORM_STATS, dtype=torch.float32, device=device)
+    s, u = fp8_mma(x, q1, s1, cfg, residual=ResidualNorm(r, g, zc, stats))
+    want_s = (fp8_mma(x, q1, s1, cfg).float() + r.float()).to(torch.bfloat16)
+    assert torch.equal(s, want_s)
+    gain = g.float() + 1.0 if zc else g.float()
+    assert torch.equal(u, (s.float() * gain).half())
+    torch.testing.assert_close(stats.sum(), s.float().pow(2).sum(), rtol=1e-5, atol=0)
+
+    eps = 1e-6
+    normed = NormedX(s, u, g, zc, stats, eps)
+    torch.testing.assert_close(normed.materialize(), _norm_ref(s, g, eps, zc))
+    q2, s2 = _weight(N2, H, device, seed=N2)
+    ref = fp8_gemv_reference(_norm_ref(s, g, eps, zc), q2, s2)
+    _close(fp8_mma(normed, q2, s2, cfg), ref)
+    _close(fp8_mma(normed, q2, s2, cfg, swiglu_out=True), _swiglu_reference(ref))
+
+
+@pytest.mark.gpu
+def test_normed_input_beyond_f16_recomputed(device) -> None:
+    """s * gain beyond f16 (u holds inf) sends the rows to the fp32 path, which reads s and the
+    gain: the result still equals the projection of rmsnorm(s) * gain."""
+    from kernels.fp8_mma import NORM_STATS, NormedX
+
+    H, N = 512, 64
+    s = _x(1, H, device, seed=8)
+    s[0, 7] = 3.0e5
+    g = torch.full((H,), 0.75, dtype=torch.bfloat16, device=device)
+    u = (s.float() * g.float()).half()
+    assert torch.isinf(u).any()
+    stats = torch.zeros(NORM_STATS, dtype=torch.float32, device=device)
+    stats[3] = s.float().pow(2).sum()
+    q, sc = _weight(N, H, device, seed=9)
+    ref = fp8_gemv_reference(_norm_ref(s, g, 1e-6, False), q, sc)
+    _close(fp8_mma(NormedX(s, u, g, False, stats, 1e-6), q, sc, Fp8MmaConfig(4, 2)), ref)
