@@ -7,11 +7,12 @@ options (no pass switches itself on or off).
     3 fuse_residual_norm        residual add + RMSNorm -> add_rmsnorm
     4 fuse_attention_prologue   per-head q/k RMSNorm + rotary folded into attention
     5 fuse_swiglu_linear        swiglu folded into the linear that reads it (down projection)
-    6 choose_kv                 KV dtype, page layout, state slots
-    7 assign_kernels            a kernel per op from weight format and device
-    8 plan_memory               ledger: weights, workspace, KV pages, state slots
-    9 cuda_graphs               decode buckets 1..max_concurrency (cuda only)
-   10 lower                     -> ninfer.ir.plan.Plan
+    6 fuse_norm_linear          RMSNorm between fp8 projections run in them (cuda only)
+    7 choose_kv                 KV dtype, page layout, state slots
+    8 assign_kernels            a kernel per op from weight format and device
+    9 plan_memory               ledger: weights, workspace, KV pages, state slots
+   10 cuda_graphs               decode buckets 1..max_concurrency (cuda only)
+   11 lower                     -> ninfer.ir.plan.Plan
 
 `run_passes(..., verify_each=True)` re-verifies the graph after every phase (tests do);
 `dump` receives (phase name, graph) after each phase for IR dumps. `disable` names fusion
@@ -33,6 +34,7 @@ from ninfer.passes.choose_kv import CHOOSE_KV
 from ninfer.passes.cuda_graphs import CUDA_GRAPHS
 from ninfer.passes.fuse_attention_prologue import FUSE_ATTENTION_PROLOGUE
 from ninfer.passes.fuse_gate_up import FUSE_GATE_UP
+from ninfer.passes.fuse_norm_linear import FUSE_NORM_LINEAR
 from ninfer.passes.fuse_qkv import FUSE_QKV
 from ninfer.passes.fuse_residual_norm import FUSE_RESIDUAL_NORM
 from ninfer.passes.fuse_swiglu_linear import FUSE_SWIGLU_LINEAR
@@ -48,7 +50,9 @@ FUSIONS = (
     FUSE_RESIDUAL_NORM,
     FUSE_ATTENTION_PROLOGUE,
     FUSE_SWIGLU_LINEAR,
+    FUSE_NORM_LINEAR,
 )
+CUDA_ONLY = ("fuse_norm_linear",)  # fusions only the CUDA runtime has kernels for
 
 
 def build_pipeline(options: CompileOptions, disable: Collection[str] = ()) -> list[Pass]:
@@ -57,7 +61,11 @@ def build_pipeline(options: CompileOptions, disable: Collection[str] = ()) -> li
         raise ValueError(f"only fusion passes can be disabled, not {sorted(unknown)}")
     phases = [
         VERIFY,
-        *(p for p in FUSIONS if p.name not in disable),
+        *(
+            p
+            for p in FUSIONS
+            if p.name not in disable and (options.device == "cuda" or p.name not in CUDA_ONLY)
+        ),
         CHOOSE_KV,
         ASSIGN_KERNELS,
         PLAN_MEMORY,

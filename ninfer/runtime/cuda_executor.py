@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kernels.fp8_mma import NORM_STATS
 from ninfer.artifact.format import Artifact
 from ninfer.ir.plan import Plan
 from ninfer.passes.options import HEADROOM
@@ -137,6 +138,12 @@ class CudaExecutor(PlanExecutorBase):
         self._graphs: dict[int, _DecodeGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.graph_buckets else None
         self._inv_freq: dict[str, torch.Tensor] = {}
+        slots = 1 + max((int(c.attrs.get("stats_slot", -1)) for c in plan.calls), default=-1)
+        self._norm_stats = (
+            torch.zeros(slots, NORM_STATS, dtype=torch.float32, device=self.device)
+            if slots
+            else None
+        )
         self._last_use = self._liveness()
         self.collect_timings = collect_timings
         self.records: list[StepRecord] = []
@@ -265,6 +272,7 @@ class CudaExecutor(PlanExecutorBase):
             kv=self.kv,
             state=self.state,
             inv_freq=self._inv_freq,
+            norm_stats=self._norm_stats,
         )
         inputs = {
             "tokens": lay.view(dev, "tokens"),
@@ -274,6 +282,8 @@ class CudaExecutor(PlanExecutorBase):
         return step, inputs
 
     def _forward(self, step: DeviceStep, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        if step.norm_stats is not None:
+            step.norm_stats.zero_()  # the fused RMSNorms' sums of squares (fuse_norm_linear)
         env = self._interpret(CUDA_OPS, step, {**self.weights, **inputs})
         return env[self.plan.outputs[0]]
 

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from kernels.attn_prologue import FUSED_FORMATS, attention_prologue
+from kernels.fp8_mma import Fp8MmaConfig, NormedX, ResidualNorm, fp8_mma, fp8_mma_config
+from kernels.fp8_mma import usable as fp8_mma_usable
 from kernels.gated_rmsnorm import gated_rmsnorm as gated_rmsnorm_kernel
 from kernels.gdn_conv import causal_conv1d as conv1d_kernel
 from kernels.gdn_gates import gdn_gates as gdn_gates_kernel
@@ -56,6 +58,8 @@ class DeviceStep:
     cu_seqlens    [N + 1] int32 chunk boundaries in the flat token dimension
     state_slots   [N] int32 recurrent-state slot of each chunk (hybrid models)
     max_q_len     longest chunk (host int; 1 for decode)
+    norm_stats    [slots, NORM_STATS] f32, zeroed at the start of every step: the partial sums of s²
+                  of the RMSNorms fuse_norm_linear marked (add_rmsnorm's `stats_slot`)
     """
 
     decode: bool
@@ -69,6 +73,7 @@ class DeviceStep:
     kv: CudaKVCache | None
     state: CudaStateSlots | None
     inv_freq: dict[str, torch.Tensor] = field(default_factory=dict)
+    norm_stats: torch.Tensor | None = None
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -77,9 +82,39 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
+@dataclass(frozen=True)
+class _PendingProjection:
+    """A projection fuse_norm_linear marked (`residual_norm`), left for the add_rmsnorm that is
+    its only reader to launch with the residual-add epilogue."""
+
+    x: torch.Tensor  # [1, K]
+    w: QuantWeight
+    config: Fp8MmaConfig
+
+
+# where the fp8 table keeps the FMA kernel (Qwen3-8B's q/k/v), a folded RMSNorm still needs the
+# tensor-core one: its best launch shape for 4096-wide inputs
+FOLDED_NORM_CONFIG = Fp8MmaConfig(2, 2)
+
+
+def _fp8_mma_for(w: Any, x: torch.Tensor) -> Fp8MmaConfig | None:
+    """The tensor-core GEMV's launch shape for one row x against w where an RMSNorm can run
+    in its prologue or epilogue (kernels/fp8_mma.py; a single fp8 segment), or None."""
+    if not isinstance(w, QuantWeight) or w.fmt != "fp8" or len(w.segments) != 1:
+        return None
+    q = w.segments[0].data
+    if x.dim() != 2 or x.shape[0] != 1 or not fp8_mma_usable(x, q):
+        return None
+    return fp8_mma_config(q.shape[0], q.shape[1], 1) or FOLDED_NORM_CONFIG
+
+
 def linear(
-    s: DeviceStep, a: dict, x: torch.Tensor, w: Any, bias: torch.Tensor | None = None
-) -> torch.Tensor:
+    s: DeviceStep,
+    a: dict,
+    x: torch.Tensor | NormedX,
+    w: Any,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor | _PendingProjection:
     """x @ wᵀ (+ bias); attr act=swiglu: x is [gate | up] and the input is silu(gate) * up;
     attr out=swiglu: w is [gate; up] and the result silu(gate) * up (fp8 weights: in the
     tensor-core GEMV's epilogue at batch 1).
@@ -89,7 +124,17 @@ def linear(
     the activation in too)."""
     glu = a.get("act") == "swiglu"
     out_glu = a.get("out") == "swiglu"  # (fuse_swiglu_linear folds it only where there is no bias)
+    if isinstance(x, NormedX):  # the RMSNorm before this projection left its end to it
+        cfg = _fp8_mma_for(w, x.s) if bias is None and not glu else None
+        if cfg is not None:
+            seg = w.segments[0]
+            return fp8_mma(x, seg.data, seg.scale, cfg, swiglu_out=out_glu)
+        x = x.materialize()
     x2 = _rows(x)
+    if a.get("residual_norm") and s.norm_stats is not None and bias is None and not out_glu:
+        cfg = _fp8_mma_for(w, x2) if not glu else None
+        if cfg is not None:
+            return _PendingProjection(x2, w, cfg)
     lead = x.shape[:-1]
     if isinstance(w, QuantWeight):
         y = w.linear(x2, glu=glu, swiglu_out=out_glu)
@@ -111,7 +156,21 @@ def rmsnorm(s: DeviceStep, a: dict, x: torch.Tensor, w: torch.Tensor) -> torch.T
     return y.reshape(shape)
 
 
-def add_rmsnorm(s: DeviceStep, a: dict, x: torch.Tensor, r: torch.Tensor, w: torch.Tensor):
+def add_rmsnorm(
+    s: DeviceStep, a: dict, x: torch.Tensor | _PendingProjection, r: torch.Tensor, w: torch.Tensor
+):
+    """(rmsnorm(x + r) * w, x + r). After a `_PendingProjection` (fuse_norm_linear): that
+    projection runs now with the residual-add epilogue and the norm is finished by the
+    projection that reads it (a `NormedX`)."""
+    if isinstance(r, _PendingProjection):  # the add is symmetric: the projection is either
+        x, r = r, x
+    if isinstance(x, _PendingProjection):
+        assert s.norm_stats is not None
+        stats = s.norm_stats[a["stats_slot"]]
+        seg = x.w.segments[0]
+        epilogue = ResidualNorm(_rows(r), w, a["zero_centered"], stats)
+        summed, u = fp8_mma(x.x, seg.data, seg.scale, x.config, residual=epilogue)
+        return NormedX(summed, u, w, a["zero_centered"], stats, a["eps"]), summed
     y, summed = rmsnorm_kernel(
         _rows(x), w, a["eps"], residual=_rows(r), zero_centered=a["zero_centered"]
     )
