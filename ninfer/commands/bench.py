@@ -327,6 +327,7 @@ def run_engine(args: argparse.Namespace) -> dict[str, Any]:
         "kv_dtype": plan.kv["dtype"],
         "cuda_graphs": bool(plan.cuda_graph_buckets),
         "overlap": not args.no_overlap,
+        "fusions": {k: v for k, v in plan.fusions.items() if v},
         "input_len": args.input_len,
         "output_len": args.output_len,
         "weight_bytes": sum(weight_bytes.values()),
@@ -466,6 +467,8 @@ def _header(report: dict[str, Any]) -> list[str]:
         "output_len",
     )
     lines = [" ".join(f"{k}={report[k]}" for k in keys if k in report)]
+    if report.get("fusions"):
+        lines.append("fusions: " + " ".join(f"{k}={v}" for k, v in report["fusions"].items()))
     if "copy_gb_per_s" in report:
         lines.append(f"limits measured here: copy {report['copy_gb_per_s']:.0f} GB/s (read+write), "
                      f"bf16 matmul {report['matmul_tflops']:.0f} TFLOP/s")  # fmt: skip

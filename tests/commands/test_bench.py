@@ -93,8 +93,10 @@ def test_engine_bench_on_a_fixture(fixture_artifacts, fixture_hf_dir, tmp_path, 
         assert 0 < r["decode_ratio"] and 0 < r["prefill_ratio"]
         assert r["peer"]["output_tokens"] == 6 * r["batch"] and r["vs_peer_output_tok_per_s"] > 0
     assert report["copy_gb_per_s"] > 0 and report["matmul_tflops"] > 0
+    assert report["fusions"]["fuse_qkv"] == 2 and "fuse_norm_linear" not in report["fusions"]
     assert "| 2 |" in md.read_text()
-    assert "decode/limit" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "decode/limit" in printed and "fusions: fuse_qkv=2" in printed
 
 
 def test_synthetic_needs_a_known_name():
