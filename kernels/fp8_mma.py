@@ -30,6 +30,13 @@ cost of one more pass over those rows, and the K loop tests nothing (an abs and 
 value cost 144 -> 107 instructions per chunk at 4 rows; the test on the bf16 bits, two integer
 ops per pair, 107 -> 84 with it gone).
 
+An RMSNorm between two of these projections can run inside them (ninfer/passes/
+fuse_norm_linear.py): with a `ResidualNorm` the first one writes s = residual + y, u = f16(s *
+gain) and its programs' sums of s² (NORM_STATS partial sums, relaxed atomics); the second one,
+given a `NormedX`, reads u as its f16 x pairs (no conversion in the K loop) and scales its row
+sums by 1 / sqrt(sum / K + eps). Against the separate kernel the input is rounded once, to f16,
+where rmsnorm rounds the normalised value to bf16; a u beyond f16 takes the fp32 path like x.
+
 Launch shapes (`Fp8MmaConfig`) come from kernels/fp8_mma_table.json, written by
 ``bench/fp8_mma_bench.py --write-table``; `fp8_mma_config` returns None for shapes where the
 sweep kept kernels/fp8_gemv.py, for batch sizes above 1, and under the interpreter.
