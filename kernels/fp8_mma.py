@@ -24,18 +24,18 @@ by fewer rows) sm_90 SASS instructions in the K loop:
 Numerics: e4m3 -> f16 and the tensor-core products are exact and accumulate in fp32. x -> f16
 is exact for 2^-14 <= |x| < 65504; smaller values keep their bits down to 2^-24 (f16
 subnormals: an absolute error below 3e-8 per value). A value beyond f16's range (it rounds to
-inf; NaN stays NaN) turns every row sum it enters into inf or NaN, so a row whose sum is not finite is
-computed again with fp32 FMAs from the bytes (`_fma_row`): large activations stay exact at the
-cost of one more pass over those rows, and the K loop tests nothing (an abs and a compare per
-value cost 144 -> 107 instructions per chunk at 4 rows; the test on the bf16 bits, two integer
-ops per pair, 107 -> 84 with it gone).
+inf; NaN stays NaN) turns every row sum it enters into inf or NaN, so a row whose sum is not
+finite is computed again with fp32 FMAs from the bytes (`_fma_row`): large activations stay
+exact at the cost of one more pass over those rows, and the K loop tests nothing (an abs and a
+compare per value cost 144 -> 107 instructions per chunk at 4 rows; the test on the bf16 bits,
+two integer ops per pair, 107 -> 84 with it gone).
 
-An RMSNorm between two of these projections can run inside them (ninfer/passes/
-fuse_norm_linear.py): with a `ResidualNorm` the first one writes s = residual + y, u = f16(s *
-gain) and its programs' sums of s² (NORM_STATS partial sums, relaxed atomics); the second one,
-given a `NormedX`, reads u as its f16 x pairs (no conversion in the K loop) and scales its row
-sums by 1 / sqrt(sum / K + eps). Against the separate kernel the input is rounded once, to f16,
-where rmsnorm rounds the normalised value to bf16; a u beyond f16 takes the fp32 path like x.
+An RMSNorm between two of these projections can run inside them (kernels/folded_norm.py,
+ninfer/passes/fuse_norm_linear.py): with a `ResidualNorm` the first one writes s = residual + y,
+u = f16(s * gain) and its programs' sums of s² (relaxed atomics); the second one, given a
+`NormedX`, reads u as its f16 x pairs (no conversion in the K loop) and scales its row sums by
+1 / rms(s). Against the separate kernel the input is rounded once, to f16, where rmsnorm rounds
+the normalised value to bf16; a u beyond f16 takes the fp32 path like x.
 
 Launch shapes (`Fp8MmaConfig`) come from kernels/fp8_mma_table.json, written by
 ``bench/fp8_mma_bench.py --write-table``; `fp8_mma_config` returns None for shapes where the
@@ -53,12 +53,12 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.folded_norm import NORM_STATS, NormedX, ResidualNorm, check_norm_parts
 from kernels.gemv import load_table, table_config
 from kernels.launch import WEIGHT_EVICT, interpreting, pdl_args, pdl_wait
 from kernels.nvfp4_words import _DIAG_ASM, mma_lanes
 from kernels.quant_decode import fp8_bytes
 
-NORM_STATS = 32  # partial sums of s² a residual-add epilogue leaves (program % NORM_STATS)
 STATS = tl.constexpr(NORM_STATS)
 
 # a word's four e4m3 bytes (b0 b1 b2 b3, b0 lowest) -> f16 pairs (b0 b1), (b2 b3)
@@ -439,40 +439,6 @@ def usable(x: torch.Tensor, w: torch.Tensor) -> bool:
     )
 
 
-@dataclass(frozen=True)
-class NormedX:
-    """rmsnorm(s) * gain as the projection after it reads it, the norm left for that projection
-    to finish (the producer, a projection with a `ResidualNorm` epilogue, wrote s and u):
-    s [1, K] (bf16), u = f16(s * gain) [1, K], the gain [K] (1 + gain when zero-centred), and
-    ``stats``, fp32 [NORM_STATS] partial sums of s² (their total is the sum). The consumer scales its
-    row sums by 1 / sqrt(sum / K + eps)."""
-
-    s: torch.Tensor
-    u: torch.Tensor
-    gain: torch.Tensor
-    zero_centered: bool
-    stats: torch.Tensor
-    eps: float
-
-    def materialize(self) -> torch.Tensor:
-        """The normalised input itself (for a consumer that cannot fold the norm in)."""
-        from kernels.rmsnorm import rmsnorm
-
-        return rmsnorm(self.s, self.gain, self.eps, zero_centered=self.zero_centered)[0]
-
-
-@dataclass(frozen=True)
-class ResidualNorm:
-    """The epilogue of a projection whose output y joins the residual stream right before an
-    RMSNorm: s = residual + y (as a separate add would round it), u = f16(s * gain), and the
-    partial sums of s² added into ``stats`` (fp32 [NORM_STATS], zero before the launch)."""
-
-    residual: torch.Tensor
-    gain: torch.Tensor
-    zero_centered: bool
-    stats: torch.Tensor
-
-
 def fp8_mma(
     x: torch.Tensor | NormedX,
     w: torch.Tensor,
@@ -512,7 +478,7 @@ def fp8_mma(
     if cfg.per_sm:
         blocks = min(blocks, cfg.per_sm * _sm_count(xb.device))
     if normed is not None:
-        _check_norm_parts(normed.u, normed.gain, normed.stats, K, xb)
+        check_norm_parts(normed.u, normed.gain, normed.stats, K, xb)
         nx = (normed.u.view(torch.int32), xb, normed.gain, normed.stats, normed.eps)
         nz = normed.zero_centered
     else:
@@ -520,7 +486,7 @@ def fp8_mma(
     if residual is not None:
         r = residual
         assert r.residual.shape == (1, N) and r.residual.dtype == xb.dtype, r.residual.shape
-        _check_norm_parts(u, r.gain, r.stats, N, xb)
+        check_norm_parts(u, r.gain, r.stats, N, xb)
         rx = (r.residual, r.gain, u, r.stats)
         rz = r.zero_centered
     else:
@@ -533,15 +499,6 @@ def fp8_mma(
         ZC=rz, num_warps=cfg.warps, num_stages=1, **pdl_args(xb.device),
     )  # fmt: skip
     return y if residual is None else (y, u)
-
-
-def _check_norm_parts(u, gain, stats, n: int, x: torch.Tensor) -> None:
-    assert u.shape == (1, n) and u.dtype == torch.float16 and u.stride(-1) == 1, u.shape
-    assert gain.shape == (n,) and gain.stride(0) == 1 and gain.dtype == x.dtype, gain.shape
-    ok = stats.shape == (NORM_STATS,) and stats.dtype == torch.float32 and stats.is_contiguous()
-    assert ok, (
-        f"stats must be contiguous fp32 [{NORM_STATS}], got {stats.dtype} {tuple(stats.shape)}"
-    )
 
 
 def compile_fp8_mma(

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kernels.fp8_mma import NORM_STATS
+from kernels.folded_norm import NORM_STATS
 from ninfer.artifact.format import Artifact
 from ninfer.ir.plan import Plan
 from ninfer.passes.options import HEADROOM

@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from kernels.attn_prologue import FUSED_FORMATS, attention_prologue
-from kernels.fp8_mma import Fp8MmaConfig, NormedX, ResidualNorm, fp8_mma, fp8_mma_config
+from kernels.folded_norm import NormedX, ResidualNorm
+from kernels.fp8_mma import Fp8MmaConfig, fp8_mma, fp8_mma_config
 from kernels.fp8_mma import usable as fp8_mma_usable
 from kernels.gated_rmsnorm import gated_rmsnorm as gated_rmsnorm_kernel
 from kernels.gdn_conv import causal_conv1d as conv1d_kernel
