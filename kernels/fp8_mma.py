@@ -149,9 +149,9 @@ def _gain(g_ptr, i, ZC: tl.constexpr):
 
 
 @triton.jit
-def _rstd(st_ptr, K, eps):
-    """1 / rms of the hidden state whose sum of squares the producer left in st [32]."""
-    return 1.0 / tl.sqrt(tl.sum(tl.load(st_ptr + tl.arange(0, STATS)), axis=0) / K + eps)
+def _pick(v, j: tl.constexpr):
+    """Element j of a small vector, as a scalar."""
+    return tl.sum(tl.where(tl.arange(0, v.shape[0]) == j, v, 0.0), axis=0)
 
 
 @triton.jit
@@ -251,15 +251,16 @@ def _fma_row(x_row, w_ptr, row, N, K, stride_wn, GLU: tl.constexpr, BK: tl.const
 @triton.jit
 def _store_pair(y_ptr, s_ptr, ra, ob, N, K, d0, d1, d2, d3, x_ptr, w_ptr, stride_wn,
                 GLU: tl.constexpr, SWIGLU: tl.constexpr, R: tl.constexpr, rstd, xs_ptr, gin_ptr,
-                NORM: tl.constexpr, ZC_IN: tl.constexpr, r_ptr, g_ptr, u_ptr,
-                RES: tl.constexpr, ZC: tl.constexpr):  # fmt: skip
+                NORM: tl.constexpr, ZC_IN: tl.constexpr, rv, gv, p: tl.constexpr, u_ptr,
+                RES: tl.constexpr):  # fmt: skip
     """The sums of rows ra and rb = ra + ob times their scales (from the MMA sums, or recomputed
     in fp32 when one is not finite) to y[ra] and y[rb]; with SWIGLU (rows
     ra of the gate half and rb of the up half) silu(gate) * up to y[ra], gate and up rounded to
     y's dtype first, as a separate activation would see them. NORM: the sums times ``rstd``
-    first (the input was s * gain). RES: y = s = residual + y (each rounded to y's dtype, as
-    the separate residual add), u = f16(s * gain of the next RMSNorm); returns the sum of s²
-    over the two rows (0 without RES)."""
+    first (the input was s * gain). RES (pair p of the block: rows 2p, 2p + 1 of the block's
+    residual values rv and next-norm gains gv): y = s = residual + y (each rounded to y's dtype,
+    as the separate residual add), u = f16(s * gain); returns the sum of s² over the two rows
+    (0 without RES)."""
     rb = ra + ob
     da, db = tl.inline_asm_elementwise(
         _DIAG_ASM, "=f,=f,f,f,f,f", [d0, d1, d2, d3], dtype=(tl.float32,) * 2, is_pure=True,
@@ -289,16 +290,14 @@ def _store_pair(y_ptr, s_ptr, ra, ob, N, K, d0, d1, d2, d3, x_ptr, w_ptr, stride
         act = g * tl.sigmoid(g) * yb.to(out).to(tl.float32)
         tl.store(y_ptr + ra, act.to(out), mask=rb < N)
     elif RES:
-        sa = (ya.to(out).to(tl.float32) + tl.load(r_ptr + ra, mask=ra < N, other=0.0).to(
-            tl.float32)).to(out)  # fmt: skip
-        sb = (yb.to(out).to(tl.float32) + tl.load(r_ptr + rb, mask=rb < N, other=0.0).to(
-            tl.float32)).to(out)  # fmt: skip
+        sa = (ya.to(out).to(tl.float32) + _pick(rv, 2 * p)).to(out)
+        sb = (yb.to(out).to(tl.float32) + _pick(rv, 2 * p + 1)).to(out)
         tl.store(y_ptr + ra, sa, mask=ra < N)
         tl.store(y_ptr + rb, sb, mask=rb < N)
         fa = sa.to(tl.float32)
         fb = sb.to(tl.float32)
-        ga = _gain(g_ptr, tl.minimum(ra, N - 1), ZC)
-        gb = _gain(g_ptr, tl.minimum(rb, N - 1), ZC)
+        ga = _pick(gv, 2 * p)
+        gb = _pick(gv, 2 * p + 1)
         tl.store(u_ptr + ra, (fa * ga).to(tl.float16), mask=ra < N)
         tl.store(u_ptr + rb, (fb * gb).to(tl.float16), mask=rb < N)
         sq = tl.where(ra < N, fa * fa, 0.0) + tl.where(rb < N, fb * fb, 0.0)
@@ -346,12 +345,23 @@ def _fp8_mma_kernel(
         d20, d21, d22, d23, d30, d31, d32, d33 = d00, d00, d00, d00, d00, d00, d00, d00
         pa = w_ptr + n0.to(tl.int64) * ROW_WORDS + wo  # rows n0 and n0 + ob, advanced per chunk
         pb = pa + ob * ROW_WORDS
+        st = tl.zeros([STATS], dtype=tl.float32)
+        rows = n0 + tl.arange(0, BN)  # RES: the block's rows (no SWIGLU: n0 .. n0 + BN - 1)
+        rv = tl.zeros([BN], dtype=tl.float32)
+        gv = rv
+        if RES:
+            gv = _gain(g_ptr, tl.minimum(rows, N - 1), ZC)  # a weight: before the wait
         for kw in range(0, KW, 4 * R):
             w0, w1, w2, w3, w4, w5, w6, w7 = _chunk_words(pa, pb, n0, PA, ob, ROW_WORDS, kw, wo,
                                                           N, KW, EVEN, BN)  # fmt: skip
             pa += 4 * R
             pb += 4 * R
             pdl_wait(PDL)  # the first chunk's weight loads overlap the previous kernel's tail
+            if kw == 0:  # what the block's end needs, loaded now so that its latency is hidden
+                if NORM:
+                    st = tl.load(st_in_ptr + tl.arange(0, STATS))
+                if RES:
+                    rv = tl.load(r_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
             xa, xb = _x_f16(x_ptr, 2 * kw + kp0, K, GLU, EVEN, NORM)
             d00, d01, d02, d03 = _pair_mma(d00, d01, d02, d03, w0, w1, xa, xb, R)
             if BN > 2:
@@ -361,21 +371,21 @@ def _fp8_mma_kernel(
                 d30, d31, d32, d33 = _pair_mma(d30, d31, d32, d33, w6, w7, xa, xb, R)
         rstd = 1.0
         if NORM:
-            rstd = _rstd(st_in_ptr, K, eps)
+            rstd = 1.0 / tl.sqrt(tl.sum(st, axis=0) / K + eps)
         sq += _store_pair(y_ptr, s_ptr, n0, ob, N, K, d00, d01, d02, d03, x_ptr, w_ptr,
-                          ROW_WORDS, GLU, SWIGLU, R, rstd, xs_ptr, gin_ptr, NORM, ZC_IN, r_ptr,
-                          g_ptr, u_ptr, RES, ZC)  # fmt: skip
+                          ROW_WORDS, GLU, SWIGLU, R, rstd, xs_ptr, gin_ptr, NORM, ZC_IN, rv, gv,
+                          0, u_ptr, RES)  # fmt: skip
         if BN > 2:
             sq += _store_pair(y_ptr, s_ptr, n0 + PA, ob, N, K, d10, d11, d12, d13, x_ptr, w_ptr,
-                              ROW_WORDS, GLU, SWIGLU, R, rstd, xs_ptr, gin_ptr, NORM, ZC_IN,
-                              r_ptr, g_ptr, u_ptr, RES, ZC)  # fmt: skip
+                              ROW_WORDS, GLU, SWIGLU, R, rstd, xs_ptr, gin_ptr, NORM, ZC_IN, rv,
+                              gv, 1, u_ptr, RES)  # fmt: skip
         if BN > 4:
             sq += _store_pair(y_ptr, s_ptr, n0 + 2 * PA, ob, N, K, d20, d21, d22, d23, x_ptr,
                               w_ptr, ROW_WORDS, GLU, SWIGLU, R, rstd, xs_ptr, gin_ptr, NORM,
-                              ZC_IN, r_ptr, g_ptr, u_ptr, RES, ZC)  # fmt: skip
+                              ZC_IN, rv, gv, 2, u_ptr, RES)  # fmt: skip
             sq += _store_pair(y_ptr, s_ptr, n0 + 3 * PA, ob, N, K, d30, d31, d32, d33, x_ptr,
                               w_ptr, ROW_WORDS, GLU, SWIGLU, R, rstd, xs_ptr, gin_ptr, NORM,
-                              ZC_IN, r_ptr, g_ptr, u_ptr, RES, ZC)  # fmt: skip
+                              ZC_IN, rv, gv, 3, u_ptr, RES)  # fmt: skip
     if RES:
         tl.atomic_add(st_ptr + tl.program_id(0) % STATS, sq, sem="relaxed")
 
