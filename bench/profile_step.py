@@ -132,8 +132,8 @@ def profile(args: argparse.Namespace) -> None:
 
 
 def _table_entry(item: str) -> tuple[dict, tuple, object]:
-    """One `--variant` item, `TABLE N:K[:glu]:M=CFG`: the launch table (fp8_mma, fp8_gemv,
-    nvfp4 or dense), its key, and the config CFG (comma-separated fields, or `none`: the other
+    """One `--variant` item, `TABLE N:K[:glu]:M=CFG`: the launch table (fp8_mma, nvfp4_mma,
+    fp8_gemv, nvfp4 or dense), its key, and the config CFG (comma-separated fields, or `none`: the other
     path)."""
     from kernels import fp8_gemv, fp8_mma, gemv, nvfp4_gemv
 
@@ -141,11 +141,14 @@ def _table_entry(item: str) -> tuple[dict, tuple, object]:
     where, cfg = rest.replace(" ", "").split("=")
     n, k, *more = (int(v) for v in where.split(":"))
     make = {"fp8_mma": (fp8_mma.TABLE, fp8_mma.Fp8MmaConfig),
+            "nvfp4_mma": (fp8_mma.NVFP4_TABLE, fp8_mma.Fp8MmaConfig),
             "fp8_gemv": (fp8_gemv.TABLE, fp8_gemv.Fp8GemvConfig),
             "nvfp4": (nvfp4_gemv.TABLE, nvfp4_gemv.Nvfp4GemvConfig),
             "dense": (gemv.TABLE, gemv.DenseGemvConfig)}  # fmt: skip
     if name not in make:
-        raise SystemExit(f"--variant: unknown table {name!r} (fp8_mma, fp8_gemv, nvfp4, dense)")
+        raise SystemExit(
+            f"--variant: unknown table {name!r} (fp8_mma, nvfp4_mma, fp8_gemv, nvfp4, dense)"
+        )
     table, config_type = make[name]
     key = (n, k, *more) if name == "nvfp4" else (n, k, bool(more[0]), more[1])
     fields = [int(v) for v in cfg.split(",")] if cfg != "none" else None

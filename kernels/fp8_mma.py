@@ -56,6 +56,7 @@ import triton.language as tl
 from kernels.folded_norm import NORM_STATS, NormedX, ResidualNorm, check_norm_parts
 from kernels.gemv import load_table, table_config
 from kernels.launch import WEIGHT_EVICT, interpreting, pdl_args, pdl_wait
+from kernels.nvfp4_mma import Nvfp4MmaWeight, decode_scaled, scale_pairs, word_values
 from kernels.nvfp4_words import _DIAG_ASM, mma_lanes
 from kernels.quant_decode import fp8_bytes
 
@@ -194,6 +195,68 @@ def _pair_mma(d0, d1, d2, d3, wa, wb, xa, xb, R: tl.constexpr):
 
 
 @triton.jit
+def _pair_mma4(d0, d1, d2, d3, wa, wb, sa, sb, xa, xb, xc, xd, R: tl.constexpr):
+    """_pair_mma for nvfp4 words (kernels/nvfp4_mma.py's layout; word q holds values
+    8q..8q+7 = pairs 4q..4q+3 of thread t's 32 x values, in xa / xb / xc / xd for q = 0..3);
+    sa / sb [R]: the thread's two block scales of rows a / b as one uint16."""
+    ca0, ca1 = scale_pairs(sa)
+    cb0, cb1 = scale_pairs(sb)
+    for q in tl.static_range(4):
+        if q < 2:
+            sca = ca0
+            scb = cb0
+        else:
+            sca = ca1
+            scb = cb1
+        if q == 0:
+            xq = xa
+        elif q == 1:
+            xq = xb
+        elif q == 2:
+            xq = xc
+        else:
+            xq = xd
+        a0, a1, a2, a3 = decode_scaled(_quarter(wa, q, R), sca)
+        b0, b1, b2, b3 = decode_scaled(_quarter(wb, q, R), scb)
+        d0, d1, d2, d3 = mma_lanes(d0, d1, d2, d3, a0, b0, a1, b1, _quarter(xq, 0, R),
+                                   _quarter(xq, 1, R), _MMA_F16_ASM)  # fmt: skip
+        d0, d1, d2, d3 = mma_lanes(d0, d1, d2, d3, a2, b2, a3, b3, _quarter(xq, 2, R),
+                                   _quarter(xq, 3, R), _MMA_F16_ASM)  # fmt: skip
+    return d0, d1, d2, d3
+
+
+@triton.jit
+def _row_scales(ptr, row, kq, i, N, KQ, EVEN: tl.constexpr):
+    """Thread t's two block scales (one uint16) of row ``row`` in the chunk whose first scale
+    pair is kq: ptr [R] (zero past the matrix unless EVEN)."""
+    if EVEN:
+        s = tl.load(ptr, eviction_policy=WEIGHT_EVICT)
+    else:
+        s = tl.load(ptr, mask=(i * 0 + row < N) & (kq + i < KQ), other=0,
+                    eviction_policy=WEIGHT_EVICT)  # fmt: skip
+    return s
+
+
+@triton.jit
+def _chunk_scales(sa, sb, a0, PA: tl.constexpr, ob, KQ, kq, i, N, EVEN: tl.constexpr,
+                  BN: tl.constexpr):  # fmt: skip
+    """_chunk_words for the block scales (nvfp4): sa / sb [R] uint16 pointers of rows a0 and
+    a0 + ob at the chunk, rows KQ pairs apart."""
+    s0 = _row_scales(sa, a0, kq, i, N, KQ, EVEN)
+    s1 = _row_scales(sb, a0 + ob, kq, i, N, KQ, EVEN)
+    s2, s3, s4, s5, s6, s7 = s0, s0, s0, s0, s0, s0
+    if BN > 2:
+        s2 = _row_scales(sa + PA * KQ, a0 + PA, kq, i, N, KQ, EVEN)
+        s3 = _row_scales(sb + PA * KQ, a0 + PA + ob, kq, i, N, KQ, EVEN)
+    if BN > 4:
+        s4 = _row_scales(sa + 2 * PA * KQ, a0 + 2 * PA, kq, i, N, KQ, EVEN)
+        s5 = _row_scales(sb + 2 * PA * KQ, a0 + 2 * PA + ob, kq, i, N, KQ, EVEN)
+        s6 = _row_scales(sa + 3 * PA * KQ, a0 + 3 * PA, kq, i, N, KQ, EVEN)
+        s7 = _row_scales(sb + 3 * PA * KQ, a0 + 3 * PA + ob, kq, i, N, KQ, EVEN)
+    return s0, s1, s2, s3, s4, s5, s6, s7
+
+
+@triton.jit
 def _row_words(ptr, row, kw, wo, N, KW, EVEN: tl.constexpr):
     """The words at ptr [R, 4] (row ``row``'s words [kw + 4t, kw + 4t + 4) for each thread t;
     zero past the matrix unless EVEN)."""
@@ -249,10 +312,48 @@ def _fma_row(x_row, w_ptr, row, N, K, stride_wn, GLU: tl.constexpr, BK: tl.const
 
 
 @triton.jit
+def _x_value(x_row, k, K, GLU: tl.constexpr, NORM: tl.constexpr, g_ptr, ZC: tl.constexpr):
+    """f(x) at values k (zero past K) in fp32, as _fma_row reads it."""
+    x = tl.load(x_row + k, mask=k < K, other=0.0).to(tl.float32)
+    if GLU:
+        x = x * tl.sigmoid(x) * tl.load(x_row + K + k, mask=k < K, other=0.0).to(tl.float32)
+    if NORM:
+        x = x * _gain(g_ptr, tl.minimum(k, K - 1), ZC)
+    return x
+
+
+@triton.jit
+def _fma_row4(x_row, w_ptr, bs_ptr, row, N, K, stride_wn, GLU: tl.constexpr, BW: tl.constexpr,
+              g_ptr, NORM: tl.constexpr, ZC: tl.constexpr):  # fmt: skip
+    """_fma_row for repacked nvfp4 words (times 2^-14, as the MMA sums)."""
+    w_row = w_ptr + row.to(tl.int64) * stride_wn
+    s_row = bs_ptr + row.to(tl.int64) * (K // 16)
+    kk = tl.arange(0, BW)
+    acc = tl.zeros([BW], dtype=tl.float32)
+    for k0 in range(0, K // 8, BW):
+        kw = k0 + kk
+        ok = (kw < K // 8) & (kw * 0 + row < N)
+        w = tl.load(w_row + kw, mask=ok, other=0)
+        sc = tl.load(s_row + kw // 2, mask=ok, other=0).to(tl.float8e4nv, bitcast=True)
+        v0, v1, v2, v3, v4, v5, v6, v7 = word_values(w)
+        k = kw * 8
+        part = v0 * _x_value(x_row, k, K, GLU, NORM, g_ptr, ZC)
+        part += v1 * _x_value(x_row, k + 1, K, GLU, NORM, g_ptr, ZC)
+        part += v2 * _x_value(x_row, k + 2, K, GLU, NORM, g_ptr, ZC)
+        part += v3 * _x_value(x_row, k + 3, K, GLU, NORM, g_ptr, ZC)
+        part += v4 * _x_value(x_row, k + 4, K, GLU, NORM, g_ptr, ZC)
+        part += v5 * _x_value(x_row, k + 5, K, GLU, NORM, g_ptr, ZC)
+        part += v6 * _x_value(x_row, k + 6, K, GLU, NORM, g_ptr, ZC)
+        part += v7 * _x_value(x_row, k + 7, K, GLU, NORM, g_ptr, ZC)
+        acc += part * sc.to(tl.float32)
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
 def _store_pair(y_ptr, s_ptr, ra, ob, N, K, d0, d1, d2, d3, x_ptr, w_ptr, stride_wn,
                 GLU: tl.constexpr, SWIGLU: tl.constexpr, R: tl.constexpr, rstd, xs_ptr, gin_ptr,
                 NORM: tl.constexpr, ZC_IN: tl.constexpr, rv, gv, p: tl.constexpr, u_ptr,
-                RES: tl.constexpr):  # fmt: skip
+                RES: tl.constexpr, bs_ptr, FP4: tl.constexpr):  # fmt: skip
     """The sums of rows ra and rb = ra + ob times their scales (from the MMA sums, or recomputed
     in fp32 when one is not finite) to y[ra] and y[rb]; with SWIGLU (rows
     ra of the gate half and rb of the up half) silu(gate) * up to y[ra], gate and up rounded to
@@ -276,8 +377,12 @@ def _store_pair(y_ptr, s_ptr, ra, ob, N, K, d0, d1, d2, d3, x_ptr, w_ptr, stride
             xr = xs_ptr
         else:
             xr = x_ptr.to(tl.pointer_type(tl.bfloat16))
-        ya = _fma_row(xr, w_ptr, ra, N, K, stride_wn, GLU, 4 * R, gin_ptr, NORM, ZC_IN)
-        yb = _fma_row(xr, w_ptr, rb, N, K, stride_wn, GLU, 4 * R, gin_ptr, NORM, ZC_IN)
+        if FP4:
+            ya = _fma_row4(xr, w_ptr, bs_ptr, ra, N, K, stride_wn, GLU, R, gin_ptr, NORM, ZC_IN)
+            yb = _fma_row4(xr, w_ptr, bs_ptr, rb, N, K, stride_wn, GLU, R, gin_ptr, NORM, ZC_IN)
+        else:
+            ya = _fma_row(xr, w_ptr, ra, N, K, stride_wn, GLU, 4 * R, gin_ptr, NORM, ZC_IN)
+            yb = _fma_row(xr, w_ptr, rb, N, K, stride_wn, GLU, 4 * R, gin_ptr, NORM, ZC_IN)
     if NORM:
         ya = ya * rstd
         yb = yb * rstd
@@ -314,6 +419,7 @@ def _fp8_mma_kernel(
     EVEN: tl.constexpr, PDL: tl.constexpr,
     xs_ptr, gin_ptr, st_in_ptr, eps, NORM: tl.constexpr, ZC_IN: tl.constexpr,
     r_ptr, g_ptr, u_ptr, st_ptr, RES: tl.constexpr, ZC: tl.constexpr,
+    bs_ptr, FP4: tl.constexpr,
 ):  # fmt: skip
     # grid (G,), one x row: program p computes row blocks p, p + G, ... of BN rows (G = the
     # row blocks, or a few programs per SM: then every program is resident from the start and
@@ -325,10 +431,15 @@ def _fp8_mma_kernel(
     # a separate [R, 4] load so that thread t (lane t % 32 of warp t // 32) holds the same K
     # words of every row: the lane-local MMA needs a lane's weights and x to share their K
     # positions.
+    # FP4: the weight is nvfp4 in kernels/nvfp4_mma.py's words (8 values each), bs_ptr its
+    # block scales (thread t's two of a row per chunk as one uint16); s_ptr the row scales
     i = tl.arange(0, R)
     wo = (i * 4)[:, None] + tl.arange(0, 4)[None, :]  # [R, 4]
-    kp0 = (i * 8)[:, None] + tl.arange(0, 4)[None, :]  # [R, 4] x pairs 0..3 of thread t
-    KW = K // 4
+    VW: tl.constexpr = 8 if FP4 else 4  # values per word
+    kp0 = (i * 2 * VW)[:, None] + tl.arange(0, 4)[None, :]  # [R, 4] x pairs 0..3 of thread t
+    KW = K // VW
+    KQ = K // 32  # FP4: scale pairs per row
+    bs16 = bs_ptr.to(tl.pointer_type(tl.uint16))
     # a block's row pairs: (n0 + 2p, n0 + 2p + 1), or with SWIGLU (j0 + p, j0 + p + N / 2): a
     # gate row and its up row, whose activation is output j0 + p
     PA: tl.constexpr = 1 if SWIGLU else 2
@@ -345,6 +456,8 @@ def _fp8_mma_kernel(
         d20, d21, d22, d23, d30, d31, d32, d33 = d00, d00, d00, d00, d00, d00, d00, d00
         pa = w_ptr + n0.to(tl.int64) * ROW_WORDS + wo  # rows n0 and n0 + ob, advanced per chunk
         pb = pa + ob * ROW_WORDS
+        qa = bs16 + n0.to(tl.int64) * KQ + i  # FP4: the same rows' scale pairs
+        qb = qa + ob * KQ
         st = tl.zeros([STATS], dtype=tl.float32)
         rows = n0 + tl.arange(0, BN)  # RES: the block's rows (no SWIGLU: n0 .. n0 + BN - 1)
         rv = tl.zeros([BN], dtype=tl.float32)
@@ -356,36 +469,54 @@ def _fp8_mma_kernel(
                                                           N, KW, EVEN, BN)  # fmt: skip
             pa += 4 * R
             pb += 4 * R
+            if FP4:
+                s0, s1, s2, s3, s4, s5, s6, s7 = _chunk_scales(qa, qb, n0, PA, ob, KQ, kw // 4,
+                                                               i, N, EVEN, BN)  # fmt: skip
+                qa += R
+                qb += R
             pdl_wait(PDL)  # the first chunk's weight loads overlap the previous kernel's tail
             if kw == 0:  # what the block's end needs, loaded now so that its latency is hidden
                 if NORM:
                     st = tl.load(st_in_ptr + tl.arange(0, STATS))
                 if RES:
                     rv = tl.load(r_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
-            xa, xb = _x_f16(x_ptr, 2 * kw + kp0, K, GLU, EVEN, NORM)
-            d00, d01, d02, d03 = _pair_mma(d00, d01, d02, d03, w0, w1, xa, xb, R)
-            if BN > 2:
-                d10, d11, d12, d13 = _pair_mma(d10, d11, d12, d13, w2, w3, xa, xb, R)
-            if BN > 4:
-                d20, d21, d22, d23 = _pair_mma(d20, d21, d22, d23, w4, w5, xa, xb, R)
-                d30, d31, d32, d33 = _pair_mma(d30, d31, d32, d33, w6, w7, xa, xb, R)
+            xa, xb = _x_f16(x_ptr, VW // 2 * kw + kp0, K, GLU, EVEN, NORM)
+            if FP4:
+                xc, xd = _x_f16(x_ptr, VW // 2 * kw + kp0 + 8, K, GLU, EVEN, NORM)
+                d00, d01, d02, d03 = _pair_mma4(d00, d01, d02, d03, w0, w1, s0, s1, xa, xb, xc,
+                                                xd, R)  # fmt: skip
+                if BN > 2:
+                    d10, d11, d12, d13 = _pair_mma4(d10, d11, d12, d13, w2, w3, s2, s3, xa, xb,
+                                                    xc, xd, R)  # fmt: skip
+                if BN > 4:
+                    d20, d21, d22, d23 = _pair_mma4(d20, d21, d22, d23, w4, w5, s4, s5, xa, xb,
+                                                    xc, xd, R)  # fmt: skip
+                    d30, d31, d32, d33 = _pair_mma4(d30, d31, d32, d33, w6, w7, s6, s7, xa, xb,
+                                                    xc, xd, R)  # fmt: skip
+            else:
+                d00, d01, d02, d03 = _pair_mma(d00, d01, d02, d03, w0, w1, xa, xb, R)
+                if BN > 2:
+                    d10, d11, d12, d13 = _pair_mma(d10, d11, d12, d13, w2, w3, xa, xb, R)
+                if BN > 4:
+                    d20, d21, d22, d23 = _pair_mma(d20, d21, d22, d23, w4, w5, xa, xb, R)
+                    d30, d31, d32, d33 = _pair_mma(d30, d31, d32, d33, w6, w7, xa, xb, R)
         rstd = 1.0
         if NORM:
             rstd = 1.0 / tl.sqrt(tl.sum(st, axis=0) / K + eps)
         sq += _store_pair(y_ptr, s_ptr, n0, ob, N, K, d00, d01, d02, d03, x_ptr, w_ptr,
                           ROW_WORDS, GLU, SWIGLU, R, rstd, xs_ptr, gin_ptr, NORM, ZC_IN, rv, gv,
-                          0, u_ptr, RES)  # fmt: skip
+                          0, u_ptr, RES, bs_ptr, FP4)  # fmt: skip
         if BN > 2:
             sq += _store_pair(y_ptr, s_ptr, n0 + PA, ob, N, K, d10, d11, d12, d13, x_ptr, w_ptr,
                               ROW_WORDS, GLU, SWIGLU, R, rstd, xs_ptr, gin_ptr, NORM, ZC_IN, rv,
-                              gv, 1, u_ptr, RES)  # fmt: skip
+                              gv, 1, u_ptr, RES, bs_ptr, FP4)  # fmt: skip
         if BN > 4:
             sq += _store_pair(y_ptr, s_ptr, n0 + 2 * PA, ob, N, K, d20, d21, d22, d23, x_ptr,
                               w_ptr, ROW_WORDS, GLU, SWIGLU, R, rstd, xs_ptr, gin_ptr, NORM,
-                              ZC_IN, rv, gv, 2, u_ptr, RES)  # fmt: skip
+                              ZC_IN, rv, gv, 2, u_ptr, RES, bs_ptr, FP4)  # fmt: skip
             sq += _store_pair(y_ptr, s_ptr, n0 + 3 * PA, ob, N, K, d30, d31, d32, d33, x_ptr,
                               w_ptr, ROW_WORDS, GLU, SWIGLU, R, rstd, xs_ptr, gin_ptr, NORM,
-                              ZC_IN, rv, gv, 3, u_ptr, RES)  # fmt: skip
+                              ZC_IN, rv, gv, 3, u_ptr, RES, bs_ptr, FP4)  # fmt: skip
     if RES:
         tl.atomic_add(st_ptr + tl.program_id(0) % STATS, sq, sem="relaxed")
 
@@ -412,6 +543,11 @@ def _config_type(bn: int, warps: int, per_sm: int) -> Fp8MmaConfig:
 
 
 TABLE = load_table(TABLE_PATH, _config_type)  # read once at import
+# nvfp4 weights (kernels/nvfp4_mma.py's layout): their own table; unmeasured shapes take
+# NVFP4_DEFAULT, and a measured shape with no entry keeps kernels/nvfp4_gemv.py
+NVFP4_TABLE_PATH = Path(__file__).with_name("nvfp4_mma_table.json")
+NVFP4_TABLE = load_table(NVFP4_TABLE_PATH, _config_type)
+NVFP4_DEFAULT = Fp8MmaConfig(4, 2)
 
 
 @functools.cache
@@ -434,6 +570,13 @@ def fp8_mma_config(N: int, K: int, M: int, glu: bool = False) -> Fp8MmaConfig | 
     return table_config(TABLE, N, K, M, glu, None)
 
 
+def nvfp4_mma_config(N: int, K: int, M: int, glu: bool = False) -> Fp8MmaConfig | None:
+    """fp8_mma_config for an nvfp4 weight (NVFP4_TABLE; NVFP4_DEFAULT where unmeasured)."""
+    if interpreting() or M != 1:
+        return None
+    return table_config(NVFP4_TABLE, N, K, M, glu, NVFP4_DEFAULT)
+
+
 def usable(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether fp8_mma can take x and w: one row of bf16 x on a CUDA device of sm_89 or later,
     4-byte aligned, and weight rows 4-byte aligned with K a multiple of 4."""
@@ -449,10 +592,23 @@ def usable(x: torch.Tensor, w: torch.Tensor) -> bool:
     )
 
 
+def usable_nvfp4(x: torch.Tensor, w: Nvfp4MmaWeight) -> bool:
+    """`usable` for an nvfp4 weight in the tensor-core layout (its K a multiple of 32: a
+    thread's block scales are read in pairs)."""
+    return (
+        x.is_cuda
+        and _has_e4m3_cvt(x.device)
+        and x.dtype == torch.bfloat16
+        and x.shape[0] == 1
+        and x.data_ptr() % 4 == 0
+        and w.shape[1] % 32 == 0
+    )
+
+
 def fp8_mma(
     x: torch.Tensor | NormedX,
-    w: torch.Tensor,
-    scale: torch.Tensor,
+    w: torch.Tensor | Nvfp4MmaWeight,
+    scale: torch.Tensor | None,
     config: Fp8MmaConfig,
     *,
     glu: bool = False,
@@ -463,15 +619,25 @@ def fp8_mma(
     [1, K or 2K]; the contract of kernels/fp8_gemv.fp8_gemv where `usable` holds. With
     ``swiglu_out`` (w = [gate; up], N even) the result is silu(y[:, :N/2]) * y[:, N/2:], [1, N/2],
     gate and up rounded to bf16 first. x a `NormedX`: the projection of rmsnorm(s) * gain.
-    With ``residual`` (see `ResidualNorm`): returns (s, u). No host synchronisation."""
+    With ``residual`` (see `ResidualNorm`): returns (s, u). w an `Nvfp4MmaWeight`: an nvfp4
+    weight (``scale`` unused: the weight carries its scales). No host synchronisation."""
     normed = x if isinstance(x, NormedX) else None
     xb = normed.s if normed is not None else x
-    assert xb.dim() == 2 and w.dim() == 2 and xb.stride(-1) == 1 and w.stride(-1) == 1
+    fp4 = isinstance(w, Nvfp4MmaWeight)
+    if fp4:
+        assert usable_nvfp4(xb, w), "fp8_mma needs one row of CUDA bf16 x and K % 32 == 0"
+        N, K = w.shape
+        scale, bscale, words = w.row_scale, w.block_scale, w.words
+    else:
+        assert w.dim() == 2 and w.stride(-1) == 1
+        w = fp8_bytes(w)
+        N, K = w.shape
+        assert usable(xb, w), "fp8_mma needs one row of CUDA bf16 x and 4-byte aligned rows"
+        words = w.view(torch.int32)
+        bscale = words
+    assert xb.dim() == 2 and xb.stride(-1) == 1
     assert config.bn in (2, 4, 8), config
-    w = fp8_bytes(w)
-    N, K = w.shape
-    assert xb.shape[1] == (2 * K if glu else K), (xb.shape, w.shape, glu)
-    assert usable(xb, w), "fp8_mma needs one row of CUDA bf16 x and 4-byte aligned weight rows"
+    assert xb.shape[1] == (2 * K if glu else K), (xb.shape, (N, K), glu)
     ok = scale.shape == (N,) and scale.dtype == torch.float32 and scale.stride(0) == 1
     assert ok, f"scale must be contiguous fp32 [{N}], got {scale.dtype} {tuple(scale.shape)}"
     assert not swiglu_out or N % 2 == 0, "swiglu_out needs the [gate; up] rows of an even N"
@@ -482,8 +648,7 @@ def fp8_mma(
     if N == 0:
         return y if residual is None else (y, u)
     cfg = config
-    even = K % cfg.bk == 0 and N % cfg.bn == 0
-    words = w.view(torch.int32)
+    even = K % (cfg.bk * (2 if fp4 else 1)) == 0 and N % cfg.bn == 0
     blocks = triton.cdiv(N, cfg.bn)
     if cfg.per_sm:
         blocks = min(blocks, cfg.per_sm * _sm_count(xb.device))
@@ -506,7 +671,8 @@ def fp8_mma(
         GLU=glu, SWIGLU=swiglu_out, BN=cfg.bn, R=32 * cfg.warps, EVEN=even,
         xs_ptr=nx[1], gin_ptr=nx[2], st_in_ptr=nx[3], eps=nx[4], NORM=normed is not None,
         ZC_IN=nz, r_ptr=rx[0], g_ptr=rx[1], u_ptr=rx[2], st_ptr=rx[3], RES=residual is not None,
-        ZC=rz, num_warps=cfg.warps, num_stages=1, **pdl_args(xb.device),
+        ZC=rz, bs_ptr=bscale, FP4=fp4, num_warps=cfg.warps, num_stages=1,
+        **pdl_args(xb.device),
     )  # fmt: skip
     return y if residual is None else (y, u)
 
@@ -521,11 +687,12 @@ def compile_fp8_mma(
     row_words: int = 1024,
     norm: bool = False,
     residual: bool = False,
+    fp4: bool = False,
 ) -> Any:
     """The kernel compiled for sm_<arch> without a GPU (kernels/compile_check.py), launched
     with programmatic dependent launch as on Hopper, for weight rows ``row_words`` 32-bit words
-    apart (1024: K = 4096); ``norm`` / ``residual``: a `NormedX` input / `ResidualNorm`
-    epilogue."""
+    apart (1024: fp8 K = 4096; nvfp4 (``fp4``) 512); ``norm`` / ``residual``: a `NormedX` input
+    / `ResidualNorm` epilogue."""
     from kernels.compile_check import compile_for_cuda
 
     sig = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*fp32", "y_ptr": "*bf16"}
@@ -534,8 +701,9 @@ def compile_fp8_mma(
     sig |= {"r_ptr": "*bf16", "g_ptr": "*bf16", "u_ptr": "*fp16", "st_ptr": "*fp32"}
     const = {"GLU": glu, "SWIGLU": swiglu_out, "BN": config.bn, "R": 32 * config.warps}
     const |= {"EVEN": even, "PDL": True, "ROW_WORDS": row_words}
-    const |= {"NORM": norm, "ZC_IN": False, "RES": residual, "ZC": False}
-    divisible = ["x_ptr", "w_ptr", "s_ptr", "y_ptr", "K"]
+    const |= {"NORM": norm, "ZC_IN": False, "RES": residual, "ZC": False, "FP4": fp4}
+    sig |= {"bs_ptr": "*u8"}
+    divisible = ["x_ptr", "w_ptr", "s_ptr", "y_ptr", "K", "bs_ptr"]
     return compile_for_cuda(
         _fp8_mma_kernel, sig, const, divisible=divisible, num_warps=config.warps, arch=arch
     )

@@ -340,9 +340,9 @@ def run_engine(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _weight_bytes(ex: Any) -> dict[str, int]:
-    from ninfer.runtime.cuda_weights import weight_nbytes
+    from ninfer.runtime.cuda_weights import weight_read_bytes
 
-    return {n: weight_nbytes(w) for n, w in ex.weights.items()}
+    return {n: weight_read_bytes(w) for n, w in ex.weights.items()}
 
 
 def _run_peer(

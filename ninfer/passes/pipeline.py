@@ -7,7 +7,7 @@ options (no pass switches itself on or off).
     3 fuse_residual_norm        residual add + RMSNorm -> add_rmsnorm
     4 fuse_attention_prologue   per-head q/k RMSNorm + rotary folded into attention
     5 fuse_swiglu_linear        swiglu folded into the linear that reads it (down projection)
-    6 fuse_norm_linear          RMSNorm between fp8 projections run in them (cuda only)
+    6 fuse_norm_linear          RMSNorm between fp8 / nvfp4 projections run in them (cuda only)
     7 choose_kv                 KV dtype, page layout, state slots
     8 assign_kernels            a kernel per op from weight format and device
     9 plan_memory               ledger: weights, workspace, KV pages, state slots

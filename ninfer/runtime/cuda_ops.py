@@ -21,6 +21,7 @@ from kernels.attn_prologue import FUSED_FORMATS, attention_prologue
 from kernels.folded_norm import NormedX, ResidualNorm
 from kernels.fp8_mma import Fp8MmaConfig, fp8_mma, fp8_mma_config
 from kernels.fp8_mma import usable as fp8_mma_usable
+from kernels.fp8_mma import usable_nvfp4 as fp8_mma_usable_nvfp4
 from kernels.gated_rmsnorm import gated_rmsnorm as gated_rmsnorm_kernel
 from kernels.gdn_conv import causal_conv1d as conv1d_kernel
 from kernels.gdn_gates import gdn_gates as gdn_gates_kernel
@@ -100,13 +101,25 @@ FOLDED_NORM_CONFIG = Fp8MmaConfig(2, 2)
 
 def _fp8_mma_for(w: Any, x: torch.Tensor) -> Fp8MmaConfig | None:
     """The tensor-core GEMV's launch shape for one row x against w where an RMSNorm can run
-    in its prologue or epilogue (kernels/fp8_mma.py; a single fp8 segment), or None."""
-    if not isinstance(w, QuantWeight) or w.fmt != "fp8" or len(w.segments) != 1:
+    in its prologue or epilogue (kernels/fp8_mma.py; a single fp8 segment, or nvfp4 with its
+    repacked copy), or None."""
+    if not isinstance(w, QuantWeight) or len(w.segments) != 1:
         return None
+    if w.fmt == "nvfp4":
+        mma = w.segments[0].mma
+        if mma is None or x.dim() != 2 or not fp8_mma_usable_nvfp4(x, mma):
+            return None
+        return w.mma_config(x) or FOLDED_NORM_CONFIG
     q = w.segments[0].data
-    if x.dim() != 2 or x.shape[0] != 1 or not fp8_mma_usable(x, q):
+    if w.fmt != "fp8" or x.dim() != 2 or x.shape[0] != 1 or not fp8_mma_usable(x, q):
         return None
     return fp8_mma_config(q.shape[0], q.shape[1], 1) or FOLDED_NORM_CONFIG
+
+
+def _mma_operands(w: QuantWeight) -> tuple[Any, torch.Tensor | None]:
+    """(weight, scale) as fp8_mma takes them."""
+    seg = w.segments[0]
+    return (seg.mma, None) if w.fmt == "nvfp4" else (seg.data, seg.scale)
 
 
 def linear(
@@ -128,8 +141,7 @@ def linear(
     if isinstance(x, NormedX):  # the RMSNorm before this projection left its end to it
         cfg = _fp8_mma_for(w, x.s) if bias is None and not glu else None
         if cfg is not None:
-            seg = w.segments[0]
-            return fp8_mma(x, seg.data, seg.scale, cfg, swiglu_out=out_glu)
+            return fp8_mma(x, *_mma_operands(w), cfg, swiglu_out=out_glu)
         x = x.materialize()
     x2 = _rows(x)
     if a.get("residual_norm") and s.norm_stats is not None and bias is None and not out_glu:
@@ -168,9 +180,8 @@ def add_rmsnorm(
     if isinstance(x, _PendingProjection):
         assert s.norm_stats is not None
         stats = s.norm_stats[a["stats_slot"]]
-        seg = x.w.segments[0]
         epilogue = ResidualNorm(_rows(r), w, a["zero_centered"], stats)
-        summed, u = fp8_mma(x.x, seg.data, seg.scale, x.config, residual=epilogue)
+        summed, u = fp8_mma(x.x, *_mma_operands(x.w), x.config, residual=epilogue)
         return NormedX(summed, u, w, a["zero_centered"], stats, a["eps"]), summed
     y, summed = rmsnorm_kernel(
         _rows(x), w, a["eps"], residual=_rows(r), zero_centered=a["zero_centered"]

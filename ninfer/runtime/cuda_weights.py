@@ -14,12 +14,15 @@ The source is an `ninfer.artifact.Artifact`, or any object with `info(name)` (fo
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from kernels.fp8_mma import Fp8MmaConfig, fp8_mma, nvfp4_mma_config, usable_nvfp4
+from kernels.nvfp4_mma import Nvfp4MmaWeight, prepare
 from kernels.quant_gemm import dequantize_weight, quant_linear
 from kernels.silu_mul import silu_mul
 from ninfer.ir.plan import BufferSpec, Plan
@@ -33,6 +36,8 @@ class QuantSegment:
     data: torch.Tensor  # fp8 [N, K] uint8 | nvfp4 [N, K/2] uint8
     scale: torch.Tensor  # fp8 [N] f32 | nvfp4 [N, K/16] e4m3 bytes
     global_scale: float | torch.Tensor  # nvfp4: float, or fp32 [N] per row; 1.0 for fp8
+    # nvfp4 on sm_89+: the copy the tensor-core decode GEMV reads (kernels/nvfp4_mma.py)
+    mma: Nvfp4MmaWeight | None = None
 
 
 @dataclass
@@ -47,6 +52,11 @@ class QuantWeight:
         return sum(s.data.shape[0] for s in self.segments)
 
     def nbytes(self) -> int:
+        """Device memory held, the repacked copies included."""
+        return self.read_bytes() + sum(s.mma.nbytes() for s in self.segments if s.mma is not None)
+
+    def read_bytes(self) -> int:
+        """Bytes one product with this weight reads (one copy of it)."""
         return sum(
             s.data.numel()
             + s.scale.numel() * s.scale.element_size()
@@ -54,11 +64,26 @@ class QuantWeight:
             for s in self.segments
         )
 
+    def mma_config(self, x: torch.Tensor, glu: bool = False) -> Fp8MmaConfig | None:
+        """The tensor-core GEMV's launch shape for x against this nvfp4 weight's repacked copy
+        (one row of bf16 x), or None: quant_linear's paths."""
+        seg = self.segments[0]
+        if self.fmt != "nvfp4" or len(self.segments) != 1 or seg.mma is None:
+            return None
+        if x.dim() != 2 or not usable_nvfp4(x, seg.mma):
+            return None
+        N, K = seg.mma.shape
+        return nvfp4_mma_config(N, K, x.shape[0], glu)
+
     def linear(self, x: torch.Tensor, glu: bool = False, swiglu_out: bool = False) -> torch.Tensor:
         """x [M, K] (last dim contiguous) -> [M, N] in x.dtype; glu: x is [M, 2K] = gate | up
         and the input is silu(gate) * up (quant_linear folds it into the fp8 GEMV where it can);
         swiglu_out: the weight is [gate; up] and the result silu(gate) * up, [M, N/2] (in the
-        fp8 GEMV's epilogue where quant_linear can)."""
+        fp8 GEMV's epilogue where quant_linear can). One row of x against an nvfp4 weight with
+        a repacked copy: the tensor-core GEMV (kernels/fp8_mma.py)."""
+        cfg = self.mma_config(x, glu)
+        if cfg is not None:
+            return fp8_mma(x, self.segments[0].mma, None, cfg, glu=glu, swiglu_out=swiglu_out)
         if swiglu_out and len(self.segments) == 1:
             s = self.segments[0]
             return quant_linear(
@@ -138,7 +163,20 @@ def _packed(fmt: str, parts: list[dict[str, torch.Tensor]]) -> QuantWeight:
                 for d, g in zip(datas, gss)
             ]
         )
-    return QuantWeight(fmt, [QuantSegment(data, scale, gs)])
+    return QuantWeight(fmt, [QuantSegment(data, scale, gs, _mma_copy(data, scale, gs))])
+
+
+def _mma_copy(
+    data: torch.Tensor, scale: torch.Tensor, gs: float | torch.Tensor
+) -> Nvfp4MmaWeight | None:
+    """The repacked copy of an nvfp4 weight for the tensor-core decode GEMV, on sm_89+ GPUs
+    (K % 32 == 0); NINFER_NVFP4_MMA=0 leaves it out (0.5 bytes per value of device memory, and
+    batch-1 decode then runs kernels/nvfp4_gemv.py)."""
+    if os.environ.get("NINFER_NVFP4_MMA", "1") == "0" or not data.is_cuda:
+        return None
+    if torch.cuda.get_device_capability(data.device) < (8, 9) or data.shape[1] % 16:
+        return None
+    return prepare(data, scale, gs)
 
 
 def load_device_weights(
@@ -168,4 +206,11 @@ def load_device_weights(
 
 
 def weight_nbytes(w: torch.Tensor | QuantWeight) -> int:
+    """Device memory a weight holds."""
     return w.nbytes() if isinstance(w, QuantWeight) else w.numel() * w.element_size()
+
+
+def weight_read_bytes(w: torch.Tensor | QuantWeight) -> int:
+    """Bytes a product with the weight reads (a quantised weight's repacked copy is the same
+    weight again: counted once)."""
+    return w.read_bytes() if isinstance(w, QuantWeight) else w.numel() * w.element_size()

@@ -1,4 +1,4 @@
-"""fuse_norm_linear: which RMSNorms are marked to run inside the fp8 projections around them
+"""fuse_norm_linear: which RMSNorms are marked to run inside the fp8 / nvfp4 projections around them
 (printed before and after with -s), only in CUDA plans; the kernels and the executor's use of
 the marks are checked on the GPU (tests/kernels/test_fp8_mma.py,
 tests/runtime/test_cuda_executor.py)."""
@@ -20,12 +20,21 @@ CUDA = CompileOptions(device="cuda", max_concurrency=2, kv_capacity=256)
 PASS = "fuse_norm_linear"
 
 
-@pytest.fixture(scope="module")
-def fp8_llama(fixture_hf_dir, tmp_path_factory) -> Path:
+def _convert(fixture_hf_dir, tmp_path_factory, weights: str) -> Path:
     from ninfer.artifact.convert_hf import convert_hf
 
-    out = tmp_path_factory.mktemp("fp8") / "llama-fp8.ninfer"
-    return convert_hf(fixture_hf_dir("llama"), out, weights="fp8")
+    out = tmp_path_factory.mktemp(weights) / f"llama-{weights}.ninfer"
+    return convert_hf(fixture_hf_dir("llama"), out, weights=weights)
+
+
+@pytest.fixture(scope="module")
+def fp8_llama(fixture_hf_dir, tmp_path_factory) -> Path:
+    return _convert(fixture_hf_dir, tmp_path_factory, "fp8")
+
+
+@pytest.fixture(scope="module", params=["fp8", "nvfp4"])
+def quant_llama(request, fixture_hf_dir, tmp_path_factory) -> tuple[str, Path]:
+    return request.param, _convert(fixture_hf_dir, tmp_path_factory, request.param)
 
 
 def _fused(path: Path) -> Graph:
@@ -44,11 +53,12 @@ def _marked(g: Graph) -> tuple[list[str], list[tuple[str, int]]]:
     return producers, norms
 
 
-def test_marks_the_norms_between_fp8_projections(fp8_llama) -> None:
+def test_marks_the_norms_between_quantised_projections(quant_llama) -> None:
     """Two layers: the post-attention norms (o -> gate/up) and layer 1's input norm (layer 0's
     down -> q/k/v); not layer 0's input norm (after the embedding) nor the final one (before
-    the bf16 LM head)."""
-    g = _fused(fp8_llama)
+    the bf16 LM head). fp8 and nvfp4 alike."""
+    fmt, path = quant_llama
+    g = _fused(path)
     out = verify(FUSE_NORM_LINEAR(g, CUDA))
     b, a = print_graph(g, weights=False), print_graph(out, weights=False)
     print(f"--- before {PASS}\n{b}--- after {PASS}\n{a}")
@@ -60,7 +70,7 @@ def test_marks_the_norms_between_fp8_projections(fp8_llama) -> None:
         if op.attrs.get("residual_norm"):
             (j,) = users[op.outputs[0]]
             assert out.ops[j].kind == "add_rmsnorm" and "stats_slot" in out.ops[j].attrs
-            assert out.weights[op.inputs[1]].format == "fp8"
+            assert out.weights[op.inputs[1]].format == fmt
     assert len(producers) == 3 and len(out.ops) == len(g.ops)
     assert [op.attrs for op in g.ops] != [op.attrs for op in out.ops]
 

@@ -268,8 +268,10 @@ def test_fp8_tensor_core_gemv_in_the_engine(fixture_hf_dir, tmp_path, monkeypatc
 
 
 @gpu
-@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
-def test_rmsnorm_folded_into_fp8_projections(fixture_hf_dir, tmp_path, monkeypatch, arch):
+@pytest.mark.parametrize("arch,weights", [("qwen3", "fp8"), ("qwen3_5", "fp8"), ("qwen3", "nvfp4")])
+def test_rmsnorm_folded_into_quantised_projections(
+    fixture_hf_dir, tmp_path, monkeypatch, arch, weights
+):
     """fuse_norm_linear at batch 1: the projection before each marked RMSNorm adds the
     residual in its epilogue, the one after finishes the norm (zero-centred gains in qwen3_5);
     the logits of the plan without the fusion, eager and from CUDA Graphs, within bf16
@@ -278,12 +280,13 @@ def test_rmsnorm_folded_into_fp8_projections(fixture_hf_dir, tmp_path, monkeypat
     the FMA one at these shapes. On the H200 the qwen3 fixture stays within 2e-2; the hybrid
     fixture's recurrent state carries the differences on (1.3e-2, 2.5e-2 after one and two
     decode steps, eager), while a torch stand-in for the two kernels with the unfused rounding
-    reproduced the unfused logits exactly (session 9)."""
+    reproduced the unfused logits exactly (session 9). nvfp4: the same kernels on the repacked
+    words (kernels/nvfp4_mma.py)."""
     from kernels import fp8_mma as mma
     from ninfer.artifact.convert_hf import convert_hf
     from ninfer.runtime import cuda_ops
 
-    path = convert_hf(fixture_hf_dir(arch), tmp_path / f"{arch}-fp8.ninfer", weights="fp8")
+    path = convert_hf(fixture_hf_dir(arch), tmp_path / f"{arch}-{weights}.ninfer", weights=weights)
     prompts = _prompts(_reference(path).vocab_size, (13,))
     tokens = [[5, 6, 7, 8, 9]]
     want = _teacher_forced(
