@@ -37,6 +37,12 @@ u = f16(s * gain) and its programs' sums of s² (relaxed atomics); the second on
 1 / rms(s). Against the separate kernel the input is rounded once, to f16, where rmsnorm rounds
 the normalised value to bf16; a u beyond f16 takes the fp32 path like x.
 
+nvfp4 weights run here too, as an `Nvfp4MmaWeight` (kernels/nvfp4_mma.py: a repacked copy made
+at load): a word holds 8 values, so a chunk is 32 values per thread and row; each word gives four
+f16 pairs (e2m1 * 2^-14) that are multiplied by the block scale (one cvt.rn.f16x2.e4m3x2 gives a
+thread's two) before two MMAs; the row scale (global * 2^14) multiplies the sums, and the fp32
+path decodes the same words (`_fma_row4`). Launch shapes: kernels/nvfp4_mma_table.json.
+
 Launch shapes (`Fp8MmaConfig`) come from kernels/fp8_mma_table.json, written by
 ``bench/fp8_mma_bench.py --write-table``; `fp8_mma_config` returns None for shapes where the
 sweep kept kernels/fp8_gemv.py, for batch sizes above 1, and under the interpreter.

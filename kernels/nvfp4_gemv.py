@@ -1,5 +1,8 @@
 """Small-batch decode GEMV of an NVFP4 weight: y [M, N] = x @ dequant(W)ᵀ, M <= 4.
 
+(On sm_89+ the CUDA runtime runs batch 1 on kernels/fp8_mma.py instead, from a repacked copy of
+the weight: kernels/nvfp4_mma.py. This kernel takes batches 2-4, and batch 1 without the copy.)
+
 Weight format as in kernels/quant_gemm.py: w [N, K/2] uint8 (two e2m1 per byte, element 2i in the
 low nibble), scale [N, K/16] e4m3 bytes (one per block of 16), a global fp32 scale (scalar or one
 per row [N]); W[n, k] = e2m1(w) * e4m3(scale[n, k // 16]) * global[n].
