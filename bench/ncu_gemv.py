@@ -6,9 +6,10 @@
 
 Each kernel runs once un-profiled (compilation, warm-up), then once between
 cudaProfilerStart / Stop. Kernels: kernels/gemv.py (bf16), kernels/fp8_gemv.py,
-kernels/fp8_mma.py (where its table has a shape) and kernels/nvfp4_gemv.py with their table's
+kernels/fp8_mma.py (where its table has a shape; and its nvfp4 path on kernels/nvfp4_mma.py's
+repacked words) and kernels/nvfp4_gemv.py with their table's
 launch shape, each as a decode step runs it (the quantised gate/up projections with the SwiGLU
-epilogue, the bf16 down projection with the SwiGLU folded into its input). `--only mma,nvfp4` keeps those kernels (names: dense, fma, mma, nvfp4).
+epilogue, the bf16 down projection with the SwiGLU folded into its input). `--only mma,nvfp4` keeps those kernels (names: dense, fma, mma, nvfp4, nvfp4mma).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from functools import partial
 import torch
 
 from kernels.fp8_gemv import fp8_gemv, fp8_gemv_config
-from kernels.fp8_mma import fp8_mma, fp8_mma_config
+from kernels.fp8_mma import fp8_mma, fp8_mma_config, nvfp4_mma_config
 from kernels.gemv import dense_gemv, dense_gemv_config
 from kernels.nvfp4_gemv import nvfp4_gemv
+from kernels.nvfp4_mma import prepare
 from kernels.quant_gemm import quantize_weight_fp8, quantize_weight_nvfp4
 
 # (N, K, down projection): q/k/v, o, gate/up, down of Qwen3-8B
@@ -31,7 +33,7 @@ SHAPES = [(6144, 4096, False), (4096, 4096, False), (24576, 4096, False), (4096,
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", default="dense,fma,mma,nvfp4")
+    p.add_argument("--only", default="dense,fma,mma,nvfp4,nvfp4mma")
     only = set(p.parse_args().only.split(","))
     torch.manual_seed(0)
     named: list[tuple[str, Callable[[], torch.Tensor]]] = []
@@ -52,6 +54,10 @@ def main() -> None:
             named.append(("mma", partial(fp8_mma, x, q, s, mcfg, swiglu_out=gu)))
         q4, s4, g4 = quantize_weight_nvfp4(w)
         named.append(("nvfp4", partial(nvfp4_gemv, x, q4, s4, g4, swiglu_out=gu)))
+        ncfg = nvfp4_mma_config(N, K, 1)
+        if ncfg is not None:
+            w4 = prepare(q4, s4, g4)
+            named.append(("nvfp4mma", partial(fp8_mma, x, w4, None, ncfg, swiglu_out=gu)))
     calls = [c for name, c in named if name in only]
     for c in calls:
         c()

@@ -21,11 +21,13 @@ The block scales stay e4m3 bytes (one ``cvt.rn.f16x2.e4m3x2`` gives a thread's t
 values times its scale are exact in f16 (e2m1 * e4m3 * 2^-14 lies in [2^-24, 2688 * 2^-14] and
 has at most 6 significant bits), and the row scale (the global scale, times 2^14) multiplies
 each row's fp32 sum once at the end. The repacked words are a second copy of the weight (the
-prefill kernels read the stored layout): 0.5 bytes per value more on the device.
+prefill and batch > 1 kernels read the stored layout): 0.5 bytes per value, plus 4 per row,
+more on the device (MMA_COPY_ENV=0 leaves it out; the plan's memory ledger counts it).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -39,13 +41,24 @@ _MASK = tl.constexpr(MASK)
 # per pair k: (lowest magnitude bit, sign bit) of an element inside its 16-bit half
 PLACES = ((9, 15), (6, 12), (3, 14), (0, 13))
 DECODE_SCALE = 16384.0  # the decoded values are e2m1 * 2^-14
+MMA_COPY_ENV = "NINFER_NVFP4_MMA"  # "0": the CUDA runtime makes no repacked copies
+
+
+def copy_enabled() -> bool:
+    return os.environ.get(MMA_COPY_ENV, "1") != "0"
+
+
+def copy_bytes(n: int, k: int) -> int:
+    """Device bytes of the repacked copy of an [n, k] nvfp4 weight (0 where none is made:
+    k % 32 != 0)."""
+    return n * k // 2 + 4 * n if k % 32 == 0 else 0
 
 
 @dataclass(frozen=True)
 class Nvfp4MmaWeight:
     """An nvfp4 weight [N, K] for the tensor-core GEMV: words int32 [N, K/8] in the layout
-    above, block scales [N, K/16] e4m3 bytes (read as uint16 pairs), row_scale fp32 [N] = the
-    global scale (per row) * DECODE_SCALE."""
+    above, block scales [N, K/16] e4m3 bytes (read as uint16 pairs; the stored weight's tensor),
+    row_scale fp32 [N] = the global scale (per row) * DECODE_SCALE."""
 
     words: torch.Tensor
     block_scale: torch.Tensor
@@ -56,7 +69,8 @@ class Nvfp4MmaWeight:
         return self.words.shape[0], self.words.shape[1] * 8
 
     def nbytes(self) -> int:
-        return self.words.numel() * 4 + self.block_scale.numel() + self.row_scale.numel() * 4
+        """Device memory of the copy (the block scales are the stored weight's, not copied)."""
+        return self.words.numel() * 4 + self.row_scale.numel() * 4
 
 
 def repack_words(packed: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Plan memory into a ledger: weights, workspace, KV pages, recurrent-state slots.
 
     weights     resident bytes of every weight as the device keeps it (cpu: dequantised to the
-                compute dtype; cuda: fp8/nvfp4 kept packed with their scales, the rest in bf16)
+                compute dtype; cuda: fp8/nvfp4 kept packed with their scales, nvfp4 matrices
+                also repacked for the batch-1 GEMV, the rest in bf16)
     workspace   peak bytes of live activations over one step of `step_tokens` tokens
                 (values freed after their last use, in op order)
     kv_cache    num_pages * bytes_per_page; num_pages covers --kv-capacity tokens
@@ -39,8 +40,18 @@ def weight_bytes(w: Weight, options: CompileOptions, dtype: str) -> int:
         if w.format == "fp8":
             return n + 4 * rows
         if w.format == "nvfp4":
-            return n // 2 + n // 16 + 4 * segments
+            return n // 2 + n // 16 + 4 * segments + _nvfp4_copy(w)
     return n * DTYPE_BYTES[dtype]
+
+
+def _nvfp4_copy(w: Weight) -> int:
+    """The repacked copy the CUDA runtime keeps of a 2-D nvfp4 weight for its batch-1 GEMV
+    (kernels/nvfp4_mma.py; on the sm_89+ GPUs it targets)."""
+    if w.type.rank != 2:
+        return 0
+    from kernels.nvfp4_mma import copy_bytes, copy_enabled
+
+    return copy_bytes(*w.type.shape) if copy_enabled() else 0
 
 
 def workspace_bytes(g: Graph, bindings: dict[str, int]) -> int:

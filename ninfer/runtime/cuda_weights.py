@@ -14,7 +14,6 @@ The source is an `ninfer.artifact.Artifact`, or any object with `info(name)` (fo
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +21,7 @@ import numpy as np
 import torch
 
 from kernels.fp8_mma import Fp8MmaConfig, fp8_mma, nvfp4_mma_config, usable_nvfp4
-from kernels.nvfp4_mma import Nvfp4MmaWeight, prepare
+from kernels.nvfp4_mma import Nvfp4MmaWeight, copy_bytes, copy_enabled, prepare
 from kernels.quant_gemm import dequantize_weight, quant_linear
 from kernels.silu_mul import silu_mul
 from ninfer.ir.plan import BufferSpec, Plan
@@ -172,9 +171,9 @@ def _mma_copy(
     """The repacked copy of an nvfp4 weight for the tensor-core decode GEMV, on sm_89+ GPUs
     (K % 32 == 0); NINFER_NVFP4_MMA=0 leaves it out (0.5 bytes per value of device memory, and
     batch-1 decode then runs kernels/nvfp4_gemv.py)."""
-    if os.environ.get("NINFER_NVFP4_MMA", "1") == "0" or not data.is_cuda:
+    if not copy_enabled() or not data.is_cuda or copy_bytes(data.shape[0], 2 * data.shape[1]) == 0:
         return None
-    if torch.cuda.get_device_capability(data.device) < (8, 9) or data.shape[1] % 16:
+    if torch.cuda.get_device_capability(data.device) < (8, 9):
         return None
     return prepare(data, scale, gs)
 

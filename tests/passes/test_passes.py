@@ -172,6 +172,23 @@ def test_plan_memory_ledger(fixture_artifacts) -> None:
     assert entries["workspace"] > 0 and out.meta["ledger"]["total"] == sum(entries.values())
 
 
+def test_plan_memory_counts_the_nvfp4_copy(fixture_hf_dir, tmp_path, monkeypatch) -> None:
+    """On cuda an nvfp4 matrix is held packed (0.5 + 1/16 bytes per value, 4 per segment) and,
+    for the batch-1 tensor-core GEMV, repacked (0.5 bytes per value + 4 per row) unless
+    NINFER_NVFP4_MMA=0."""
+    from ninfer.passes.plan_memory import weight_bytes
+
+    path = convert_hf(fixture_hf_dir("llama"), tmp_path / "llama-nvfp4.ninfer", weights="nvfp4")
+    opts = CompileOptions(device="cuda", max_concurrency=2, kv_capacity=256)
+    g = graph_for_artifact(Artifact(path), opts)
+    w = next(w for w in g.weights.values() if w.format == "nvfp4" and w.type.rank == 2)
+    n, k = w.type.shape
+    packed = n * k // 2 + n * k // 16 + 4 * len(w.sources)
+    assert weight_bytes(w, opts, "bfloat16") == packed + n * k // 2 + 4 * n
+    monkeypatch.setenv("NINFER_NVFP4_MMA", "0")
+    assert weight_bytes(w, opts, "bfloat16") == packed
+
+
 def test_plan_memory_auto_and_refusal(fixture_artifacts) -> None:
     gib = 1 << 30
     opts = CompileOptions(device="cuda", kv_capacity="auto", device_memory=2 * gib)
