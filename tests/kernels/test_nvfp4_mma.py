@@ -132,6 +132,9 @@ def test_nvfp4_mma_swiglu_epilogue(device, cfg, N, K) -> None:
     y = fp8_mma(x, prepare(q, s, gs), None, cfg, swiglu_out=True)
     assert y.shape == (1, N // 2)
     _close(y, _swiglu(quant_linear_reference(x, q, s, "nvfp4", gs)))
+    x[0, 3] = 1.0e5  # beyond f16: the fp32 path
+    y = fp8_mma(x, prepare(q, s, gs), None, cfg, swiglu_out=True)
+    _close(y, _swiglu(quant_linear_reference(x, q, s, "nvfp4", gs)))
 
 
 @pytest.mark.gpu
@@ -154,3 +157,49 @@ def test_nvfp4_rmsnorm_between_two_projections(device, cfg) -> None:
     ref = quant_linear_reference(normed, q2, s2, "nvfp4", g2)
     y = fp8_mma(NormedX(s, u, g, False, stats, 1e-6), prepare(q2, s2, g2), None, cfg)
     _close(y, ref)
+
+
+@pytest.mark.gpu
+def test_nvfp4_normed_input_beyond_f16_recomputed(device) -> None:
+    """A folded norm's f16 copy holding inf sends the rows to the fp32 path, which reads s and
+    the gain (and the repacked words)."""
+    from kernels.rmsnorm import rmsnorm_reference
+
+    H, N = 512, 64
+    s = _x(H, device, seed=8)
+    s[0, 7] = 3.0e5
+    g = torch.full((H,), 0.75, dtype=torch.bfloat16, device=device)
+    u = (s.float() * g.float()).half()
+    assert torch.isinf(u).any()
+    stats = torch.zeros(NORM_STATS, dtype=torch.float32, device=device)
+    stats[3] = s.float().pow(2).sum()
+    q, sc, gs = _weight(N, H, device, seed=9)
+    ref = quant_linear_reference(rmsnorm_reference(s, g, 1e-6)[0], q, sc, "nvfp4", gs)
+    y = fp8_mma(NormedX(s, u, g, False, stats, 1e-6), prepare(q, sc, gs), None, Fp8MmaConfig(4, 2))
+    _close(y, ref)
+
+
+@pytest.mark.gpu
+def test_cuda_weights_keep_a_repacked_copy(device, monkeypatch) -> None:
+    """The CUDA runtime's nvfp4 weight: the stored bytes for batches above 1 and prefill, the
+    repacked copy for batch 1 (counted in nbytes, not in the bytes a product reads); one row of
+    bf16 x runs the tensor-core GEMV, more rows quant_linear, both as the reference."""
+    from ninfer.runtime import cuda_weights
+
+    N, K = 256, 1024
+    q, s, gs = _weight(N, K, device, seed=11)
+    w = cuda_weights._packed("nvfp4", [{"data": q, "scale": s, "global_scale": torch.tensor(gs)}])
+    seg = w.segments[0]
+    assert seg.mma is not None and torch.equal(unpack_words(seg.mma.words), q)
+    assert w.nbytes() == w.read_bytes() + N * K // 2 + 4 * N
+    calls = []
+    monkeypatch.setattr(
+        cuda_weights, "fp8_mma", lambda *a, **k: calls.append(a[3]) or fp8_mma(*a, **k)
+    )
+    for rows in (1, 3):
+        x = _x(rows * K, device, seed=rows).view(rows, K)
+        _close(w.linear(x), quant_linear_reference(x, q, s, "nvfp4", gs))
+    assert len(calls) == 1
+    monkeypatch.setenv("NINFER_NVFP4_MMA", "0")
+    w0 = cuda_weights._packed("nvfp4", [{"data": q, "scale": s, "global_scale": torch.tensor(gs)}])
+    assert w0.segments[0].mma is None and w0.nbytes() == w0.read_bytes()
