@@ -1,8 +1,10 @@
 """Plan memory into a ledger: weights, workspace, KV pages, recurrent-state slots.
 
     weights     resident bytes of every weight as the device keeps it (cpu: dequantised to the
-                compute dtype; cuda: fp8/nvfp4 kept packed with their scales, nvfp4 matrices
-                also repacked for the batch-1 GEMV, the rest in bf16)
+                compute dtype; cuda: fp8/nvfp4 kept packed with their scales, the rest in bf16)
+    nvfp4_copies  cuda: the nvfp4 matrices again, repacked for the batch-1 tensor-core GEMV
+                (kernels/nvfp4_mma.py), where the plan fits with them (--kv-capacity auto: with
+                KV for max_concurrency x max_context tokens left); absent otherwise
     workspace   peak bytes of live activations over one step of `step_tokens` tokens
                 (values freed after their last use, in op order)
     kv_cache    num_pages * bytes_per_page; num_pages covers --kv-capacity tokens
@@ -23,6 +25,8 @@ from ninfer.ir.types import DTYPE_BYTES
 from ninfer.passes.base import Pass
 from ninfer.passes.options import GIB, HEADROOM, CompileOptions
 
+NVFP4_COPIES = "nvfp4_copies"  # the ledger item (present only where the copies are budgeted)
+
 
 def _numel(shape: tuple) -> int:
     n = 1
@@ -40,18 +44,19 @@ def weight_bytes(w: Weight, options: CompileOptions, dtype: str) -> int:
         if w.format == "fp8":
             return n + 4 * rows
         if w.format == "nvfp4":
-            return n // 2 + n // 16 + 4 * segments + _nvfp4_copy(w)
+            return n // 2 + n // 16 + 4 * segments
     return n * DTYPE_BYTES[dtype]
 
 
-def _nvfp4_copy(w: Weight) -> int:
-    """The repacked copy the CUDA runtime keeps of a 2-D nvfp4 weight for its batch-1 GEMV
-    (kernels/nvfp4_mma.py; on the sm_89+ GPUs it targets)."""
-    if w.type.rank != 2:
+def nvfp4_copy_bytes(g: Graph, options: CompileOptions) -> int:
+    """Bytes of the repacked copies the CUDA runtime can keep of the 2-D nvfp4 weights for its
+    batch-1 GEMV (kernels/nvfp4_mma.py); 0 on cpu or with NINFER_NVFP4_MMA=0."""
+    ws = [w for w in g.weights.values() if w.format == "nvfp4" and w.type.rank == 2]
+    if options.device != "cuda" or not ws:
         return 0
     from kernels.nvfp4_mma import copy_bytes, copy_enabled
 
-    return copy_bytes(*w.type.shape) if copy_enabled() else 0
+    return sum(copy_bytes(*w.type.shape) for w in ws) if copy_enabled() else 0
 
 
 def workspace_bytes(g: Graph, bindings: dict[str, int]) -> int:
@@ -89,9 +94,21 @@ def _run(graph: Graph, options: CompileOptions) -> Graph:
     workspace = workspace_bytes(g, {"T": options.step_tokens, "R": options.max_concurrency})
     state_total = state["slots"] * state["bytes_per_slot"]
     budget = options.memory_budget
-    fixed = weights + workspace + state_total
     per_token, page = kv["bytes_per_token"], options.page_size
     lane_tokens = options.max_concurrency * options.max_context
+    # nvfp4 copies for the batch-1 GEMV: kept where the plan still fits with them (with auto,
+    # with KV for every lane at full context left over); the runtime makes them iff budgeted
+    copies = nvfp4_copy_bytes(g, options)
+    if copies:
+        room = budget - weights - copies - workspace - state_total
+        if options.kv_capacity == "auto":
+            need = HEADROOM + per_token * lane_tokens
+        else:
+            cap = options.max_context if options.kv_capacity is None else int(options.kv_capacity)
+            need = -(-cap // page) * kv["bytes_per_page"]
+        if room < need:
+            copies = 0
+    fixed = weights + copies + workspace + state_total
     if options.kv_capacity == "auto":
         free = budget - HEADROOM - fixed
         if per_token == 0:
@@ -136,6 +153,9 @@ def _run(graph: Graph, options: CompileOptions) -> Graph:
             "detail": f"{state['slots']} slots x {state['bytes_per_slot']} B",
         },
     ]
+    if copies:
+        entries.insert(1, {"item": NVFP4_COPIES, "bytes": copies,
+                           "detail": "nvfp4 weights repacked for the batch-1 GEMV"})  # fmt: skip
     g.meta["ledger"] = {"entries": entries, "total": total, "budget": budget}
     return g
 

@@ -25,6 +25,7 @@ from kernels.nvfp4_mma import Nvfp4MmaWeight, copy_bytes, copy_enabled, prepare
 from kernels.quant_gemm import dequantize_weight, quant_linear
 from kernels.silu_mul import silu_mul
 from ninfer.ir.plan import BufferSpec, Plan
+from ninfer.passes.plan_memory import NVFP4_COPIES
 from ninfer.runtime.weights import TORCH_DTYPES
 
 QUANT_GEMMS = {"triton.gemm_fp8": "fp8", "triton.gemm_nvfp4": "nvfp4"}
@@ -145,7 +146,7 @@ def _arrange(spec: BufferSpec, srcs: list[torch.Tensor]) -> torch.Tensor:
     raise ValueError(f"weight {spec.name}: unknown layout {spec.layout!r}")
 
 
-def _packed(fmt: str, parts: list[dict[str, torch.Tensor]]) -> QuantWeight:
+def _packed(fmt: str, parts: list[dict[str, torch.Tensor]], mma_copy: bool = True) -> QuantWeight:
     datas = [p["data"].contiguous() for p in parts]
     scales = [p["scale"].contiguous() for p in parts]
     data = datas[0] if len(datas) == 1 else torch.cat(datas)
@@ -162,7 +163,8 @@ def _packed(fmt: str, parts: list[dict[str, torch.Tensor]]) -> QuantWeight:
                 for d, g in zip(datas, gss)
             ]
         )
-    return QuantWeight(fmt, [QuantSegment(data, scale, gs, _mma_copy(data, scale, gs))])
+    mma = _mma_copy(data, scale, gs) if mma_copy else None
+    return QuantWeight(fmt, [QuantSegment(data, scale, gs, mma)])
 
 
 def _mma_copy(
@@ -170,7 +172,7 @@ def _mma_copy(
 ) -> Nvfp4MmaWeight | None:
     """The repacked copy of an nvfp4 weight for the tensor-core decode GEMV, on sm_89+ GPUs
     (K % 32 == 0); NINFER_NVFP4_MMA=0 leaves it out (0.5 bytes per value of device memory, and
-    batch-1 decode then runs kernels/nvfp4_gemv.py)."""
+    batch-1 decode then runs kernels/nvfp4_gemv.py), as does a plan that did not budget it."""
     if not copy_enabled() or not data.is_cuda or copy_bytes(data.shape[0], 2 * data.shape[1]) == 0:
         return None
     if torch.cuda.get_device_capability(data.device) < (8, 9):
@@ -187,6 +189,8 @@ def load_device_weights(
     for c in plan.calls:
         if c.kernel in QUANT_GEMMS:
             packed_fmt[c.inputs[1]] = QUANT_GEMMS[c.kernel]
+    # the plan's memory ledger says whether the nvfp4 copies fit (ninfer/passes/plan_memory.py)
+    copies = any(e["item"] == NVFP4_COPIES for e in plan.ledger.get("entries", []))
     out: dict[str, torch.Tensor | QuantWeight] = {}
     for spec in plan.weights():
         loaded = [device_parts(source, s, device) for s in spec.sources]
@@ -196,7 +200,7 @@ def load_device_weights(
             and spec.layout in ("plain", "concat")
             and all(f == want for f, _ in loaded)
         ):
-            out[spec.name] = _packed(want, [p for _, p in loaded])
+            out[spec.name] = _packed(want, [p for _, p in loaded], copies)
         else:
             srcs = [dense_from_parts(f, p).to(dtype) for f, p in loaded]
             out[spec.name] = _arrange(spec, srcs).contiguous()

@@ -172,21 +172,31 @@ def test_plan_memory_ledger(fixture_artifacts) -> None:
     assert entries["workspace"] > 0 and out.meta["ledger"]["total"] == sum(entries.values())
 
 
-def test_plan_memory_counts_the_nvfp4_copy(fixture_hf_dir, tmp_path, monkeypatch) -> None:
-    """On cuda an nvfp4 matrix is held packed (0.5 + 1/16 bytes per value, 4 per segment) and,
-    for the batch-1 tensor-core GEMV, repacked (0.5 bytes per value + 4 per row) unless
-    NINFER_NVFP4_MMA=0."""
-    from ninfer.passes.plan_memory import weight_bytes
+def test_plan_memory_budgets_the_nvfp4_copies(fixture_hf_dir, tmp_path, monkeypatch) -> None:
+    """On cuda the nvfp4 matrices are also repacked for the batch-1 GEMV (0.5 bytes per value
+    + 4 per row): a ledger item of their own where the plan fits with them; none where it would
+    not (a fixed KV capacity that then no longer fits, or auto without KV for every lane at
+    full context), on cpu, or with NINFER_NVFP4_MMA=0."""
+    from ninfer.passes.plan_memory import NVFP4_COPIES
 
     path = convert_hf(fixture_hf_dir("llama"), tmp_path / "llama-nvfp4.ninfer", weights="nvfp4")
-    opts = CompileOptions(device="cuda", max_concurrency=2, kv_capacity=256)
-    g = graph_for_artifact(Artifact(path), opts)
-    w = next(w for w in g.weights.values() if w.format == "nvfp4" and w.type.rank == 2)
-    n, k = w.type.shape
-    packed = n * k // 2 + n * k // 16 + 4 * len(w.sources)
-    assert weight_bytes(w, opts, "bfloat16") == packed + n * k // 2 + 4 * n
+
+    def ledger(**kw) -> dict[str, int]:
+        opts = CompileOptions(**{"device": "cuda", "max_concurrency": 2, **kw})
+        g = ASSIGN_KERNELS(CHOOSE_KV(graph_for_artifact(Artifact(path), opts), opts), opts)
+        return {e["item"]: e["bytes"] for e in PLAN_MEMORY(g, opts).meta["ledger"]["entries"]}
+
+    g = graph_for_artifact(Artifact(path), CompileOptions(device="cuda"))
+    mats = [w.type.shape for w in g.weights.values() if w.format == "nvfp4" and w.type.rank == 2]
+    want = sum(n * k // 2 + 4 * n for n, k in mats)
+    assert want > 0
+    roomy = ledger(kv_capacity=256)
+    assert roomy[NVFP4_COPIES] == want
+    tight = roomy["weights"] + want + roomy["workspace"] + roomy["kv_cache"] - 1
+    assert NVFP4_COPIES not in ledger(kv_capacity=256, device_memory=tight)
+    assert NVFP4_COPIES not in ledger(kv_capacity=256, device="cpu")
     monkeypatch.setenv("NINFER_NVFP4_MMA", "0")
-    assert weight_bytes(w, opts, "bfloat16") == packed
+    assert NVFP4_COPIES not in ledger(kv_capacity=256)
 
 
 def test_plan_memory_auto_and_refusal(fixture_artifacts) -> None:
