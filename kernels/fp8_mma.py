@@ -232,66 +232,37 @@ def _pair_mma4(d0, d1, d2, d3, wa, wb, sa, sb, xa, xb, xc, xd, R: tl.constexpr):
 
 
 @triton.jit
-def _row_scales(ptr, row, kq, i, N, KQ, EVEN: tl.constexpr):
-    """Thread t's two block scales (one uint16) of row ``row`` in the chunk whose first scale
-    pair is kq: ptr [R] (zero past the matrix unless EVEN)."""
-    if EVEN:
-        s = tl.load(ptr, eviction_policy=WEIGHT_EVICT)
-    else:
-        s = tl.load(ptr, mask=(i * 0 + row < N) & (kq + i < KQ), other=0,
-                    eviction_policy=WEIGHT_EVICT)  # fmt: skip
-    return s
-
-
-@triton.jit
-def _chunk_scales(sa, sb, a0, PA: tl.constexpr, ob, KQ, kq, i, N, EVEN: tl.constexpr,
-                  BN: tl.constexpr):  # fmt: skip
-    """_chunk_words for the block scales (nvfp4): sa / sb [R] uint16 pointers of rows a0 and
-    a0 + ob at the chunk, rows KQ pairs apart."""
-    s0 = _row_scales(sa, a0, kq, i, N, KQ, EVEN)
-    s1 = _row_scales(sb, a0 + ob, kq, i, N, KQ, EVEN)
-    s2, s3, s4, s5, s6, s7 = s0, s0, s0, s0, s0, s0
-    if BN > 2:
-        s2 = _row_scales(sa + PA * KQ, a0 + PA, kq, i, N, KQ, EVEN)
-        s3 = _row_scales(sb + PA * KQ, a0 + PA + ob, kq, i, N, KQ, EVEN)
-    if BN > 4:
-        s4 = _row_scales(sa + 2 * PA * KQ, a0 + 2 * PA, kq, i, N, KQ, EVEN)
-        s5 = _row_scales(sb + 2 * PA * KQ, a0 + 2 * PA + ob, kq, i, N, KQ, EVEN)
-        s6 = _row_scales(sa + 3 * PA * KQ, a0 + 3 * PA, kq, i, N, KQ, EVEN)
-        s7 = _row_scales(sb + 3 * PA * KQ, a0 + 3 * PA + ob, kq, i, N, KQ, EVEN)
-    return s0, s1, s2, s3, s4, s5, s6, s7
-
-
-@triton.jit
-def _row_words(ptr, row, kw, wo, N, KW, EVEN: tl.constexpr):
-    """The words at ptr [R, 4] (row ``row``'s words [kw + 4t, kw + 4t + 4) for each thread t;
-    zero past the matrix unless EVEN)."""
+def _row_load(ptr, row, k, o, N, KL, EVEN: tl.constexpr):
+    """A row's share of a chunk at ptr (per thread offsets o from the chunk's start k: the
+    weight words [R, 4], or the block scale pairs [R]); zero past the matrix (row >= N or k + o
+    >= KL) unless EVEN."""
     if EVEN:
         w = tl.load(ptr, eviction_policy=WEIGHT_EVICT)
     else:
         w = tl.load(
-            ptr, mask=(wo * 0 + row < N) & (kw + wo < KW), other=0, eviction_policy=WEIGHT_EVICT
+            ptr, mask=(o * 0 + row < N) & (k + o < KL), other=0, eviction_policy=WEIGHT_EVICT
         )
     return w
 
 
 @triton.jit
-def _chunk_words(pa, pb, a0, PA: tl.constexpr, ob, stride_wn, kw, wo, N, KW,
-                 EVEN: tl.constexpr, BN: tl.constexpr):  # fmt: skip
-    """The chunk at word kw of a block's BN / 2 row pairs (a, b) = (a0 + PA * p, a + ob), as
+def _chunk_rows(pa, pb, a0, PA: tl.constexpr, ob, stride, k, o, N, KL,
+                EVEN: tl.constexpr, BN: tl.constexpr):  # fmt: skip
+    """The chunk at k of a block's BN / 2 row pairs (a, b) = (a0 + PA * p, a + ob), as
     w0 = a of pair 0, w1 = its b, w2 = a of pair 1, ... (BN = 2, 4 or 8; the unused of the eight
-    results repeat w0). pa / pb [R, 4]: the chunk's words of rows a0 and a0 + ob."""
-    w0 = _row_words(pa, a0, kw, wo, N, KW, EVEN)
-    w1 = _row_words(pb, a0 + ob, kw, wo, N, KW, EVEN)
+    results repeat w0). pa / pb: the chunk's pointers in rows a0 and a0 + ob, rows ``stride``
+    apart (the weight words, or an nvfp4 weight's block scale pairs; see _row_load)."""
+    w0 = _row_load(pa, a0, k, o, N, KL, EVEN)
+    w1 = _row_load(pb, a0 + ob, k, o, N, KL, EVEN)
     w2, w3, w4, w5, w6, w7 = w0, w0, w0, w0, w0, w0
     if BN > 2:
-        w2 = _row_words(pa + PA * stride_wn, a0 + PA, kw, wo, N, KW, EVEN)
-        w3 = _row_words(pb + PA * stride_wn, a0 + PA + ob, kw, wo, N, KW, EVEN)
+        w2 = _row_load(pa + PA * stride, a0 + PA, k, o, N, KL, EVEN)
+        w3 = _row_load(pb + PA * stride, a0 + PA + ob, k, o, N, KL, EVEN)
     if BN > 4:
-        w4 = _row_words(pa + 2 * PA * stride_wn, a0 + 2 * PA, kw, wo, N, KW, EVEN)
-        w5 = _row_words(pb + 2 * PA * stride_wn, a0 + 2 * PA + ob, kw, wo, N, KW, EVEN)
-        w6 = _row_words(pa + 3 * PA * stride_wn, a0 + 3 * PA, kw, wo, N, KW, EVEN)
-        w7 = _row_words(pb + 3 * PA * stride_wn, a0 + 3 * PA + ob, kw, wo, N, KW, EVEN)
+        w4 = _row_load(pa + 2 * PA * stride, a0 + 2 * PA, k, o, N, KL, EVEN)
+        w5 = _row_load(pb + 2 * PA * stride, a0 + 2 * PA + ob, k, o, N, KL, EVEN)
+        w6 = _row_load(pa + 3 * PA * stride, a0 + 3 * PA, k, o, N, KL, EVEN)
+        w7 = _row_load(pb + 3 * PA * stride, a0 + 3 * PA + ob, k, o, N, KL, EVEN)
     return w0, w1, w2, w3, w4, w5, w6, w7
 
 
@@ -471,13 +442,13 @@ def _fp8_mma_kernel(
         if RES:
             gv = _gain(g_ptr, tl.minimum(rows, N - 1), ZC)  # a weight: before the wait
         for kw in range(0, KW, 4 * R):
-            w0, w1, w2, w3, w4, w5, w6, w7 = _chunk_words(pa, pb, n0, PA, ob, ROW_WORDS, kw, wo,
-                                                          N, KW, EVEN, BN)  # fmt: skip
+            w0, w1, w2, w3, w4, w5, w6, w7 = _chunk_rows(pa, pb, n0, PA, ob, ROW_WORDS, kw, wo,
+                                                         N, KW, EVEN, BN)  # fmt: skip
             pa += 4 * R
             pb += 4 * R
             if FP4:
-                s0, s1, s2, s3, s4, s5, s6, s7 = _chunk_scales(qa, qb, n0, PA, ob, KQ, kw // 4,
-                                                               i, N, EVEN, BN)  # fmt: skip
+                s0, s1, s2, s3, s4, s5, s6, s7 = _chunk_rows(qa, qb, n0, PA, ob, KQ, kw // 4, i,
+                                                             N, KQ, EVEN, BN)  # fmt: skip
                 qa += R
                 qb += R
             pdl_wait(PDL)  # the first chunk's weight loads overlap the previous kernel's tail
@@ -583,32 +554,28 @@ def nvfp4_mma_config(N: int, K: int, M: int, glu: bool = False) -> Fp8MmaConfig 
     return table_config(NVFP4_TABLE, N, K, M, glu, NVFP4_DEFAULT)
 
 
-def usable(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether fp8_mma can take x and w: one row of bf16 x on a CUDA device of sm_89 or later,
-    4-byte aligned, and weight rows 4-byte aligned with K a multiple of 4."""
+def _usable_x(x: torch.Tensor) -> bool:
+    """One row of 4-byte aligned bf16 x on a CUDA device of sm_89 or later."""
     return (
         x.is_cuda
         and _has_e4m3_cvt(x.device)
         and x.dtype == torch.bfloat16
         and x.shape[0] == 1
         and x.data_ptr() % 4 == 0
-        and w.shape[1] % 4 == 0
-        and w.data_ptr() % 4 == 0
-        and w.stride(0) % 4 == 0
     )
+
+
+def usable(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether fp8_mma can take x and w: one row of bf16 x on a CUDA device of sm_89 or later,
+    4-byte aligned, and weight rows 4-byte aligned with K a multiple of 4."""
+    aligned = w.shape[1] % 4 == 0 and w.data_ptr() % 4 == 0 and w.stride(0) % 4 == 0
+    return _usable_x(x) and aligned
 
 
 def usable_nvfp4(x: torch.Tensor, w: Nvfp4MmaWeight) -> bool:
     """`usable` for an nvfp4 weight in the tensor-core layout (its K a multiple of 32: a
     thread's block scales are read in pairs)."""
-    return (
-        x.is_cuda
-        and _has_e4m3_cvt(x.device)
-        and x.dtype == torch.bfloat16
-        and x.shape[0] == 1
-        and x.data_ptr() % 4 == 0
-        and w.shape[1] % 32 == 0
-    )
+    return _usable_x(x) and w.shape[1] % 32 == 0
 
 
 def fp8_mma(
