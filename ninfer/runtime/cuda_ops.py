@@ -99,7 +99,7 @@ class _PendingProjection:
 FOLDED_NORM_CONFIG = Fp8MmaConfig(2, 2)
 
 
-def _fp8_mma_for(w: Any, x: torch.Tensor) -> Fp8MmaConfig | None:
+def _mma_for(w: Any, x: torch.Tensor) -> Fp8MmaConfig | None:
     """The tensor-core GEMV's launch shape for one row x against w where an RMSNorm can run
     in its prologue or epilogue (kernels/fp8_mma.py; a single fp8 segment, or nvfp4 with its
     repacked copy), or None."""
@@ -139,13 +139,13 @@ def linear(
     glu = a.get("act") == "swiglu"
     out_glu = a.get("out") == "swiglu"  # (fuse_swiglu_linear folds it only where there is no bias)
     if isinstance(x, NormedX):  # the RMSNorm before this projection left its end to it
-        cfg = _fp8_mma_for(w, x.s) if bias is None and not glu else None
+        cfg = _mma_for(w, x.s) if bias is None and not glu else None
         if cfg is not None:
             return fp8_mma(x, *_mma_operands(w), cfg, swiglu_out=out_glu)
         x = x.materialize()
     x2 = _rows(x)
     if a.get("residual_norm") and s.norm_stats is not None and bias is None and not out_glu:
-        cfg = _fp8_mma_for(w, x2) if not glu else None
+        cfg = _mma_for(w, x2) if not glu else None
         if cfg is not None:
             return _PendingProjection(x2, w, cfg)
     lead = x.shape[:-1]
