@@ -103,7 +103,7 @@ def profile(args: argparse.Namespace) -> None:
           f"graph step {g:.3f} ms; weights {wb:.2f} GB")  # fmt: skip
 
     def graph_ms() -> float:
-        ex._graphs.clear()
+        ex.drop_graphs()
         ex.records.clear()
         for p in range(20):
             ex.run(decode(ctx + 40 + p))
@@ -128,7 +128,7 @@ def profile(args: argparse.Namespace) -> None:
         against_full(f"without {name}", lambda name=name: _ablated(name))
     for spec in args.variant:
         against_full(f"with {spec}", lambda spec=spec: _table_variant(spec))
-    ex._graphs.clear()
+    ex.drop_graphs()
 
 
 def _table_entry(item: str) -> tuple[dict, tuple, object]:

@@ -339,6 +339,14 @@ class CudaExecutor(PlanExecutorBase):
         self._graphs[batch] = g
         return g
 
+    def drop_graphs(self) -> None:
+        """Forget every captured decode graph (each is captured again on its next use), in a
+        fresh memory pool: torch refuses a capture into a pool whose graphs have all been freed
+        while its memory is still held (an internal assert at capture_begin)."""
+        self._graphs.clear()
+        if self.graph_buckets:
+            self._pool = torch.cuda.graph_pool_handle()
+
     def capture_all(self) -> int:
         """Capture every bucket now (the engine otherwise captures each on first use);
         returns how many graphs exist."""

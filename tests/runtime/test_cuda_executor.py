@@ -346,6 +346,15 @@ def test_graph_replay_equals_eager(fixture_artifacts, arch):
     ):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     assert sorted(graphs._graphs) == [2] and not eager._graphs
+    # dropped graphs (bench/profile_step.py times other launch tables) are captured again, in
+    # a fresh pool, twice over
+    for _ in range(2):
+        graphs.drop_graphs()
+        assert not graphs._graphs
+        again = _teacher_forced(graphs, prompts, tokens)
+        ref = _teacher_forced(eager, prompts, tokens)[-1]
+        torch.testing.assert_close(again[-1], ref, atol=1e-4, rtol=1e-4)
+        assert sorted(graphs._graphs) == [2]
     # a batch that shrinks replays a smaller bucket, on the same KV
     seqs = _Seqs(graphs, prompts[:1])
     seqs.step()
