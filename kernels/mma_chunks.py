@@ -152,12 +152,7 @@ def _pair_mma4(d0, d1, d2, d3, wa, wb, sa, sb, xa, xb, xc, xd, R: tl.constexpr):
     ca0, ca1 = scale_pairs(sa)
     cb0, cb1 = scale_pairs(sb)
     for q in tl.static_range(4):
-        if q < 2:
-            sca = ca0
-            scb = cb0
-        else:
-            sca = ca1
-            scb = cb1
+        sca, scb = (ca0, cb0) if q < 2 else (ca1, cb1)  # words 0-1: block 0
         if q == 0:
             xq = xa
         elif q == 1:

@@ -379,12 +379,7 @@ def _mma_chunk(
         ca0, ca1 = _scale_bf16x2(sa0), _scale_bf16x2(sa1)
         cb0, cb1 = _scale_bf16x2(sb0), _scale_bf16x2(sb1)
     for word in tl.static_range(4):
-        if word < 2:
-            sca = ca0
-            scb = cb0
-        else:
-            sca = ca1
-            scb = cb1
+        sca, scb = (ca0, cb0) if word < 2 else (ca1, cb1)  # words 0-1: block 0
         a0, a1, a2, a3 = _decode_bf16(_word_of(wa, word, H, R), sca, one)
         b0, b1, b2, b3 = _decode_bf16(_word_of(wb, word, H, R), scb, one)
         kv = k0 + 8 * word
