@@ -10,6 +10,7 @@ from kernels.compile_check import run_fresh
 from kernels.fp8_gemv import fp8_gemv_reference
 from kernels.fp8_mma import Fp8MmaConfig, fp8_mma, fp8_mma_config, usable
 from kernels.quant_gemm import quant_linear, quantize_weight_fp8
+from tests.kernels.norm_inputs import overflowing_normed_x
 
 _COMPILE_CHECK = """
 import json
@@ -223,16 +224,8 @@ def test_rmsnorm_between_two_projections(device, zc, cfg, H, K1, N2) -> None:
 def test_normed_input_beyond_f16_recomputed(device) -> None:
     """s * gain beyond f16 (u holds inf) sends the rows to the fp32 path, which reads s and the
     gain: the result still equals the projection of rmsnorm(s) * gain."""
-    from kernels.fp8_mma import NORM_STATS, NormedX
-
     H, N = 512, 64
-    s = _x(1, H, device, seed=8)
-    s[0, 7] = 3.0e5
-    g = torch.full((H,), 0.75, dtype=torch.bfloat16, device=device)
-    u = (s.float() * g.float()).half()
-    assert torch.isinf(u).any()
-    stats = torch.zeros(NORM_STATS, dtype=torch.float32, device=device)
-    stats[3] = s.float().pow(2).sum()
+    x = overflowing_normed_x(_x(1, H, device, seed=8))
     q, sc = _weight(N, H, device, seed=9)
-    ref = fp8_gemv_reference(_norm_ref(s, g, 1e-6, False), q, sc)
-    _close(fp8_mma(NormedX(s, u, g, False, stats, 1e-6), q, sc, Fp8MmaConfig(4, 2)), ref)
+    ref = fp8_gemv_reference(_norm_ref(x.s, x.gain, 1e-6, False), q, sc)
+    _close(fp8_mma(x, q, sc, Fp8MmaConfig(4, 2)), ref)

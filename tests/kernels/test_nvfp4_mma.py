@@ -12,6 +12,7 @@ from kernels.fp8_mma import NORM_STATS, Fp8MmaConfig, NormedX, ResidualNorm, fp8
 from kernels.nvfp4_mma import DECODE_SCALE, prepare, repack_words, unpack_words, word_values
 from kernels.quant_decode import decode_e2m1
 from kernels.quant_gemm import quant_linear_reference, quantize_weight_nvfp4
+from tests.kernels.norm_inputs import overflowing_normed_x
 
 
 def _all_words() -> torch.Tensor:
@@ -166,17 +167,10 @@ def test_nvfp4_normed_input_beyond_f16_recomputed(device) -> None:
     from kernels.rmsnorm import rmsnorm_reference
 
     H, N = 512, 64
-    s = _x(H, device, seed=8)
-    s[0, 7] = 3.0e5
-    g = torch.full((H,), 0.75, dtype=torch.bfloat16, device=device)
-    u = (s.float() * g.float()).half()
-    assert torch.isinf(u).any()
-    stats = torch.zeros(NORM_STATS, dtype=torch.float32, device=device)
-    stats[3] = s.float().pow(2).sum()
+    x = overflowing_normed_x(_x(H, device, seed=8))
     q, sc, gs = _weight(N, H, device, seed=9)
-    ref = quant_linear_reference(rmsnorm_reference(s, g, 1e-6)[0], q, sc, "nvfp4", gs)
-    y = fp8_mma(NormedX(s, u, g, False, stats, 1e-6), prepare(q, sc, gs), None, Fp8MmaConfig(4, 2))
-    _close(y, ref)
+    ref = quant_linear_reference(rmsnorm_reference(x.s, x.gain, 1e-6)[0], q, sc, "nvfp4", gs)
+    _close(fp8_mma(x, prepare(q, sc, gs), None, Fp8MmaConfig(4, 2)), ref)
 
 
 @pytest.mark.gpu
