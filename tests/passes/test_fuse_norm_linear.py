@@ -95,3 +95,40 @@ def test_bf16_weights_and_cpu_plans_are_left_alone(fixture_artifacts, fp8_llama)
     assert PASS not in [p.name for p in build_pipeline(cpu)]
     assert PASS in [p.name for p in build_pipeline(CUDA)]
     assert PASS not in [p.name for p in build_pipeline(CUDA, disable=[PASS])]
+
+
+def _halves(g: Graph) -> list[str]:
+    return [op.outputs[0] for op in g.ops if op.attrs.get("half_out")]
+
+
+def test_marks_the_swiglu_projections_feeding_quantised_ones(quant_llama) -> None:
+    """Both layers' gate/up projections (out=swiglu) hand the down projection an f16 copy;
+    nothing else is marked."""
+    fmt, path = quant_llama
+    out = verify(FUSE_NORM_LINEAR(_fused(path), CUDA))
+    marked = [op for op in out.ops if op.attrs.get("half_out")]
+    assert len(marked) == 2 and out.meta["fusions"]["half_x"] == 2
+    users = out.users()
+    for op in marked:
+        assert op.attrs["out"] == "swiglu" and out.weights[op.inputs[1]].format == fmt
+        (j,) = users[op.outputs[0]]
+        down = out.ops[j]
+        assert down.kind == "linear" and down.inputs[0] == op.outputs[0]
+        assert out.weights[down.inputs[1]].format == fmt
+
+
+def test_activation_with_another_reader_is_not_marked(fp8_llama) -> None:
+    g = _fused(fp8_llama).copy()
+    act = _halves(FUSE_NORM_LINEAR(g, CUDA))[0]
+    g.ops.append(Op("add", (act, act), (act + ".twice",)))
+    g.values[act + ".twice"] = g.values[act]
+    g.outputs.append(act + ".twice")
+    out = verify(FUSE_NORM_LINEAR(verify(g), CUDA))
+    assert act not in _halves(out) and out.meta["fusions"]["half_x"] == 1
+
+
+def test_bf16_swiglu_projections_are_not_marked(fixture_artifacts) -> None:
+    g = graph_for_artifact(Artifact(fixture_artifacts("llama")), CUDA)
+    for p in FUSIONS:
+        g = p(g, CUDA)
+    assert _halves(g) == [] and g.meta["fusions"]["half_x"] == 0
