@@ -74,7 +74,7 @@ def get_int(
     if isinstance(value, bool) or not isinstance(value, int):
         raise errors.invalid_type(param, "an integer", value)
     if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise errors.invalid_value(param, f"must be in {_range(lo, hi)}, got {value}")
+        raise errors.invalid_value(param, f"must be {_range(lo, hi)}, got {value}")
     return value
 
 
@@ -197,7 +197,7 @@ def get_sampling(
 
 def _range(lo: int | None, hi: int | None) -> str:
     if lo is not None and hi is not None:
-        return f"{lo}..{hi}"
+        return f"in {lo}..{hi}"
     return f">= {lo}" if lo is not None else f"<= {hi}"
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import time
 import uuid
@@ -55,11 +54,6 @@ def to_generation_request(chat: ChatRequest, state: ServerState) -> GenerationRe
         chat_template_kwargs=chat.chat_template_kwargs,
         defaults=ThinkingDefaults.from_flags(config.thinking, config.preserve_thinking),
     )
-    s = chat.sampling
-    temperature = s.temperature
-    top_p = s.top_p
-    if top_p is not None and top_p <= 0:  # top_p 0 keeps only the most likely token
-        temperature, top_p = 0.0, 1.0
     callable_tools = [t.template_dict() for t in chat.callable_tools]
     return GenerationRequest(
         messages=chat.template_messages(),
@@ -67,7 +61,7 @@ def to_generation_request(chat: ChatRequest, state: ServerState) -> GenerationRe
         parse_tools=bool(callable_tools),
         callable_tools=callable_tools,  # every declared tool is in the prompt; these parse
         template_options=options,
-        sampling=dataclasses.replace(s, temperature=temperature, top_p=top_p),
+        sampling=chat.sampling,  # top_p 0 resolves to argmax in ninfer.api.sampling
         max_tokens=chat.max_tokens,
         stop=chat.stop,
         cache_points=chat.explicit_cache_points,

@@ -210,6 +210,10 @@ def _reject_unsupported(body: dict[str, Any]) -> None:
             raise errors.invalid_value("response_format.type", f"must be 'text', got {kind!r}")
     bias = get_object(body, "logit_bias")
     for token, value in (bias or {}).items():
+        if not (token.isascii() and token.isdigit()):
+            raise errors.invalid_value(
+                f"logit_bias.{token}", "keys must be token ids (integers written as strings)"
+            )
         v = get_number(bias, token, f"logit_bias.{token}", lo=-100, hi=100)
         if v:
             raise errors.unsupported_value(

@@ -110,7 +110,16 @@ def prepare(
     )
     history = parent.context if parent is not None else ()
     if not req.input_items and not (parent is not None and has_user_message(history)):
-        raise errors.missing("input")
+        # omitted or empty input only continues a chain that already holds a user query
+        if not req.input_given:
+            raise errors.missing("input")
+        raise ApiError(
+            400,
+            "'input' is empty: it may be empty only when previous_response_id names a stored"
+            " Response whose conversation already has a user message",
+            code="missing_required_parameter",
+            param="input",
+        )
     items = (*history, *req.input_items)
     check_unique_ids(items, "input", offset=len(history))
     preserve = req.preserve_thinking

@@ -40,7 +40,11 @@ def new_id(prefix: str) -> str:
 
 
 def parse_input(value: Any, param: str, *, vision: bool) -> list[dict[str, Any]]:
-    """Canonical Items of a wire `input` (see module docstring). Raises ApiError 400."""
+    """Canonical Items of a wire `input` (see module docstring). Raises ApiError 400. An empty
+    string, like an empty array, is empty input (no Item): the create request then needs a
+    previous_response_id whose chain already holds a user message."""
+    if value == "":
+        return []
     if isinstance(value, str):
         return [_message("user", [{"type": "input_text", "text": value}], None, {})]
     if not isinstance(value, list):

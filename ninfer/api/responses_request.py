@@ -77,8 +77,9 @@ def unknown_parameter(name: str) -> ApiError:
 @dataclass(frozen=True)
 class ResponsesRequest:
     """A validated Responses request. `input_items` are canonical input Items with ids (see
-    responses_items); empty when `input` was omitted. `allowed` is the allowed_tools subset or
-    None. Sampling values and `max_output_tokens` are None when omitted."""
+    responses_items); empty when `input` was omitted or empty. `input_given`: `input` was sent
+    (not omitted or null). `allowed` is the allowed_tools subset or None. Sampling values and
+    `max_output_tokens` are None when omitted."""
 
     model: str
     input_items: tuple[dict[str, Any], ...]
@@ -163,7 +164,7 @@ def _parse(
     req = ResponsesRequest(
         model=model,  # type: ignore[arg-type]
         input_items=tuple(items),
-        input_given=bool(items),
+        input_given=raw_input is not None,
         instructions=get_str(body, "instructions"),
         previous_response_id=get_str(body, "previous_response_id", nonempty=True),
         max_output_tokens=None if count else get_int(body, "max_output_tokens", lo=0),

@@ -3,8 +3,10 @@
 Resolution order (serving spec, "Server options"): the registered preset of the loaded
 architecture for the request's resolved thinking mode (or, for an architecture without one, the
 artifact's generation_config), then process flags (--temperature ...), then request fields;
---greedy finally forces temperature 0. On the HTTP surface top_k is 0..20 and 0 selects the
-top-20 cap, so every sampled token comes from at most 20 candidates.
+--greedy finally forces temperature 0. A top_p of 0 (valid on every protocol) keeps only the
+most likely token, so it resolves to exact argmax (temperature 0, top_p 1). On the HTTP surface
+top_k is 0..20 and 0 selects the top-20 cap, so every sampled token comes from at most 20
+candidates.
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ class SamplerPolicy:
         out["seed"] = None
         out.update({k: v for k, v in self.overrides.items() if v is not None})
         out.update({k: v for k, v in request.items() if v is not None})
+        if out["top_p"] is not None and out["top_p"] <= 0:
+            # top_p 0 keeps only the most likely token, whatever the protocol: exact argmax
+            out["temperature"], out["top_p"] = 0.0, 1.0
         if self.greedy:
             out["temperature"] = 0.0
         k = int(out["top_k"] or 0)

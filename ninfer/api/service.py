@@ -142,17 +142,17 @@ class ModelService:
             options=req.template_options,
         )
         ids = self.encoder.encode(rendered.text, rendered.special_spans)
+        # the request field that carries the conversation: Responses calls it `input`
+        param = "input" if req.protocol == "responses" else "messages"
         if not ids:
-            raise ApiError(
-                400, "the rendered prompt is empty", code="invalid_prompt", param="messages"
-            )
+            raise ApiError(400, "the rendered prompt is empty", code="invalid_prompt", param=param)
         if len(ids) >= self.max_context:
             raise ApiError(
                 400,
                 f"the prompt has {len(ids)} tokens but the context ceiling is {self.max_context}"
                 " (--max-context), leaving no room for output",
                 code="context_length_exceeded",
-                param="messages",
+                param=param,
             )
         checkpoints = self._checkpoints(req, rendered, ids)
         starts = prompt_starts_in_thinking(rendered.text, rendered.special_spans)

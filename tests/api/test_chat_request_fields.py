@@ -209,6 +209,9 @@ def test_accepted_fields(fields, check):
         ({"logit_bias": {"15": 0, "99": 5}}, 400, "unsupported_value", "logit_bias.99"),
         ({"logit_bias": {"15": 101}}, 400, "invalid_value", "logit_bias.15"),
         ({"logit_bias": [1]}, 400, "invalid_type", "logit_bias"),
+        # keys are token ids: a non-integer key is malformed even with a neutral bias
+        ({"logit_bias": {"hello": 0}}, 400, "invalid_value", "logit_bias.hello"),
+        ({"logit_bias": {"-5": 0}}, 400, "invalid_value", "logit_bias.-5"),
         ({"logprobs": True}, 400, "unsupported_value", "logprobs"),
         ({"top_logprobs": 3}, 400, "unsupported_value", "top_logprobs"),
         ({"modalities": ["text", "audio"]}, 400, "unsupported_value", "modalities[1]"),
