@@ -4,9 +4,6 @@ The projection before the norm adds the residual in its epilogue and leaves what
 (`ResidualNorm`): s = residual + y, u = f16(s * gain) and its programs' sums of s² in
 NORM_STATS partial sums; the projection after it takes that as its input (`NormedX`) and scales
 its row sums by 1 / sqrt(sum / K + eps). kernels/fp8_mma.py implements both ends.
-
-`HalfX` is the same hand-off without a norm: the SwiGLU projection writes its activation with an
-f16 copy, which the down projection reads as it is.
 """
 
 from __future__ import annotations
@@ -50,25 +47,6 @@ class ResidualNorm:
     gain: torch.Tensor
     zero_centered: bool
     stats: torch.Tensor
-
-
-@dataclass(frozen=True)
-class HalfX:
-    """A projection's input x [1, K] (bf16) with u = f16(x), written beside it by its producer
-    (the SwiGLU epilogue of kernels/fp8_mma.py) so that the tensor-core GEMV reading it loads
-    f16 pairs as they are instead of converting x in every program; a value f16 cannot hold is
-    inf in u and sends the rows it enters to the fp32 path, which reads x."""
-
-    x: torch.Tensor
-    u: torch.Tensor
-
-    def materialize(self) -> torch.Tensor:
-        return self.x
-
-    def check(self) -> None:
-        x, u = self.x, self.u
-        assert x.dim() == 2 and x.shape[0] == 1 and x.stride(-1) == 1, x.shape
-        assert u.shape == x.shape and u.dtype == torch.float16 and u.stride(-1) == 1, u.shape
 
 
 def check_norm_parts(u, gain, stats, n: int, x: torch.Tensor) -> None:

@@ -62,7 +62,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.folded_norm import NORM_STATS, HalfX, NormedX, ResidualNorm, check_norm_parts
+from kernels.folded_norm import NORM_STATS, NormedX, ResidualNorm, check_norm_parts
 from kernels.gemv import load_table, table_config
 from kernels.launch import interpreting, pdl_args, pdl_wait
 from kernels.mma_chunks import (
@@ -86,8 +86,7 @@ STATS = tl.constexpr(NORM_STATS)
 def _store_pair(y_ptr, s_ptr, ra, ob, N, K, d0, d1, d2, d3, x_ptr, w_ptr, stride_wn,
                 GLU: tl.constexpr, SWIGLU: tl.constexpr, R: tl.constexpr, rstd, xs_ptr, gin_ptr,
                 NORM: tl.constexpr, ZC_IN: tl.constexpr, rv, gv, p: tl.constexpr, u_ptr,
-                RES: tl.constexpr, bs_ptr, FP4: tl.constexpr, X16: tl.constexpr,
-                HOUT: tl.constexpr):  # fmt: skip
+                RES: tl.constexpr, bs_ptr, FP4: tl.constexpr):  # fmt: skip
     """The sums of rows ra and rb = ra + ob times their scales (from the MMA sums, or recomputed
     in fp32 when one is not finite) to y[ra] and y[rb]; with SWIGLU (rows
     ra of the gate half and rb of the up half) silu(gate) * up to y[ra], gate and up rounded to
@@ -95,8 +94,7 @@ def _store_pair(y_ptr, s_ptr, ra, ob, N, K, d0, d1, d2, d3, x_ptr, w_ptr, stride
     first (the input was s * gain). RES (pair p of the block: rows 2p, 2p + 1 of the block's
     residual values rv and next-norm gains gv): y = s = residual + y (each rounded to y's dtype,
     as the separate residual add), u = f16(s * gain); returns the sum of s² over the two rows
-    (0 without RES). X16: x_ptr held f16 pairs and xs_ptr the input the fp32 path reads (with
-    NORM s, else x itself); HOUT (with SWIGLU): u = f16 of the written activation too."""
+    (0 without RES)."""
     rb = ra + ob
     da, db = tl.inline_asm_elementwise(
         _DIAG_ASM, "=f,=f,f,f,f,f", [d0, d1, d2, d3], dtype=(tl.float32,) * 2, is_pure=True,
@@ -108,7 +106,7 @@ def _store_pair(y_ptr, s_ptr, ra, ob, N, K, d0, d1, d2, d3, x_ptr, w_ptr, stride
     # sum it entered (times a weight: inf, or NaN for a zero weight); finite e4m3 x f16 products
     # cannot overflow an fp32 sum. Such a row is computed again in fp32 from the bytes.
     if not ((tl.abs(ya) < float("inf")) & (tl.abs(yb) < float("inf"))):
-        if X16:
+        if NORM:
             xr = xs_ptr
         else:
             xr = x_ptr.to(tl.pointer_type(tl.bfloat16))
@@ -129,8 +127,6 @@ def _store_pair(y_ptr, s_ptr, ra, ob, N, K, d0, d1, d2, d3, x_ptr, w_ptr, stride
         g = ya.to(out).to(tl.float32)
         act = g * tl.sigmoid(g) * yb.to(out).to(tl.float32)
         tl.store(y_ptr + ra, act.to(out), mask=rb < N)
-        if HOUT:
-            tl.store(u_ptr + ra, act.to(out).to(tl.float16), mask=rb < N)
     elif RES:
         sa = (ya.to(out).to(tl.float32) + _pick(rv, 2 * p)).to(out)
         sb = (yb.to(out).to(tl.float32) + _pick(rv, 2 * p + 1)).to(out)
@@ -156,7 +152,7 @@ def _fp8_mma_kernel(
     EVEN: tl.constexpr, PDL: tl.constexpr,
     xs_ptr, gin_ptr, st_in_ptr, eps, NORM: tl.constexpr, ZC_IN: tl.constexpr,
     r_ptr, g_ptr, u_ptr, st_ptr, RES: tl.constexpr, ZC: tl.constexpr,
-    bs_ptr, FP4: tl.constexpr, X16: tl.constexpr, HOUT: tl.constexpr,
+    bs_ptr, FP4: tl.constexpr,
 ):  # fmt: skip
     # grid (G,), one x row: program p computes row blocks p, p + G, ... of BN rows (G = the
     # row blocks, or a few programs per SM: then every program is resident from the start and
@@ -185,8 +181,6 @@ def _fp8_mma_kernel(
     # the sums are scaled by 1 / rms(s) from the producer's partial sums of s² (st_in_ptr).
     # RES (`ResidualNorm`): y = s = residual + this projection, plus u = f16(s * the next
     # RMSNorm's gain) and this program's sum of s² added to st_ptr[program % STATS].
-    # X16 (NORM, or a `HalfX` input): x_ptr holds f16 pairs, loaded as they are; xs_ptr the
-    # bf16 input the fp32 path reads. HOUT (with SWIGLU): the activation's f16 copy to u_ptr.
     sq = tl.full([], 0.0, tl.float32)
     for blk in range(tl.program_id(0), tl.cdiv(N, BN), tl.num_programs(0)):
         n0 = blk * (BN // 2) * PA  # BN rows, or BN / 2 gate rows (and their up rows)
@@ -219,9 +213,9 @@ def _fp8_mma_kernel(
                     st = tl.load(st_in_ptr + tl.arange(0, STATS))
                 if RES:
                     rv = tl.load(r_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
-            xa, xb = _x_f16(x_ptr, VW // 2 * kw + kp0, K, GLU, EVEN, X16)
+            xa, xb = _x_f16(x_ptr, VW // 2 * kw + kp0, K, GLU, EVEN, NORM)
             if FP4:
-                xc, xd = _x_f16(x_ptr, VW // 2 * kw + kp0 + 8, K, GLU, EVEN, X16)
+                xc, xd = _x_f16(x_ptr, VW // 2 * kw + kp0 + 8, K, GLU, EVEN, NORM)
                 d00, d01, d02, d03 = _pair_mma4(d00, d01, d02, d03, w0, w1, s0, s1, xa, xb, xc,
                                                 xd, R)  # fmt: skip
                 if BN > 2:
@@ -244,18 +238,18 @@ def _fp8_mma_kernel(
             rstd = 1.0 / tl.sqrt(tl.sum(st, axis=0) / K + eps)
         sq += _store_pair(y_ptr, s_ptr, n0, ob, N, K, d00, d01, d02, d03, x_ptr, w_ptr,
                           ROW_WORDS, GLU, SWIGLU, R, rstd, xs_ptr, gin_ptr, NORM, ZC_IN, rv, gv,
-                          0, u_ptr, RES, bs_ptr, FP4, X16, HOUT)  # fmt: skip
+                          0, u_ptr, RES, bs_ptr, FP4)  # fmt: skip
         if BN > 2:
             sq += _store_pair(y_ptr, s_ptr, n0 + PA, ob, N, K, d10, d11, d12, d13, x_ptr, w_ptr,
                               ROW_WORDS, GLU, SWIGLU, R, rstd, xs_ptr, gin_ptr, NORM, ZC_IN, rv,
-                              gv, 1, u_ptr, RES, bs_ptr, FP4, X16, HOUT)  # fmt: skip
+                              gv, 1, u_ptr, RES, bs_ptr, FP4)  # fmt: skip
         if BN > 4:
             sq += _store_pair(y_ptr, s_ptr, n0 + 2 * PA, ob, N, K, d20, d21, d22, d23, x_ptr,
                               w_ptr, ROW_WORDS, GLU, SWIGLU, R, rstd, xs_ptr, gin_ptr, NORM,
-                              ZC_IN, rv, gv, 2, u_ptr, RES, bs_ptr, FP4, X16, HOUT)  # fmt: skip
+                              ZC_IN, rv, gv, 2, u_ptr, RES, bs_ptr, FP4)  # fmt: skip
             sq += _store_pair(y_ptr, s_ptr, n0 + 3 * PA, ob, N, K, d30, d31, d32, d33, x_ptr,
                               w_ptr, ROW_WORDS, GLU, SWIGLU, R, rstd, xs_ptr, gin_ptr, NORM,
-                              ZC_IN, rv, gv, 3, u_ptr, RES, bs_ptr, FP4, X16, HOUT)  # fmt: skip
+                              ZC_IN, rv, gv, 3, u_ptr, RES, bs_ptr, FP4)  # fmt: skip
     if RES:
         tl.atomic_add(st_ptr + tl.program_id(0) % STATS, sq, sem="relaxed")
 
@@ -341,7 +335,7 @@ def usable_nvfp4(x: torch.Tensor, w: Nvfp4MmaWeight) -> bool:
 
 
 def fp8_mma(
-    x: torch.Tensor | NormedX | HalfX,
+    x: torch.Tensor | NormedX,
     w: torch.Tensor | Nvfp4MmaWeight,
     scale: torch.Tensor | None,
     config: Fp8MmaConfig,
@@ -349,19 +343,15 @@ def fp8_mma(
     glu: bool = False,
     swiglu_out: bool = False,
     residual: ResidualNorm | None = None,
-    half_out: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """y [1, N] in bf16 = f(x) @ (scale[:, None] * e4m3(w))ᵀ on tensor cores, for one row x
     [1, K or 2K]; the contract of kernels/fp8_gemv.fp8_gemv where `usable` holds. With
     ``swiglu_out`` (w = [gate; up], N even) the result is silu(y[:, :N/2]) * y[:, N/2:], [1, N/2],
     gate and up rounded to bf16 first. x a `NormedX`: the projection of rmsnorm(s) * gain.
-    With ``residual`` (see `ResidualNorm`): returns (s, u). x a `HalfX`: its f16 copy is read
-    as it is (no conversion in the K loop). ``half_out`` (with ``swiglu_out``): returns (y, f16
-    copy of y), a `HalfX`'s parts. w an `Nvfp4MmaWeight`: an nvfp4 weight (``scale`` unused:
-    the weight carries its scales). No host synchronisation."""
+    With ``residual`` (see `ResidualNorm`): returns (s, u). w an `Nvfp4MmaWeight`: an nvfp4
+    weight (``scale`` unused: the weight carries its scales). No host synchronisation."""
     normed = x if isinstance(x, NormedX) else None
-    half = x if isinstance(x, HalfX) else None
-    xb = normed.s if normed is not None else half.x if half is not None else x
+    xb = normed.s if normed is not None else x
     fp4 = isinstance(w, Nvfp4MmaWeight)
     if fp4:
         assert usable_nvfp4(xb, w), "fp8_mma needs one row of CUDA bf16 x and K % 32 == 0"
@@ -382,12 +372,10 @@ def fp8_mma(
     assert not swiglu_out or N % 2 == 0, "swiglu_out needs the [gate; up] rows of an even N"
     assert normed is None or not glu, "a normalised input has no activation"
     assert residual is None or not swiglu_out, "the residual epilogue writes the projection"
-    assert not half_out or swiglu_out, "half_out is the SwiGLU epilogue's f16 copy"
-    assert (normed is None and half is None) or not glu, "an f16 input has no activation"
     y = torch.empty((1, N // 2 if swiglu_out else N), dtype=xb.dtype, device=xb.device)
-    u = torch.empty_like(y, dtype=torch.float16) if residual or half_out else None
+    u = torch.empty((1, N), dtype=torch.float16, device=xb.device) if residual else None
     if N == 0:
-        return y if u is None else (y, u)
+        return y if residual is None else (y, u)
     cfg = config
     even = K % (cfg.bk * (2 if fp4 else 1)) == 0 and N % cfg.bn == 0
     blocks = triton.cdiv(N, cfg.bn)
@@ -397,9 +385,6 @@ def fp8_mma(
         check_norm_parts(normed.u, normed.gain, normed.stats, K, xb)
         nx = (normed.u.view(torch.int32), xb, normed.gain, normed.stats, normed.eps)
         nz = normed.zero_centered
-    elif half is not None:
-        half.check()
-        nx, nz = (half.u.view(torch.int32), xb, scale, scale, 0.0), False
     else:
         nx, nz = (xb.view(torch.int32), xb, scale, scale, 0.0), False
     if residual is not None:
@@ -409,17 +394,16 @@ def fp8_mma(
         rx = (r.residual, r.gain, u, r.stats)
         rz = r.zero_centered
     else:
-        rx, rz = (y, scale, u if half_out else y, scale), False
+        rx, rz = (y, scale, y, scale), False
     _fp8_mma_kernel[(blocks,)](
         nx[0], words, scale, y, N, K, ROW_WORDS=words.stride(0),
         GLU=glu, SWIGLU=swiglu_out, BN=cfg.bn, R=32 * cfg.warps, EVEN=even,
         xs_ptr=nx[1], gin_ptr=nx[2], st_in_ptr=nx[3], eps=nx[4], NORM=normed is not None,
         ZC_IN=nz, r_ptr=rx[0], g_ptr=rx[1], u_ptr=rx[2], st_ptr=rx[3], RES=residual is not None,
-        ZC=rz, bs_ptr=bscale, FP4=fp4,
-        X16=normed is not None or half is not None, HOUT=half_out, num_warps=cfg.warps, num_stages=1,
+        ZC=rz, bs_ptr=bscale, FP4=fp4, num_warps=cfg.warps, num_stages=1,
         **pdl_args(xb.device),
     )  # fmt: skip
-    return y if u is None else (y, u)
+    return y if residual is None else (y, u)
 
 
 def compile_fp8_mma(
@@ -433,8 +417,6 @@ def compile_fp8_mma(
     norm: bool = False,
     residual: bool = False,
     fp4: bool = False,
-    half: bool = False,
-    half_out: bool = False,
 ) -> Any:
     """The kernel compiled for sm_<arch> without a GPU (kernels/compile_check.py), launched
     with programmatic dependent launch as on Hopper, for weight rows ``row_words`` 32-bit words
@@ -449,7 +431,6 @@ def compile_fp8_mma(
     const = {"GLU": glu, "SWIGLU": swiglu_out, "BN": config.bn, "R": 32 * config.warps}
     const |= {"EVEN": even, "PDL": True, "ROW_WORDS": row_words}
     const |= {"NORM": norm, "ZC_IN": False, "RES": residual, "ZC": False, "FP4": fp4}
-    const |= {"X16": norm or half, "HOUT": half_out}
     sig |= {"bs_ptr": "*u8"}
     divisible = ["x_ptr", "w_ptr", "s_ptr", "y_ptr", "K", "bs_ptr"]
     return compile_for_cuda(

@@ -14,11 +14,6 @@ critical path between two GEMVs, is gone. Elsewhere (batch > 1, other kernels) e
 written. Marked only where the first projection's output (either operand of the add) has no
 other reader and the norm's output feeds one such linear without an activation on its input; the
 residual sum %s may have any readers.
-
-The same hand-off without a norm: a SwiGLU projection (out=swiglu, fuse_swiglu_linear) whose
-only reader is such a linear (the down projection) is marked `half_out`; where both run on the
-tensor-core GEMV its epilogue also writes the activation in f16 (`HalfX`), which the next one
-reads as it is instead of converting bf16 x to f16 in every program (meta fusions["half_x"]).
 """
 
 from __future__ import annotations
@@ -66,25 +61,7 @@ def _run(graph: Graph, options: CompileOptions) -> Graph:
         g.ops[j] = Op(op.kind, op.inputs, op.outputs, {**op.attrs, "stats_slot": slots},
                       op.kernel)  # fmt: skip
         slots += 1
-    halves = 0
-    for i, op in enumerate(g.ops):
-        if op.kind != "linear" or op.attrs.get("out") != "swiglu" or len(op.inputs) != 2:
-            continue
-        y = op.outputs[0]
-        readers = users.get(y, [])
-        if y in g.outputs or len(readers) != 1 or "act" in op.attrs:
-            continue
-        reader = g.ops[readers[0]]
-        if not _mma_linear(g, reader) or reader.inputs[0] != y:
-            continue
-        w = g.weights.get(op.inputs[1])
-        if w is None or w.format not in ("fp8", "nvfp4"):
-            continue
-        g.ops[i] = Op(op.kind, op.inputs, op.outputs, {**op.attrs, "half_out": True}, op.kernel)
-        halves += 1
-    fusions = g.meta.setdefault("fusions", {})
-    fusions["fuse_norm_linear"] = slots
-    fusions["half_x"] = halves
+    g.meta.setdefault("fusions", {})["fuse_norm_linear"] = slots
     return g
 
 

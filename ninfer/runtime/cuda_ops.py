@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.attn_prologue import FUSED_FORMATS, attention_prologue
-from kernels.folded_norm import HalfX, NormedX, ResidualNorm
+from kernels.folded_norm import NormedX, ResidualNorm
 from kernels.fp8_mma import Fp8MmaConfig, fp8_mma, fp8_mma_config
 from kernels.fp8_mma import usable as fp8_mma_usable
 from kernels.fp8_mma import usable_nvfp4 as fp8_mma_usable_nvfp4
@@ -89,7 +89,7 @@ class _PendingProjection:
     """A projection fuse_norm_linear marked (`residual_norm`), left for the add_rmsnorm that is
     its only reader to launch with the residual-add epilogue."""
 
-    x: torch.Tensor | HalfX  # [1, K]
+    x: torch.Tensor  # [1, K]
     w: QuantWeight
     config: Fp8MmaConfig
 
@@ -122,27 +122,13 @@ def _mma_operands(w: QuantWeight) -> tuple[Any, torch.Tensor | None]:
     return (seg.mma, None) if w.fmt == "nvfp4" else (seg.data, seg.scale)
 
 
-def _mma_call(
-    x: torch.Tensor | NormedX | HalfX,
-    w: QuantWeight,
-    cfg: Fp8MmaConfig,
-    out_glu: bool,
-    half_out: bool = False,
-) -> torch.Tensor | HalfX:
-    """The tensor-core GEMV of one row; with ``half_out`` (a SwiGLU projection fuse_norm_linear
-    marked) the activation with its f16 copy, for the projection that reads it."""
-    if half_out:
-        return HalfX(*fp8_mma(x, *_mma_operands(w), cfg, swiglu_out=True, half_out=True))
-    return fp8_mma(x, *_mma_operands(w), cfg, swiglu_out=out_glu)
-
-
 def linear(
     s: DeviceStep,
     a: dict,
-    x: torch.Tensor | NormedX | HalfX,
+    x: torch.Tensor | NormedX,
     w: Any,
     bias: torch.Tensor | None = None,
-) -> torch.Tensor | NormedX | HalfX | _PendingProjection:
+) -> torch.Tensor | _PendingProjection:
     """x @ wᵀ (+ bias); attr act=swiglu: x is [gate | up] and the input is silu(gate) * up;
     attr out=swiglu: w is [gate; up] and the result silu(gate) * up (fp8 weights: in the
     tensor-core GEMV's epilogue at batch 1).
@@ -152,23 +138,16 @@ def linear(
     the activation in too)."""
     glu = a.get("act") == "swiglu"
     out_glu = a.get("out") == "swiglu"  # (fuse_swiglu_linear folds it only where there is no bias)
-    pending = a.get("residual_norm") and s.norm_stats is not None and bias is None and not out_glu
-    half_out = bool(a.get("half_out")) and out_glu and bias is None
     if isinstance(x, NormedX):  # the RMSNorm before this projection left its end to it
         cfg = _mma_for(w, x.s) if bias is None and not glu else None
         if cfg is not None:
-            return _mma_call(x, w, cfg, out_glu, half_out)
-        x = x.materialize()
-    if isinstance(x, HalfX):  # the projection before this one wrote an f16 copy of x too
-        cfg = _mma_for(w, x.x) if bias is None and not glu else None
-        if cfg is not None:
-            return _PendingProjection(x, w, cfg) if pending else _mma_call(x, w, cfg, out_glu)
+            return fp8_mma(x, *_mma_operands(w), cfg, swiglu_out=out_glu)
         x = x.materialize()
     x2 = _rows(x)
-    if (pending or half_out) and not glu:
-        cfg = _mma_for(w, x2)
+    if a.get("residual_norm") and s.norm_stats is not None and bias is None and not out_glu:
+        cfg = _mma_for(w, x2) if not glu else None
         if cfg is not None:
-            return _PendingProjection(x2, w, cfg) if pending else _mma_call(x2, w, cfg, True, True)
+            return _PendingProjection(x2, w, cfg)
     lead = x.shape[:-1]
     if isinstance(w, QuantWeight):
         y = w.linear(x2, glu=glu, swiglu_out=out_glu)
