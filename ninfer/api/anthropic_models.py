@@ -48,7 +48,12 @@ from ninfer.api.template_options import (
     ThinkingDefaults,
     resolve_template_options,
 )
-from ninfer.api.tool_fields import function_template_dict, reject_defer_loading, reject_strict
+from ninfer.api.tool_fields import (
+    check_tool_name,
+    function_template_dict,
+    reject_defer_loading,
+    reject_strict,
+)
 
 MIN_THINKING_BUDGET = 1024
 MAX_BREAKPOINTS = 4
@@ -198,6 +203,7 @@ def _parse_tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[tuple
                 f"{param}.allowed_callers", callers, "tools that the model may not call directly"
             )
         name = get_str(tool, "name", f"{param}.name", required=True, nonempty=True)
+        check_tool_name(name, f"{param}.name")  # type: ignore[arg-type]
         if name in seen:
             raise errors.invalid_value(f"{param}.name", f"tool {name!r} is declared twice")
         seen.add(name)  # type: ignore[arg-type]

@@ -50,6 +50,8 @@ from ninfer.api.openai_chat_messages import (
 from ninfer.api.stops import validate_stops
 from ninfer.api.tool_fields import (
     FORCED_CALL,
+    check_parameters_schema,
+    check_tool_name,
     function_template_dict,
     read_tool_choice,
     reject_strict,
@@ -159,6 +161,7 @@ def parse_chat_request(body: dict[str, Any], *, model_id: str, vision: bool) -> 
     if not raw_messages:
         raise errors.invalid_value("messages", "must contain at least one message")
     messages = tuple(parse_message(m, f"messages[{i}]", vision) for i, m in enumerate(raw_messages))
+    messages = _match_tool_results(messages)
     tools = _parse_tools(body)
     tool_choice, allowed = _parse_tool_choice(body, tools)
     req = ChatRequest(
@@ -189,6 +192,82 @@ def parse_chat_request(body: dict[str, Any], *, model_id: str, vision: bool) -> 
             "a limit of one tool call per response (disable tools or omit it)",
         )
     return req
+
+
+# -----------------------------------------------------------------------------------------------
+# Tool-call history
+# -----------------------------------------------------------------------------------------------
+
+
+def _tool_history_error(param: str, message: str) -> errors.ApiError:
+    return errors.ApiError(400, message, code="invalid_tool_history", param=param)
+
+
+def _match_tool_results(messages: tuple[ChatMessage, ...]) -> tuple[ChatMessage, ...]:
+    """Check tool results against the assistant tool calls they answer, as OpenAI does, and put
+    each group of results in call order (the Qwen prompt has no call ids: results are matched
+    to calls by position).
+
+    An assistant message whose calls all carry ids must be followed by exactly one role "tool"
+    message per id; an unknown, duplicate or missing result fails with invalid_tool_history. A
+    history that begins with results (a truncated or imported conversation) stays valid, as in
+    Anthropic Messages. Legacy function history and calls without ids are not matched.
+    """
+    out: list[ChatMessage] = []
+    i, n = 0, len(messages)
+    only_instructions = True  # nothing but system/developer messages so far
+    while i < n:
+        m = messages[i]
+        if m.role == "tool" and m.tool_call_id is not None and not only_instructions:
+            raise _tool_history_error(
+                f"messages[{i}]",
+                f"tool message with tool_call_id {m.tool_call_id!r} must answer a tool call of "
+                "the assistant message right before it",
+            )
+        out.append(m)
+        i += 1
+        if m.role not in ("system", "developer", "tool"):
+            only_instructions = False
+        ids = [c.id for c in m.tool_calls]
+        if m.role != "assistant" or not ids:
+            continue
+        if None in ids:  # calls without ids: their results cannot be matched
+            while i < n and messages[i].role == "tool":
+                out.append(messages[i])
+                i += 1
+            continue
+        first = i - 1
+        for j, call_id in enumerate(ids):
+            if call_id in ids[:j]:
+                raise _tool_history_error(
+                    f"messages[{first}].tool_calls[{j}].id",
+                    f"tool call id {call_id!r} occurs twice in one assistant message",
+                )
+        results: dict[str, ChatMessage] = {}
+        while i < n and messages[i].role == "tool" and messages[i].tool_call_id is not None:
+            r = messages[i]
+            if r.tool_call_id not in ids:
+                raise _tool_history_error(
+                    f"messages[{i}].tool_call_id",
+                    f"tool_call_id {r.tool_call_id!r} does not answer a call of the assistant "
+                    f"message messages[{first}] (its calls: {', '.join(map(repr, ids))})",
+                )
+            if r.tool_call_id in results:
+                raise _tool_history_error(
+                    f"messages[{i}].tool_call_id",
+                    f"tool_call_id {r.tool_call_id!r} has more than one tool message",
+                )
+            results[r.tool_call_id] = r  # type: ignore[index]
+            i += 1
+        missing = [c for c in ids if c not in results]
+        if missing and (results or i < n):
+            raise _tool_history_error(
+                f"messages[{first}].tool_calls",
+                "an assistant message with tool_calls must be followed by one tool message per "
+                f"call; no result for tool_call_id {', '.join(map(repr, missing))}",
+            )
+        out.extend(results[c] for c in ids if c in results)
+    return tuple(out)
 
 
 # -----------------------------------------------------------------------------------------------
@@ -289,14 +368,17 @@ def _parse_tools(body: dict[str, Any]) -> tuple[FunctionTool, ...]:
         fparam = f"{param}.function"
         reject_strict(fn, fparam)  # type: ignore[arg-type]
         name = get_str(fn, "name", f"{fparam}.name", required=True, nonempty=True)
+        check_tool_name(name, f"{fparam}.name")  # type: ignore[arg-type]
         if name in seen:
             raise errors.invalid_value(f"{fparam}.name", f"tool {name!r} is declared twice")
         seen.add(name)  # type: ignore[arg-type]
+        parameters = get_object(fn, "parameters", f"{fparam}.parameters")
+        check_parameters_schema(parameters, f"{fparam}.parameters")
         tools.append(
             FunctionTool(
                 name,  # type: ignore[arg-type]
                 get_str(fn, "description", f"{fparam}.description"),
-                get_object(fn, "parameters", f"{fparam}.parameters"),
+                parameters,
             )
         )
     return tuple(tools)

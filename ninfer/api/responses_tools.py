@@ -26,6 +26,9 @@ from ninfer.api import errors
 from ninfer.api.fields import get_array, get_bool, get_object, get_str, require_object
 from ninfer.api.tool_fields import (
     FORCED_CALL,
+    TOOL_NAME,
+    check_parameters_schema,
+    check_tool_name,
     function_template_dict,
     read_tool_choice,
     reject_defer_loading,
@@ -101,6 +104,7 @@ def parse_tools(body: dict[str, Any]) -> ToolSet:
             members = [(None, name, desc, params, f"{param}.name")]
         elif kind == "namespace":
             ns = get_str(tool, "name", f"{param}.name", required=True, nonempty=True)
+            check_tool_name(ns, f"{param}.name")  # type: ignore[arg-type]
             get_str(tool, "description", f"{param}.description")
             members = []
             inner = get_array(tool, "tools", f"{param}.tools", required=True)
@@ -124,7 +128,7 @@ def parse_tools(body: dict[str, Any]) -> ToolSet:
     # Direct names keep their spelling; namespaced pairs avoid every name already taken.
     taken = {name for ns, name, *_ in pending if ns is None}
     functions: list[FunctionDef] = []
-    for ns, name, desc, params, _ in pending:
+    for ns, name, desc, params, nparam in pending:
         if ns is None:
             internal = name
         else:
@@ -133,6 +137,11 @@ def parse_tools(body: dict[str, Any]) -> ToolSet:
             while internal in taken:
                 internal, k = f"{base}_{k}", k + 1
             taken.add(internal)
+            if not TOOL_NAME.fullmatch(internal):  # the engine identity must stay callable
+                raise errors.invalid_value(
+                    nparam,
+                    f"namespace {ns!r} and function {name!r} together exceed 128 characters",
+                )
         functions.append(FunctionDef(name, ns, internal, desc, params))
     return ToolSet(tuple(functions), tuple(wire))
 
@@ -141,8 +150,10 @@ def _parse_function(
     fn: dict[str, Any], param: str
 ) -> tuple[str, str | None, dict[str, Any] | None]:
     name = get_str(fn, "name", f"{param}.name", required=True, nonempty=True)
+    check_tool_name(name, f"{param}.name")  # type: ignore[arg-type]
     desc = get_str(fn, "description", f"{param}.description")
     params = get_object(fn, "parameters", f"{param}.parameters")
+    check_parameters_schema(params, f"{param}.parameters")
     reject_strict(fn, param)
     reject_defer_loading(fn, param)
     if fn.get("output_schema") is not None:

@@ -8,6 +8,7 @@ flags that need constrained decoding or tool search.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,6 +27,31 @@ def function_template_dict(
     if parameters is not None:
         fn["parameters"] = parameters
     return {"type": "function", "function": fn}
+
+
+# A function name the Qwen wire format (`<function=NAME>`) can carry and the output parser
+# (ninfer.api.toolcalls) accepts as a call; a declared name outside it could never be called.
+TOOL_NAME = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
+
+
+def check_tool_name(name: str, param: str) -> str:
+    """`name` when it is a callable function name, else 400 invalid_value naming `param`."""
+    if not TOOL_NAME.fullmatch(name):
+        raise errors.invalid_value(
+            param,
+            f"tool name {name[:80]!r} must be 1 to 128 letters, digits, '_', '-', '.' or ':'",
+        )
+    return name
+
+
+def check_parameters_schema(schema: Mapping[str, Any] | None, param: str) -> None:
+    """A function's parameters schema describes the arguments object: when it states a
+    top-level `type`, that type must be "object" (400 invalid_value on `param`.type)."""
+    if schema is not None and "type" in schema and schema["type"] != "object":
+        raise errors.invalid_value(
+            f"{param}.type",
+            f"the parameters schema must have type 'object', got {schema['type']!r}",
+        )
 
 
 def reject_strict(fn: Mapping[str, Any], param: str) -> None:

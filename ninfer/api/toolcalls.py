@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
+from ninfer.api.tool_fields import TOOL_NAME
 from ninfer.api.tool_params import (  # noqa: F401  (re-exported for existing importers)
     JSON_TYPES,
     Converted,
@@ -64,7 +65,7 @@ FALLBACK_REASONS = (
     "undeclared_tool",
     "trailing_content",
 )
-_VALID_NAME = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
+_VALID_NAME = TOOL_NAME  # what a declared tool name may be (ninfer.api.tool_fields)
 _MAX_NAME = 256  # a name longer than this without its ">" is malformed
 _WS = re.compile(r"\s*")
 

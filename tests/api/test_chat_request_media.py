@@ -39,6 +39,10 @@ def test_media_with_vision_is_kept_in_order():
             ],
         },
         {
+            "role": "assistant",
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "shot"}}],
+        },
+        {
             "role": "tool",
             "tool_call_id": "c1",
             "content": [{"type": "image_url", "image_url": "data:image/png;base64,AA"}],
@@ -53,7 +57,7 @@ def test_media_with_vision_is_kept_in_order():
     assert r.template_messages()[0]["content"] == [
         {"type": "text", "text": "a"}, {"type": "image"}, {"type": "text", "text": "bc"}, {"type": "video"},
     ]  # fmt: skip
-    assert r.messages[1].media == (MediaPart("image", "data:image/png;base64,AA"),)
+    assert r.messages[2].media == (MediaPart("image", "data:image/png;base64,AA"),)
 
 
 @pytest.mark.parametrize(

@@ -10,10 +10,7 @@ from typing import Any
 import pytest
 from litestar.testing import TestClient
 
-from ninfer.api.app import create_app
-from ninfer.api.config import ServeConfig
-from ninfer.artifact import Artifact
-from ninfer.commands import serve
+from tests.api.live_app import app_client
 
 MODEL = "tiny-agent"
 MAX_CONTEXT = 256
@@ -23,15 +20,8 @@ ANSWER = "The capital of France is Paris."  # its greedy reply (tiny-agent.promp
 
 @pytest.fixture(scope="module")
 def client(tiny_agent) -> Iterator[TestClient]:
-    config = ServeConfig(
-        artifact=str(tiny_agent), max_context=MAX_CONTEXT, log_stats_interval_ms=0, thinking=False
-    )
-    state = serve.build_state(config, Artifact(tiny_agent))
-    try:
-        with TestClient(app=create_app(state)) as c:
-            yield c
-    finally:
-        state.engine.close()
+    with app_client(tiny_agent, max_context=MAX_CONTEXT, thinking=False) as c:
+        yield c
 
 
 def openai_error(resp: Any, status: int, code: str, param: str | None) -> str:

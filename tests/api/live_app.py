@@ -1,0 +1,29 @@
+"""The real in-process server (engine, tokenizer, routes) behind a Litestar TestClient, for the
+API tests that drive whole requests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from litestar.testing import TestClient
+
+from ninfer.api.app import create_app
+from ninfer.api.config import ServeConfig
+from ninfer.artifact import Artifact
+from ninfer.commands import serve
+
+
+@contextmanager
+def app_client(artifact: Path, **options: Any) -> Iterator[TestClient]:
+    """A client of `ninfer serve` on ``artifact`` with ServeConfig ``options`` (throughput logs
+    off); the engine is closed when the block ends."""
+    config = ServeConfig(artifact=str(artifact), log_stats_interval_ms=0, **options)
+    state = serve.build_state(config, Artifact(artifact))
+    try:
+        with TestClient(app=create_app(state)) as c:
+            yield c
+    finally:
+        state.engine.close()
