@@ -34,6 +34,7 @@ import json
 import logging
 import uuid
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from litestar import Litestar, Request, Response, get
@@ -116,12 +117,18 @@ def _import_optional(name: str) -> Any:
 
 def _shell_handlers(state: ServerState) -> list[BaseRouteHandler]:
     def model_card() -> dict[str, Any]:
+        # OpenAI's model object, plus the fields Anthropic's Models API has at the same path
+        # (type, display_name, created_at), so that either SDK reads a whole object
+        created_at = datetime.fromtimestamp(state.created, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         return {
             "id": state.model_id,
             "object": "model",
             "created": state.created,
             "owned_by": "ninfer",
             "max_model_len": state.max_model_len,
+            "type": "model",
+            "display_name": state.model_id,
+            "created_at": created_at,
         }
 
     @get("/health", sync_to_thread=False)
@@ -133,7 +140,14 @@ def _shell_handlers(state: ServerState) -> list[BaseRouteHandler]:
 
     @get("/v1/models", sync_to_thread=False)
     def list_models() -> dict[str, Any]:
-        return {"object": "list", "data": [model_card()]}
+        card = model_card()  # one page, in OpenAI's and Anthropic's list shapes
+        return {
+            "object": "list",
+            "data": [card],
+            "has_more": False,
+            "first_id": card["id"],
+            "last_id": card["id"],
+        }
 
     @get("/v1/models/{model:path}", sync_to_thread=False)
     def get_model(model: FromPath[str]) -> dict[str, Any]:

@@ -136,8 +136,13 @@ def test_models_list_and_lookup(client):
         "created": 1700000000,
         "owned_by": "ninfer",
         "max_model_len": 4096,
+        # Anthropic's Models API serves the same paths: its fields too
+        "type": "model",
+        "display_name": MODEL,
+        "created_at": "2023-11-14T22:13:20Z",
     }
-    assert r.json() == {"object": "list", "data": [card]}
+    page = {"has_more": False, "first_id": MODEL, "last_id": MODEL}
+    assert r.json() == {"object": "list", "data": [card], **page}
     r = client.get(f"/v1/models/{MODEL}")  # an id with a slash is one path parameter
     assert (r.status_code, r.json()) == (200, card)
 

@@ -129,6 +129,17 @@ def post(
 # -- generation -----------------------------------------------------------------------------------
 
 
+def test_models_read_whole_through_the_anthropic_client(live_server):
+    """GET /v1/models and /v1/models/{id} carry Anthropic's model fields beside OpenAI's."""
+    c = client(live_server)
+    page = c.models.list()
+    (info,) = page.data
+    assert (info.id, info.type, info.display_name) == ("tiny-agent", "model", "tiny-agent")
+    assert info.created_at.tzinfo is not None and page.has_more is False
+    assert page.first_id == page.last_id == "tiny-agent"
+    assert c.models.retrieve("tiny-agent") == info
+
+
 def test_aggregate_and_stream_agree(live_server, tiny_agent_prompts):
     c = client(live_server)
     p = prompt(tiny_agent_prompts, "hello")
