@@ -78,6 +78,11 @@ def missing(param: str) -> ApiError:
     return _field_error("missing_required_parameter", param, f"'{param}' is required")
 
 
+def invalid_tool_history(param: str | None, message: str) -> ApiError:
+    """Tool results that do not answer the tool calls before them (Chat and Responses)."""
+    return ApiError(400, message, code="invalid_tool_history", param=param)
+
+
 def invalid_type(param: str, expected: str, value: object) -> ApiError:
     """A field has the wrong JSON type."""
     return _field_error(

@@ -199,10 +199,6 @@ def parse_chat_request(body: dict[str, Any], *, model_id: str, vision: bool) -> 
 # -----------------------------------------------------------------------------------------------
 
 
-def _tool_history_error(param: str, message: str) -> errors.ApiError:
-    return errors.ApiError(400, message, code="invalid_tool_history", param=param)
-
-
 def _match_tool_results(messages: tuple[ChatMessage, ...]) -> tuple[ChatMessage, ...]:
     """Check tool results against the assistant tool calls they answer, as OpenAI does, and put
     each group of results in call order (the Qwen prompt has no call ids: results are matched
@@ -219,7 +215,7 @@ def _match_tool_results(messages: tuple[ChatMessage, ...]) -> tuple[ChatMessage,
     while i < n:
         m = messages[i]
         if m.role == "tool" and m.tool_call_id is not None and not only_instructions:
-            raise _tool_history_error(
+            raise errors.invalid_tool_history(
                 f"messages[{i}]",
                 f"tool message with tool_call_id {m.tool_call_id!r} must answer a tool call of "
                 "the assistant message right before it",
@@ -239,7 +235,7 @@ def _match_tool_results(messages: tuple[ChatMessage, ...]) -> tuple[ChatMessage,
         first = i - 1
         for j, call_id in enumerate(ids):
             if call_id in ids[:j]:
-                raise _tool_history_error(
+                raise errors.invalid_tool_history(
                     f"messages[{first}].tool_calls[{j}].id",
                     f"tool call id {call_id!r} occurs twice in one assistant message",
                 )
@@ -247,13 +243,13 @@ def _match_tool_results(messages: tuple[ChatMessage, ...]) -> tuple[ChatMessage,
         while i < n and messages[i].role == "tool" and messages[i].tool_call_id is not None:
             r = messages[i]
             if r.tool_call_id not in ids:
-                raise _tool_history_error(
+                raise errors.invalid_tool_history(
                     f"messages[{i}].tool_call_id",
                     f"tool_call_id {r.tool_call_id!r} does not answer a call of the assistant "
                     f"message messages[{first}] (its calls: {', '.join(map(repr, ids))})",
                 )
             if r.tool_call_id in results:
-                raise _tool_history_error(
+                raise errors.invalid_tool_history(
                     f"messages[{i}].tool_call_id",
                     f"tool_call_id {r.tool_call_id!r} has more than one tool message",
                 )
@@ -261,7 +257,7 @@ def _match_tool_results(messages: tuple[ChatMessage, ...]) -> tuple[ChatMessage,
             i += 1
         missing = [c for c in ids if c not in results]
         if missing and (results or i < n):
-            raise _tool_history_error(
+            raise errors.invalid_tool_history(
                 f"messages[{first}].tool_calls",
                 "an assistant message with tool_calls must be followed by one tool message per "
                 f"call; no result for tool_call_id {', '.join(map(repr, missing))}",

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ninfer.api.errors import ApiError
+from ninfer.api.errors import ApiError, invalid_tool_history
 from ninfer.api.generation import CachePoint, content_units
 from ninfer.api.responses_tools import ToolSet
 
@@ -30,10 +30,6 @@ MAX_CACHE_WRITES = 4
 
 def invalid_assistant_history(param: str | None, message: str) -> ApiError:
     return ApiError(400, message, code="invalid_assistant_history", param=param)
-
-
-def invalid_tool_history(param: str | None, message: str) -> ApiError:
-    return ApiError(400, message, code="invalid_tool_history", param=param)
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,6 @@ FALLBACK_REASONS = (
     "undeclared_tool",
     "trailing_content",
 )
-_VALID_NAME = TOOL_NAME  # what a declared tool name may be (ninfer.api.tool_fields)
 _MAX_NAME = 256  # a name longer than this without its ">" is malformed
 _WS = re.compile(r"\s*")
 
@@ -309,7 +308,7 @@ class ToolCallParser:
                 if st is _S.FUNC_NAME:
                     if seg not in self.tools:
                         raise _Fallback(
-                            "undeclared_tool" if _VALID_NAME.fullmatch(seg) else "invalid_tool_name"
+                            "undeclared_tool" if TOOL_NAME.fullmatch(seg) else "invalid_tool_name"
                         )
                     self._cur = _RawCall(seg)
                     self._state = _S.PARAMS
