@@ -32,6 +32,13 @@ from typing import Any
 
 import numpy as np
 
+from ninfer.artifact.convert_hf import (
+    EMBEDDING,
+    LM_HEAD,
+    check_quantize_lm_head,
+    quantisable,
+    untie,
+)
 from ninfer.artifact.format import ArtifactWriter, StoredTensor
 from ninfer.artifact.gguf_tokenizer import gguf_tokenizer
 from ninfer.artifact.progress import Progress
@@ -82,7 +89,6 @@ _FUSED_EXPERTS = re.compile(
 )
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.weight$")
 # Same policy as convert_hf: fp8/nvfp4 only for projections; other matrices bf16; vectors f32.
-_QUANTISABLE = re.compile(r"\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)\.weight$")
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -350,14 +356,14 @@ def _split_experts(target: str, stored: StoredTensor) -> list[tuple[str, StoredT
     return [(f"{prefix}.{e}.{proj}.weight", part) for e, part in enumerate(split_experts(stored))]
 
 
-def _requantised(name: str, exact: StoredTensor, weights: str) -> StoredTensor:
+def _requantised(name: str, exact: StoredTensor, weights: str, head: bool) -> StoredTensor:
     dense = (
         dequantize(exact)
         if exact.format != "bf16"
         else bf16_decode(exact.parts["data"]).reshape(exact.shape)
     )
-    quantisable = dense.ndim == 2 and _QUANTISABLE.search(name) is not None
-    if quantisable and (weights == "fp8" or (weights == "nvfp4" and dense.shape[1] % 16 == 0)):
+    quantised = dense.ndim == 2 and quantisable(name, head)
+    if quantised and (weights == "fp8" or (weights == "nvfp4" and dense.shape[1] % 16 == 0)):
         return quantize(dense, weights)
     if weights == "bf16" or dense.ndim == 2:
         return StoredTensor("bf16", tuple(dense.shape), {"data": bf16_encode(dense)})
@@ -385,19 +391,22 @@ def convert_gguf(
     name: str | None = None,
     chat_template: str | None = None,
     progress: bool = False,
+    quantize_lm_head: bool = False,
 ) -> Path:
     """Convert the GGUF file `src` to the artifact `out` and return `out`.
 
     `weights` (bf16 | fp8 | nvfp4) quantises on the way; without it values are exact. `name`
     overrides metadata.name (default: the GGUF general.name, else the file stem);
     `chat_template` (template text) overrides the file's `tokenizer.chat_template`. A progress
-    bar goes to stderr when `progress` is set and stderr is a terminal.
+    bar goes to stderr when `progress` is set and stderr is a terminal. `quantize_lm_head`: the
+    head takes `weights` too (convert_hf's option).
     """
     src, out = Path(src), Path(out)
     if weights is not None and weights not in WEIGHT_FORMATS:
         raise ConvertError(
             f"--weights {weights}: unknown format (choose from {', '.join(WEIGHT_FORMATS)})"
         )
+    check_quantize_lm_head(weights, quantize_lm_head)
     reader = _open(src)
     meta = read_metadata(reader)
     gguf_arch = meta.get("general.architecture")
@@ -412,6 +421,7 @@ def convert_gguf(
     tok = gguf_tokenizer(meta)
     names = {s.name for s in sources}
     config = _config(meta, gguf_arch, tie="output.weight" not in names, vocab_size=tok.vocab_size)
+    own_head = untie(config, weights, quantize_lm_head)
     # llama.cpp permutes q/k rows for llama only; its qwen converters keep the HF order.
     permute: dict[str, int] = {}
     if gguf_arch == "llama":
@@ -449,8 +459,10 @@ def convert_gguf(
                 if kind and kind.group(2) in permute:
                     data = unpermute_rotary(np.asarray(data), permute[kind.group(2)])
                 for part_name, stored in _split_experts(target, _stored_as_is(s, data)):
+                    if own_head and part_name == EMBEDDING:
+                        writer.add(LM_HEAD, _requantised(LM_HEAD, stored, weights, True))
                     if weights is not None:
-                        stored = _requantised(part_name, stored, weights)
+                        stored = _requantised(part_name, stored, weights, quantize_lm_head)
                     writer.add(part_name, stored)
                 bar.advance()
     finally:

@@ -32,10 +32,35 @@ MODEL_TYPES = {
 }
 
 # 2-D weights that `--weights fp8|nvfp4` may quantise: the projections of attention, MLP,
-# experts and DeltaNet. Embeddings, the head, routers, norms and small gates stay high precision.
+# experts and DeltaNet. Embeddings, routers, norms and small gates stay high precision, and so
+# does the head unless `quantize_lm_head` asks for it (as llama.cpp quantises output.weight;
+# ModelOpt's nvfp4 checkpoints keep it bf16, hence the default).
 _QUANTISABLE = re.compile(
     r"\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj|in_proj_qkvz|in_proj_qkv|in_proj_z|out_proj)\.weight$"
 )
+LM_HEAD = "lm_head.weight"
+EMBEDDING = "model.embed_tokens.weight"
+
+
+def quantisable(name: str, quantize_lm_head: bool = False) -> bool:
+    """Whether `--weights fp8|nvfp4` quantises the 2-D weight `name` (an artifact name)."""
+    return _QUANTISABLE.search(name) is not None or (quantize_lm_head and name == LM_HEAD)
+
+
+def untie(config: dict[str, Any], weights: str | None, quantize_lm_head: bool) -> bool:
+    """Whether the artifact gets a head of its own, a quantised copy of the tied embedding
+    (the embedding itself stays bf16: it is gathered, not multiplied); marks `config` untied."""
+    if not (quantize_lm_head and weights in ("fp8", "nvfp4") and config.get("tie_word_embeddings")):
+        return False
+    config["tie_word_embeddings"] = False
+    return True
+
+
+def check_quantize_lm_head(weights: str | None, quantize_lm_head: bool) -> None:
+    if quantize_lm_head and weights not in ("fp8", "nvfp4"):
+        raise ConvertError(
+            f"--quantize-lm-head needs --weights fp8 or nvfp4 (got {weights or 'none'})"
+        )
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -128,13 +153,15 @@ def _split_fused_experts(name: str, arr: np.ndarray) -> list[tuple[str, np.ndarr
     return out
 
 
-def _store(name: str, arr: np.ndarray, src_fmt: str, weights: str | None) -> StoredTensor:
+def _store(
+    name: str, arr: np.ndarray, src_fmt: str, weights: str | None, head: bool = False
+) -> StoredTensor:
     if weights is None:
         return StoredTensor(src_fmt, tuple(arr.shape), {"data": np.ascontiguousarray(arr)})
     dense = arr if src_fmt != "bf16" else (arr.astype(np.uint32) << 16).view(np.float32)
     dense = np.asarray(dense, dtype=np.float32)
-    quantisable = weights in ("fp8", "nvfp4") and dense.ndim == 2 and _QUANTISABLE.search(name)
-    if quantisable and (weights == "fp8" or dense.shape[1] % 16 == 0):  # nvfp4 needs K % 16 == 0
+    quantised = weights in ("fp8", "nvfp4") and dense.ndim == 2 and quantisable(name, head)
+    if quantised and (weights == "fp8" or dense.shape[1] % 16 == 0):  # nvfp4 needs K % 16 == 0
         return quantize(dense, weights)
     if weights == "bf16" or dense.ndim == 2:
         return StoredTensor("bf16", tuple(dense.shape), {"data": bf16_encode(dense)})
@@ -212,7 +239,10 @@ def convert_hf(
     name: str | None = None,
     chat_template: str | None = None,
     progress: bool = False,
+    quantize_lm_head: bool = False,
 ) -> Path:
+    """`quantize_lm_head`: the head takes `weights` too (a tied one becomes a quantised copy of
+    the embedding, and the artifact's config untied)."""
     src = Path(src)
     if not src.is_dir():
         raise ConvertError(f"{src}: not a directory or .gguf file")
@@ -220,8 +250,10 @@ def convert_hf(
         raise ConvertError(
             f"--weights {weights}: unknown format (choose from {', '.join(WEIGHT_FORMATS)})"
         )
+    check_quantize_lm_head(weights, quantize_lm_head)
     raw_config = _read_json(src / "config.json")
     config = _normalise_keys(text_config(raw_config))
+    own_head = untie(config, weights, quantize_lm_head)
     model_type = raw_config.get("model_type") or config.get("model_type")
     arch = MODEL_TYPES.get(model_type)
     if arch is None:
@@ -267,8 +299,13 @@ def convert_hf(
                 components.add("mtp")
             elif tname.startswith("visual."):
                 components.add("vision")
+            if own_head and tname in (EMBEDDING, LM_HEAD):  # a tied checkpoint may hold both
+                if LM_HEAD not in writer.tensors:
+                    writer.add(LM_HEAD, _store(LM_HEAD, arr, src_fmt, weights, True))
+                if tname == LM_HEAD:
+                    continue
             for n, a in _split_fused_experts(tname, arr):
-                writer.add(n, _store(n, a, src_fmt, weights))
+                writer.add(n, _store(n, a, src_fmt, weights, quantize_lm_head))
         writer.header["components"] = sorted(components, key=["text", "mtp", "vision"].index)
     bar.done()
     return Path(out)

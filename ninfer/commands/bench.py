@@ -1,7 +1,8 @@
 """`ninfer bench`: latency and throughput against the hardware limit and against transformers.
 
     ninfer bench engine ARTIFACT | --synthetic qwen3-8b [--weights bf16|fp8|nvfp4]
-                 [--batch-sizes 1,8] [--input-len 512] [--output-len 128] [--peer transformers]
+                 [--quantize-lm-head] [--batch-sizes 1,8] [--input-len 512] [--output-len 128]
+                 [--peer transformers]
     ninfer bench serve --url http://127.0.0.1:8000 [--concurrency 1,8] [--artifact A]
 
 engine: the in-process engine (scheduler, executor, sampler: everything but HTTP) runs b
@@ -64,6 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--synthetic", default=None, help="random weights of a real shape, made on the device"
     )
     e.add_argument("--weights", default="bf16", help="synthetic weight format: bf16 | fp8 | nvfp4")
+    e.add_argument("--quantize-lm-head", action="store_true", help="synthetic: head in --weights")
     e.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
     e.add_argument(
         "--dtype", default=None, help="compute dtype (default: float32 on cpu, bfloat16 on cuda)"
@@ -248,7 +250,9 @@ def run_engine(args: argparse.Namespace) -> dict[str, Any]:
     if args.synthetic:
         from ninfer.runtime.cuda_synthetic import build_synthetic
 
-        source, hf = build_synthetic(args.synthetic, args.weights, device, seed=args.seed)
+        source, hf = build_synthetic(
+            args.synthetic, args.weights, device, args.seed, args.quantize_lm_head
+        )
     else:
         from ninfer.artifact import Artifact
 

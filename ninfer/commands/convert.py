@@ -19,6 +19,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="quantise projection weights to this storage format",
     )
     p.add_argument(
+        "--quantize-lm-head",
+        action="store_true",
+        help="quantise the LM head to --weights too (default: it stays bf16)",
+    )
+    p.add_argument(
         "--name", help="metadata.name stored in the artifact (the default public model id)"
     )
     p.add_argument(
@@ -40,19 +45,22 @@ def run(args: argparse.Namespace) -> int:
             ) from None
     if not src.exists():
         raise ConvertError(f"{src}: no such file or directory")
+    options = {
+        "weights": args.weights,
+        "name": args.name,
+        "chat_template": template,
+        "progress": True,
+        "quantize_lm_head": args.quantize_lm_head,
+    }
     if src.is_file():
         if src.suffix.lower() != ".gguf":
             raise ConvertError(f"{src}: not a .gguf file or a Hugging Face model directory")
         from ninfer.artifact.convert_gguf import convert_gguf
 
-        convert_gguf(
-            src, out, weights=args.weights, name=args.name, chat_template=template, progress=True
-        )
+        convert_gguf(src, out, **options)
     else:
         from ninfer.artifact.convert_hf import convert_hf
 
-        convert_hf(
-            src, out, weights=args.weights, name=args.name, chat_template=template, progress=True
-        )
+        convert_hf(src, out, **options)
     print(f"wrote {out}", file=sys.stderr)
     return 0

@@ -24,11 +24,14 @@ import numpy as np
 import torch
 
 from ninfer.artifact.convert_hf import (
-    _QUANTISABLE,
+    LM_HEAD,
     MODEL_TYPES,
     _split_fused_experts,
+    check_quantize_lm_head,
     normalise_name,
+    quantisable,
     text_config,
+    untie,
 )
 from ninfer.errors import ConfigError
 
@@ -133,11 +136,14 @@ def _hf_class(model_type: str):
     return classes[model_type]
 
 
-def _store(name: str, t: torch.Tensor, weights: str) -> tuple[str, dict[str, torch.Tensor]]:
-    """The storage `convert_hf --weights` would choose for tensor `name`, made on t's device."""
+def _store(
+    name: str, t: torch.Tensor, weights: str, head: bool = False
+) -> tuple[str, dict[str, torch.Tensor]]:
+    """The storage `convert_hf --weights` (and ``quantize_lm_head=head``) would choose for
+    tensor `name`, made on t's device."""
     from kernels.quant_gemm import quantize_weight_fp8, quantize_weight_nvfp4
 
-    if weights in ("fp8", "nvfp4") and t.dim() == 2 and _QUANTISABLE.search(name):
+    if weights in ("fp8", "nvfp4") and t.dim() == 2 and quantisable(name, head):
         if weights == "fp8":
             data, scale = quantize_weight_fp8(t)
             return "fp8", {"data": data, "scale": scale}
@@ -155,23 +161,33 @@ def _store(name: str, t: torch.Tensor, weights: str) -> tuple[str, dict[str, tor
 
 @torch.no_grad()
 def build_synthetic(
-    name: str, weights: str, device: str | torch.device, seed: int = 0
+    name: str,
+    weights: str,
+    device: str | torch.device,
+    seed: int = 0,
+    quantize_lm_head: bool = False,
 ) -> tuple[SyntheticSource, Any]:
-    """(source, transformers model in bf16 on `device`) of synthetic model `name`."""
+    """(source, transformers model in bf16 on `device`) of synthetic model `name`;
+    `quantize_lm_head` as convert_hf's."""
     if weights not in WEIGHTS:
         raise ConfigError(f"--weights {weights}: unknown (choose from {', '.join(WEIGHTS)})")
+    check_quantize_lm_head(weights, quantize_lm_head)
     cfg = hf_config(name)
     torch.manual_seed(seed)
     with torch.device(device):
         model = _hf_class(cfg.model_type)(cfg).to(torch.bfloat16).eval()
-    tied = bool(getattr(cfg, "tie_word_embeddings", False))
+    config = text_config(cfg.to_dict())
+    tied = bool(config.get("tie_word_embeddings"))
+    own_head = untie(config, weights, quantize_lm_head)
     parts: dict[str, tuple[str, dict[str, torch.Tensor]]] = {}
     for hf_name, t in model.state_dict().items():
         if tied and hf_name == "lm_head.weight":
             continue
         for n, a in _split_fused_experts(normalise_name(hf_name), t):
-            parts[n] = _store(n, a, weights)
-    config = text_config(cfg.to_dict())
+            parts[n] = _store(n, a, weights, quantize_lm_head)
+    if own_head:
+        parts[LM_HEAD] = _store(LM_HEAD, model.get_input_embeddings().weight, weights, True)
     arch = MODEL_TYPES[cfg.model_type]
-    label = re.sub(r"[^A-Za-z0-9_.-]", "-", f"synthetic-{name}-{weights}")
+    head = "-qhead" if quantize_lm_head else ""
+    label = re.sub(r"[^A-Za-z0-9_.-]", "-", f"synthetic-{name}-{weights}{head}")
     return SyntheticSource(label, arch, config, parts), model
