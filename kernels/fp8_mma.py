@@ -256,12 +256,14 @@ def _fp8_mma_kernel(
 
 @dataclass(frozen=True)
 class Fp8MmaConfig:
-    """BN weight rows per block (2, 4 or 8), num_warps (K chunk = 16 * 32 * warps), and
-    programs per SM (``per_sm``; 0: one program per row block)."""
+    """BN weight rows per block (2, 4 or 8), num_warps (K chunk = 16 * 32 * warps), programs
+    per SM (``per_sm``; 0: one program per row block), and a register cap per thread
+    (``maxnreg``; 0: none), which decides how many programs fit on an SM at once."""
 
     bn: int
     warps: int
     per_sm: int = 0
+    maxnreg: int = 0
 
     @property
     def bk(self) -> int:
@@ -271,8 +273,8 @@ class Fp8MmaConfig:
 TABLE_PATH = Path(__file__).with_name("fp8_mma_table.json")
 
 
-def _config_type(bn: int, warps: int, per_sm: int) -> Fp8MmaConfig:
-    return Fp8MmaConfig(bn, warps, per_sm)  # the table's third field: programs per SM
+def _config_type(bn: int, warps: int, per_sm: int, maxnreg: int = 0) -> Fp8MmaConfig:
+    return Fp8MmaConfig(bn, warps, per_sm, maxnreg)  # the table's fields, in order
 
 
 TABLE = load_table(TABLE_PATH, _config_type)  # read once at import
@@ -401,7 +403,7 @@ def fp8_mma(
         xs_ptr=nx[1], gin_ptr=nx[2], st_in_ptr=nx[3], eps=nx[4], NORM=normed is not None,
         ZC_IN=nz, r_ptr=rx[0], g_ptr=rx[1], u_ptr=rx[2], st_ptr=rx[3], RES=residual is not None,
         ZC=rz, bs_ptr=bscale, FP4=fp4, num_warps=cfg.warps, num_stages=1,
-        **pdl_args(xb.device),
+        **pdl_args(xb.device), **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
     )  # fmt: skip
     return y if residual is None else (y, u)
 

@@ -175,15 +175,15 @@ def load_table(path: Path = TABLE_PATH, config_type: type = DenseGemvConfig) -> 
     2, 4) where the H200 sweep found the GEMV faster than the path it replaces, and
     (N, K, glu, 0): None for every measured weight (an empty entry: the other path won at every
     M). File format: {"N:K:glu": {"M": [bn, warps, unroll]}}, glu 0 or 1 (also
-    kernels/fp8_gemv_table.json)."""
+    kernels/fp8_gemv_table.json; other tables' fields are config_type's, in order)."""
     if not path.exists():
         return {}
     table = {}
     for key, per_m in json.loads(path.read_text()).items():
         n, k, glu = (int(v) for v in key.split(":"))
         table[(n, k, bool(glu), 0)] = None
-        for m, (bn, warps, unroll) in per_m.items():
-            table[(n, k, bool(glu), int(m))] = config_type(int(bn), int(warps), int(unroll))
+        for m, fields in per_m.items():
+            table[(n, k, bool(glu), int(m))] = config_type(*(int(v) for v in fields))
     return table
 
 

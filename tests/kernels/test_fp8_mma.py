@@ -51,6 +51,17 @@ def test_fp8_mma_off_in_the_interpreter() -> None:
     assert not usable(x, torch.zeros(8, 64, dtype=torch.uint8))
 
 
+def test_table_fields(tmp_path) -> None:
+    """A table entry is [bn, warps, per_sm] with an optional register cap (maxnreg)."""
+    from kernels.gemv import load_table
+
+    p = tmp_path / "t.json"
+    p.write_text('{"4096:12288:0": {"1": [8, 4, 0]}, "4096:4096:0": {"1": [4, 4, 0, 64]}}')
+    t = load_table(p, fp8_mma_mod._config_type)
+    assert t[(4096, 12288, False, 1)] == Fp8MmaConfig(8, 4, 0, 0)
+    assert t[(4096, 4096, False, 1)] == Fp8MmaConfig(4, 4, 0, 64)
+
+
 def _weight(N: int, K: int, device: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator(device="cpu").manual_seed(seed)
     w = torch.randn(N, K, generator=g) * 0.05
