@@ -226,14 +226,18 @@ def test_bfloat16_within_tolerance(fixture_artifacts, arch):
 
 
 @gpu
+@pytest.mark.parametrize("head", [False, True], ids=["bf16_head", "quantised_head"])
 @pytest.mark.parametrize("weights", ["fp8", "nvfp4"])
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
-def test_quantised_weights_match_reference(fixture_hf_dir, tmp_path, arch, weights):
+def test_quantised_weights_match_reference(fixture_hf_dir, tmp_path, arch, weights, head):
     from ninfer.artifact.convert_hf import convert_hf
 
-    path = convert_hf(fixture_hf_dir(arch), tmp_path / f"{arch}-{weights}.ninfer", weights=weights)
+    path = convert_hf(fixture_hf_dir(arch), tmp_path / f"{arch}-{weights}.ninfer", weights=weights,
+                      quantize_lm_head=head)  # fmt: skip
     ex = _cuda(path, "float32", kv_dtype="f32")
     assert any(c.kernel == f"triton.gemm_{weights}" for c in ex.plan.calls)
+    logits = [c.kernel for c in ex.plan.calls if c.op == "logits"]
+    assert logits == [f"triton.gemm_{weights}" if head else "cublas.gemm"], logits
     ref = _reference(path)
     prompts = _prompts(ref.vocab_size)
     tokens = _greedy(ref, prompts, 6)
