@@ -10,8 +10,9 @@ points (spec/serving.md, "Input Item contract" and "OpenAI prompt caching"):
 
 Contiguous assistant-owned Items form one assistant turn in that order; anything that would
 need rearranging fails with `invalid_assistant_history`. Results are matched by call_id to the
-calls of the turn just before them; unknown, duplicate or partial result sets fail with
-`invalid_tool_history`. Top-level `instructions` becomes a leading developer message for this
+calls of the turn just before them; unknown, duplicate or partial result sets, and calls
+that no function_call_output answers (OpenAI: "No tool output found for function call ..."),
+fail with `invalid_tool_history`. Top-level `instructions` becomes a leading developer message for this
 request only. Historical calls render under their internal engine name (responses_tools).
 """
 
@@ -62,7 +63,8 @@ def items_to_messages(
         messages.append({"role": "developer", "content": instructions})
     turn: dict[str, Any] | None = None  # the assistant turn being grouped
     phase = -1
-    pending: dict[str, dict[str, Any]] = {}  # call_id -> call Item of the last assistant turn
+    # call_id -> (position, call Item) of the last assistant turn's calls
+    pending: dict[str, tuple[int, dict[str, Any]]] = {}
     results: list[tuple[int, dict[str, Any]]] = []
 
     def flush_results() -> None:
@@ -84,6 +86,18 @@ def items_to_messages(
             messages.append(_result_message(by_id[call_id]))
         results.clear()
         pending = {}
+
+    def close_calls() -> None:
+        """End the last assistant turn's calls: its results must all be there (a turn whose
+        calls got no result at all is refused as OpenAI refuses it)."""
+        flush_results()
+        if pending:
+            first, _ = next(iter(pending.values()))
+            raise invalid_tool_history(
+                where(first), f"No tool output found for function call {', '.join(map(repr, pending))}; "
+                "each function_call needs a function_call_output Item with its call_id after the "
+                "assistant turn",
+            )  # fmt: skip
 
     for i, item in enumerate(items):
         kind = item["type"]
@@ -114,7 +128,7 @@ def items_to_messages(
                     raise invalid_tool_history(
                         where(i), f"call_id {call_id!r} occurs twice in one assistant turn"
                     )
-                pending[call_id] = item
+                pending[call_id] = (i, item)
                 turn.setdefault("tool_calls", []).append({
                     "id": call_id, "type": "function",
                     "function": {"name": tools.internal(item.get("namespace"), item["name"]), "arguments": item["arguments"]},
@@ -122,12 +136,12 @@ def items_to_messages(
             continue
         turn = None
         if kind == "function_call_output":
-            call = pending.get(item["call_id"])
-            if call is None:
+            if item["call_id"] not in pending:
                 raise invalid_tool_history(
                     where(i), f"function_call_output call_id {item['call_id']!r} does not answer a call "
                     "of the assistant turn before it",
                 )  # fmt: skip
+            call = pending[item["call_id"]][1]
             if any(r["call_id"] == item["call_id"] for _, r in results):
                 raise invalid_tool_history(
                     where(i), f"call_id {item['call_id']!r} has more than one result"
@@ -140,11 +154,10 @@ def items_to_messages(
                     )
             results.append((i, item))
             continue
-        flush_results()
-        pending = {}
+        close_calls()
         explicit.extend(_marked_ends(item["content"], len(messages), 0))
         messages.append(_input_message(item))
-    flush_results()
+    close_calls()
     # The latest four explicit markers. The implicit candidate (end of the last message's text,
     # before its closing tokens) is placed by the service when a write slot is left
     # (`GenerationRequest.implicit_cache_point`).

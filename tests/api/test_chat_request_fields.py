@@ -78,6 +78,9 @@ def test_minimal_request_defaults():
             {"stream": True, "stream_options": {"include_usage": False}},
             lambda r: r.stream and not r.include_usage,
         ),
+        # stream options without a stream are semantically neutral (spec: accepted), though
+        # OpenAI and vLLM refuse them
+        ({"stream": False, "stream_options": {"include_usage": True}}, lambda r: not r.stream),
         (
             {"timings_per_token": True, "return_progress": True},
             lambda r: r.timings_per_token and r.return_progress,

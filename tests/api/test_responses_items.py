@@ -185,9 +185,14 @@ def test_assistant_content_that_needs_rearranging_fails(items, param):
         ([call("a"), result("a"), result("a")], "input[2]"),  # duplicate
         ([call("a"), call("a")], "input[1]"),
         (
-            [call("a"), {"role": "user", "content": "x"}, result("a")],
-            "input[2]",
+            [call("a"), result("a"), {"role": "user", "content": "x"}, result("a")],
+            "input[3]",
         ),  # not after its call
+        # a call that no output answers (OpenAI: "No tool output found for function call")
+        ([{"role": "user", "content": "q"}, call("a")], "input[1]"),
+        ([call("a"), call("b")], "input[0]"),
+        ([call("a"), {"role": "user", "content": "x"}, result("a")], "input[0]"),
+        ([call("a"), result("a"), call("b"), {"role": "developer", "content": "x"}], "input[2]"),
         ([call("a", "f"), result("a", name="g")], "input[1].name"),
         ([call("a", "f", namespace="n"), result("a", namespace="m")], "input[1].namespace"),
     ],
@@ -195,6 +200,33 @@ def test_assistant_content_that_needs_rearranging_fails(items, param):
 def test_invalid_tool_history(items, param):
     e = lower_reject(items)
     assert (e.code, e.param) == ("invalid_tool_history", param)
+
+
+def test_calls_without_any_output_are_refused():
+    """OpenAI answers 400 "No tool output found for function call <call_id>." to a
+    function_call that no function_call_output answers, wherever it is (it used to be
+    rendered as an unanswered call); calls answered as the last Items stay valid."""
+    e = lower_reject([{"role": "user", "content": "q"}, call("c1"), call("c2")])
+    assert (e.status, e.type, e.code, e.param) == (
+        400,
+        "invalid_request_error",
+        "invalid_tool_history",
+        "input[1]",
+    )
+    assert e.message.startswith("No tool output found for function call 'c1', 'c2'")
+    ok = lower(
+        [{"role": "user", "content": "q"}, call("c1"), call("c2"), result("c2"), result("c1")]
+    )
+    assert [m["role"] for m in ok.messages] == ["user", "assistant", "tool", "tool"]
+    # a stored chain that ends with calls is continued by their outputs, not by a new question
+    chain = parse_input([{"role": "user", "content": "q"}, call("c1")], "input", vision=False)
+    answer = parse_input([result("c1")], "input", vision=False)
+    assert len(items_to_messages([*chain, *answer], ToolSet(), history=2).messages) == 3
+    question = parse_input([{"role": "user", "content": "and?"}], "input", vision=False)
+    with pytest.raises(ApiError) as info:
+        items_to_messages([*chain, *question], ToolSet(), history=2)
+    assert (info.value.code, info.value.param) == ("invalid_tool_history", "previous_response_id")
+    assert "'c1'" in info.value.message
 
 
 def test_history_errors_name_previous_response_id():
@@ -212,7 +244,9 @@ def test_namespaced_calls_render_their_internal_name():
     assert [f.internal for f in tools.functions] == ["get", "mcp__w__get"]
     p = items_to_messages(
         parse_input(
-            [call("a", "get", namespace="mcp__w"), call("b", "get")], "input", vision=False
+            [call("a", "get", namespace="mcp__w"), call("b", "get"), result("a"), result("b")],
+            "input",
+            vision=False,
         ),
         tools,
     )

@@ -188,3 +188,32 @@ def test_chat_results_are_rendered_in_call_order():
     )
     assert [m.tool_call_id for m in swapped.messages] == [None, None, "call_1", "call_2"]
     assert swapped.template_messages() == ordered.template_messages()
+
+
+# -- Responses tool results --------------------------------------------------------------------
+
+FLAT_TOOL = {"type": "function", "name": "get_weather", "parameters": SCHEMA}
+FC = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"}
+FC_OUT = {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}
+
+
+def respond_items(client: TestClient, items: list[dict[str, Any]], path: str = "/v1/responses"):
+    body = {"model": MODEL, "input": items, "tools": [FLAT_TOOL]}
+    if path == "/v1/responses":
+        body |= {"max_output_tokens": 1, "store": False}
+    return client.post(path, json=body)
+
+
+@pytest.mark.parametrize("path", ["/v1/responses", "/v1/responses/input_tokens"])
+def test_responses_call_without_output_is_refused(client, path):
+    """As OpenAI answers 400 "No tool output found for function call <call_id>.", a
+    function_call that no function_call_output answers is refused, whether it ends the input
+    or a later message follows it (both used to be accepted and rendered unanswered)."""
+    message = openai_error(
+        respond_items(client, [USER, FC], path), "invalid_tool_history", "input[1]"
+    )
+    assert message.startswith("No tool output found for function call 'call_1'")
+    later = [USER, FC, {"role": "user", "content": "never mind"}]
+    openai_error(respond_items(client, later, path), "invalid_tool_history", "input[1]")
+    # calls answered by the last Items are an ordinary tool-result turn
+    assert respond_items(client, [USER, FC, FC_OUT], path).status_code == 200

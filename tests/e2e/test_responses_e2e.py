@@ -150,6 +150,12 @@ def test_three_turn_chain_reuses_earlier_turns(client):
     calls = [o for o in r2.output if o.type == "function_call"]
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Oslo"})]
     assert calls[0].id.startswith("fc_") and calls[0].call_id.startswith("call_")
+    # r2 ends with a call: a new question without the call's output is refused, as OpenAI
+    # answers "No tool output found for function call <call_id>."
+    with pytest.raises(openai.BadRequestError) as e:
+        create(client, input="And in Bergen?", tools=WEATHER, previous_response_id=r2.id)
+    assert status_code(e.value) == (400, "invalid_tool_history", "previous_response_id")
+    assert calls[0].call_id in e.value.response.json()["error"]["message"]
     result = {
         "type": "function_call_output",
         "call_id": calls[0].call_id,
