@@ -4,7 +4,9 @@ Fields are named like the flags (`--max-concurrency` -> `max_concurrency`) and d
 executable defaults of spec/serving.md, "Server options". Construction validates every value and
 every combination that can be judged without the artifact, raising `ConfigError` with a
 one-line message naming the flag; `check_capabilities` judges the rest once the artifact's
-components are known. Parsing argv lives in `ninfer/commands/serve.py`; no I/O happens here.
+components are known. `model_context_warning` and `kv_pool_warning` word what startup logs
+for context limits it serves but cannot fully honour. Parsing argv lives in
+`ninfer/commands/serve.py`; no I/O happens here.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -264,6 +267,64 @@ def check_capabilities(config: ServeConfig, components: list[str] | tuple[str, .
             f"--vision needs the artifact's vision component, but it has only {', '.join(components)}; "
             "drop --vision or convert a checkpoint with a vision tower"
         )
+
+
+def kv_pool_warning(config: ServeConfig, kv_tokens: int) -> str | None:
+    """What startup logs when the KV pool (`kv_tokens`, as the engine resolved --kv-capacity)
+    cannot hold one --max-context sequence: the spec lets the two be set apart, and a prompt
+    longer than the pool is then refused per request (400, naming --kv-capacity); vLLM refuses
+    such a pool at startup instead. None when the pool holds one."""
+    if kv_tokens >= config.max_context:
+        return None
+    given = config.kv_capacity if config.kv_capacity is not None else "omitted"
+    return (
+        f"--kv-capacity {given} gives a KV pool of {kv_tokens} tokens, smaller than --max-context "
+        f"{config.max_context}: prompts longer than {kv_tokens} tokens will be refused; raise "
+        f"--kv-capacity or lower --max-context to {kv_tokens} to match"
+    )
+
+
+def trained_context(model_config: Mapping[str, Any]) -> int | None:
+    """The longest context the model supports, in tokens, as vLLM derives it: the config's
+    max_position_embeddings, extended by a linear or YaRN rope-scaling factor (YaRN: factor x
+    original_max_position_embeddings). None when the config does not give it."""
+    base = model_config.get("max_position_embeddings")
+    if isinstance(base, bool) or not isinstance(base, int) or base <= 0:
+        return None
+    rope: dict[str, Any] = {}
+    for key in ("rope_scaling", "rope_parameters"):
+        if isinstance(model_config.get(key), dict):
+            rope.update(model_config[key])
+    kind = rope.get("rope_type", rope.get("type"))
+    factor = rope.get("factor")
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor <= 1:
+        return base
+    if kind == "yarn":
+        original = rope.get("original_max_position_embeddings") or model_config.get(
+            "original_max_position_embeddings"
+        )
+        return max(base, int((original or base) * factor))
+    if kind == "linear":
+        return int(base * factor)
+    return base
+
+
+def model_context_warning(config: ServeConfig, model_config: Mapping[str, Any]) -> str | None:
+    """What startup logs when --max-context exceeds the model's trained context
+    (`trained_context` of the artifact's config), as llama.cpp's server warns when its context
+    exceeds n_ctx_train: positions the model never saw are served, and their output degrades.
+    Not refused: the spec's default (8192) is fixed, whatever the model. None when within."""
+    limit = trained_context(model_config)
+    if limit is None or config.max_context <= limit:
+        return None
+    source = f"max_position_embeddings {model_config['max_position_embeddings']}"
+    if limit != model_config["max_position_embeddings"]:
+        source += " with its rope scaling"
+    return (
+        f"--max-context {config.max_context} exceeds the model's trained context length of "
+        f"{limit} tokens ({source} in the artifact's config): output past {limit} tokens "
+        f"degrades; use --max-context {limit} to stay within it"
+    )
 
 
 def _flag(name: str) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from ninfer.api.config import kv_pool_warning
 from ninfer.api.prompt_encoding import control_token_spellings
 from ninfer.api.sampling import SamplerPolicy
 from ninfer.api.service import ModelService, SamplerDefaults
@@ -71,6 +72,8 @@ def start_engine(state: ServerState, artifact: Artifact) -> None:
     t0 = time.monotonic()
     plan = compile_artifact(artifact, config.compile_options())
     executor = make_executor(plan, artifact, device=config.device)
+    if warning := kv_pool_warning(config, executor.num_pages * executor.page_size):
+        log.warning(warning)  # `auto` and the default resolve only here
     if hasattr(executor, "capture_all"):  # CUDA: capture every decode bucket before serving
         t_graphs = time.monotonic()
         graphs = executor.capture_all()

@@ -2,9 +2,10 @@
 
 Startup, in order: parse and validate every option into a frozen `ServeConfig` (one-line
 errors naming the flag), open the artifact (the embedded demo model when none is given) and
-refuse options needing components it lacks, check the files named by options, build the
-engine (plan compiled, warm-up run), then listen. `/health` answers only once the engine is
-ready, because the socket is opened after warm-up.
+refuse options needing components it lacks (a --max-context beyond its trained context is
+logged as a warning), check the files named by options, build the engine (plan compiled, a KV
+pool smaller than --max-context logged as a warning, warm-up run), then listen. `/health`
+answers only once the engine is ready, because the socket is opened after warm-up.
 
 Options and defaults: spec/serving.md, "Server options".
 """
@@ -27,6 +28,7 @@ from ninfer.api.config import (
     SPEC_BACKENDS,
     ServeConfig,
     check_capabilities,
+    model_context_warning,
 )
 from ninfer.errors import ConfigError
 
@@ -262,7 +264,8 @@ def configure_logging(level: str) -> None:
 
 def open_artifact(config: ServeConfig) -> Any:
     """The artifact to serve (the demo model when none was given), with the capability
-    options checked against its components."""
+    options checked against its components (and a warning logged for a --max-context beyond its
+    trained context)."""
     from ninfer.artifact import Artifact
 
     if config.artifact is None:
@@ -273,6 +276,8 @@ def open_artifact(config: ServeConfig) -> Any:
         path = Path(config.artifact)
     artifact = Artifact(path)
     check_capabilities(config, artifact.components)
+    if warning := model_context_warning(config, artifact.config):
+        logging.getLogger("ninfer.serve").warning(warning)
     return artifact
 
 
