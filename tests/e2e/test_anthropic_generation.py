@@ -6,13 +6,18 @@ Expected outputs come from the fixture's scripted prompts (greedy decoding repro
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import anthropic
 import httpx
+from anthropic.types import Message, MessageTokensCount, RawMessageStreamEvent
+from anthropic.types.shared import ErrorResponse
+from pydantic import TypeAdapter
 
 GREEDY = {"temperature": 0.0}
 SIGNATURE_FROM_ELSEWHERE = "EqQBCkYIBxgCKkD-not-a-ninfer-signature"
+HI_MESSAGES = [{"role": "user", "content": "Hi!"}]
 
 
 # -- helpers --------------------------------------------------------------------------------------
@@ -341,3 +346,40 @@ def test_context_exhaustion(live_server):
     )
     assert message.stop_reason == "model_context_window_exceeded"
     assert message.usage.output_tokens <= 8
+
+
+# -- wire shapes, validated against the official client's own types ------------------------------
+
+
+def sse_events(text: str) -> list[tuple[str, dict[str, Any]]]:
+    """(event name, JSON data) of every SSE frame; comments (keep-alives) are skipped."""
+    out = []
+    for frame in text.split("\n\n"):
+        lines = [ln for ln in frame.split("\n") if ln and not ln.startswith(":")]
+        if lines:
+            assert lines[0].startswith("event: ") and lines[1].startswith("data: "), frame
+            out.append((lines[0][7:], json.loads(lines[1][6:])))
+    return out
+
+
+def test_wire_shapes_validate_as_the_official_types(live_server, tiny_agent_prompts):
+    """Aggregate messages, every SSE event, token counts and error bodies pass the official
+    client's strict (pydantic) validation, not only its lenient parsing."""
+    events = TypeAdapter(RawMessageStreamEvent)
+    for name in ("hello", "sum_think", "weather_two", "search_recipes"):
+        req = request_of(prompt(tiny_agent_prompts, name))
+        body = {**{k: v for k, v in req.items() if k != "extra_body"}, **GREEDY}
+        message = Message.model_validate(post(live_server, "/v1/messages", body).json())
+        assert message.stop_reason is not None
+        streamed = sse_events(post(live_server, "/v1/messages", {**body, "stream": True}).text)
+        assert streamed[0][0] == "message_start" and streamed[-1][0] == "message_stop"
+        for event, data in streamed:
+            assert data["type"] == event
+            if event != "ping":
+                events.validate_python(data)
+    count = post(live_server, "/v1/messages/count_tokens", {"model": "m", "messages": HI_MESSAGES})
+    MessageTokensCount.model_validate(count.json())
+    bad = post(live_server, "/v1/messages", {"model": "m", "messages": []})
+    error = ErrorResponse.model_validate(bad.json())
+    assert error.error.type == "invalid_request_error"
+    assert error.request_id == bad.headers["request-id"]
