@@ -260,7 +260,8 @@ def _parse_sampling(body: dict[str, Any]) -> SamplingOptions:
 
 
 def _parse_stop(body: dict[str, Any]) -> tuple[str, ...]:
-    return validate_stops(get_array(body, "stop_sequences"), "stop_sequences")
+    """stop_sequences: any number (the Messages API sets no limit; Chat's stop keeps four)."""
+    return validate_stops(get_array(body, "stop_sequences"), "stop_sequences", most=None)
 
 
 def _parse_thinking(

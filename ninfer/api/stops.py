@@ -1,6 +1,7 @@
 """Stop-string matching over a streamed text.
 
-A request may name up to four non-empty stop strings; they apply to the raw model text (reasoning
+A Chat Completions request may name up to four non-empty stop strings (an Anthropic Messages
+request any number, as that API sets no limit); they apply to the raw model text (reasoning
 and answer alike), so the matcher sits between the detokenizer and the reasoning/tool parsers.
 
 Contract of `StopMatcher`:
@@ -45,8 +46,11 @@ class StopFeed:
     match: StopMatch | None = None
 
 
-def validate_stops(stops: str | Sequence[str] | None, param: str = "stop") -> tuple[str, ...]:
-    """Normalize a request's stop field to a tuple of at most four non-empty strings.
+def validate_stops(
+    stops: str | Sequence[str] | None, param: str = "stop", most: int | None = MAX_STOP_STRINGS
+) -> tuple[str, ...]:
+    """Normalize a request's stop field to a tuple of at most `most` (None: any number)
+    non-empty strings.
 
     Duplicates are dropped (first occurrence kept); a single string means a one-element list.
     Raises `ApiError` 400 (invalid_type / invalid_value) naming `param`.
@@ -65,9 +69,9 @@ def validate_stops(stops: str | Sequence[str] | None, param: str = "stop") -> tu
             raise errors.invalid_value(f"{param}[{i}]", "stop strings must be non-empty")
         if s not in out:
             out.append(s)
-    if len(out) > MAX_STOP_STRINGS:
+    if most is not None and len(out) > most:
         raise errors.invalid_value(
-            param, f"at most {MAX_STOP_STRINGS} stop strings are supported, got {len(out)}"
+            param, f"at most {most} stop strings are supported, got {len(out)}"
         )
     return tuple(out)
 
@@ -76,7 +80,7 @@ class StopMatcher:
     """Incremental matcher for a fixed set of stop strings (see module docstring)."""
 
     def __init__(self, stops: Sequence[str]) -> None:
-        self.stops: tuple[str, ...] = validate_stops(stops)
+        self.stops: tuple[str, ...] = validate_stops(stops, most=None)  # capped per protocol
         self._held = ""  # pending text: a proper prefix of some stop string
         self.match: StopMatch | None = None
 

@@ -173,6 +173,8 @@ def test_sampling_stop_and_max_tokens():
     refused({"max_tokens": -1}, "invalid_value", "max_tokens")
     refused({"stop_sequences": "END"}, "invalid_type", "stop_sequences")
     refused({"stop_sequences": [""]}, "invalid_value")
+    many = [f"STOP{i}" for i in range(12)]  # the Messages API sets no limit (Chat: four)
+    assert parse({"stop_sequences": many}).stop == tuple(many)
     refused({"model": ""}, "invalid_value", "model")
 
 

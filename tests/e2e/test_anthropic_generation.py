@@ -289,7 +289,10 @@ def test_tool_use_round_trip(live_server, tiny_agent_prompts):
 def test_stop_sequence(live_server, tiny_agent_prompts):
     c = client(live_server)
     p = prompt(tiny_agent_prompts, "capital")
-    message = c.messages.create(**request_of(p, stop_sequences=["Paris", "Rome"]))
+    others = [
+        f"never-{i}" for i in range(6)
+    ]  # more than Chat's four: the Messages API sets no limit
+    message = c.messages.create(**request_of(p, stop_sequences=[*others, "Paris", "Rome"]))
     assert message.stop_reason == "stop_sequence" and message.stop_sequence == "Paris"
     assert text_of(message) == p["expected"]["content"].split("Paris")[0]
     with c.messages.stream(**request_of(p, stop_sequences=["Paris"])) as stream:
