@@ -1,8 +1,7 @@
 """`ninfer bench`: latency and throughput against the hardware limit and against transformers.
 
-    ninfer bench engine ARTIFACT | --synthetic qwen3-8b [--weights bf16|fp8|nvfp4]
-                 [--quantize-lm-head] [--batch-sizes 1,8] [--input-len 512] [--output-len 128]
-                 [--peer transformers]
+    ninfer bench engine ARTIFACT | --synthetic NAME [--weights bf16|fp8|nvfp4 [--quantize-lm-head]]
+                 [--batch-sizes 1,8] [--input-len 512] [--output-len 128] [--peer transformers]
     ninfer bench serve --url http://127.0.0.1:8000 [--concurrency 1,8] [--artifact A]
 
 engine: the in-process engine (scheduler, executor, sampler: everything but HTTP) runs b
