@@ -88,7 +88,6 @@ _FUSED_EXPERTS = re.compile(
     r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_proj|up_proj|down_proj)\.weight$"
 )
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.weight$")
-# Same policy as convert_hf: fp8/nvfp4 only for projections; other matrices bf16; vectors f32.
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -357,6 +356,8 @@ def _split_experts(target: str, stored: StoredTensor) -> list[tuple[str, StoredT
 
 
 def _requantised(name: str, exact: StoredTensor, weights: str, head: bool) -> StoredTensor:
+    """convert_hf's policy: fp8 / nvfp4 for what `quantisable` names (the projections, and the
+    head with `head`), other matrices bf16, vectors f32."""
     dense = (
         dequantize(exact)
         if exact.format != "bf16"
