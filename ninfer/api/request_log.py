@@ -220,7 +220,7 @@ class RequestLogSink(Sink):
                 "replay_restores": usage.replay_restores if usage else 0,
                 "replayed_tokens": usage.replayed_tokens if usage else 0,
                 "paused_seconds": t.paused_s if t else 0.0,
-                "transfer_bytes": 0,
+                "transfer_bytes": sum(v["bytes"] for v in (getattr(t, "transfers", None) or {}).values()),
             }},
             "timings_seconds": {
                 "prepare": rec.prepare_s,
@@ -233,6 +233,9 @@ class RequestLogSink(Sink):
             },
             "thinking_budget": _thinking_counters(rec, usage),
             "engine_timing": _engine_timing(t),
+            "first_output_timing": _first_output_timing(t),
+            "work": {"gpu_seconds": getattr(t, "prefill_gpu_s", None) if t else None},
+            "context_transfers": dict(getattr(t, "transfers", None) or {}) if t else {},
             "speculative": {"backend": None, "draft_window": 0, "rounds": 0, "drafted_tokens": 0,
                             "accepted_tokens": 0, "fallback_steps": 0, "accepted_per_position": []},
             "error": _error(err) if err is not None else _engine_error(finished),
@@ -338,22 +341,59 @@ def _thinking_counters(rec: RequestRecord, usage: Any) -> dict[str, Any]:
 def _engine_timing(t: Any) -> dict[str, Any]:
     """request_done.engine_timing: FIFO queue wait, pauses, and the engine worker time the
     request was exposed to from initial admission to its finish (ninfer.runtime.host_work):
-    five mutually exclusive host phases with their exact `total`, device wait apart, and the
-    decode-class share. Shared by every request of a batch: never sum across requests."""
-    exp = getattr(t, "exposure", None) if t is not None else None
-    host = {p: exp["host"].get(p, 0.0) for p in HOST_PHASES} if exp else None
+    five mutually exclusive host phases with their exact `total`, device wait apart, the
+    decode-class share with its round count, and the request's prefill / control unit counts.
+    Shared by every request of a batch: never sum across requests."""
+    units = getattr(t, "units", None) or {}
     return {
         "queue_wait_seconds": t.queue_s if t else None,
         "paused_seconds": t.paused_s if t else 0.0,
         "engine_total_seconds": t.total_s if t else None,
+        **_exposure(getattr(t, "exposure", None) if t is not None else None, units),
+        "units": _units(units) if t is not None else None,
+    }
+
+
+def _exposure(exp: dict[str, Any] | None, units: dict[str, int]) -> dict[str, Any]:
+    """Worker exposure (ninfer.runtime.host_work.HostWork.exposure_since) as logged: device
+    wait, the five host phases and their exact total, and the decode-class share."""
+    host = {p: exp["host"].get(p, 0.0) for p in HOST_PHASES} if exp else None
+    return {
         "device_wait_exposed_seconds": exp["device_wait"] if exp else None,
         "host_exposed_seconds": {**host, "total": sum(host.values())} if host else None,
         "decode": {
             "host_exposed_seconds": exp["decode_host"],
             "device_wait_exposed_seconds": exp["decode_device_wait"],
+            "rounds": units.get("decode_rounds", 0),
         }
         if exp
         else None,
+    }
+
+
+def _units(units: dict[str, int]) -> dict[str, int]:
+    """A request's unit counts: prefill-class chunks (replay among them) and control
+    operations (snapshot saves and restores)."""
+    return {k: units.get(k, 0) for k in ("prefill", "replay", "control")}
+
+
+def _first_output_timing(t: Any) -> dict[str, Any] | None:
+    """request_done.first_output_timing: observations frozen right before the engine
+    published the request's first output tokens; null without output."""
+    f = getattr(t, "first_output", None) if t is not None else None
+    if f is None:
+        return None
+    units = f["units"]
+    return {
+        "engine_elapsed_seconds": f["engine_elapsed_seconds"],
+        "initial_queue_seconds": f["initial_queue_seconds"],
+        "initial_binding_seconds": f["initial_binding_seconds"],
+        "paused_seconds": f["paused_seconds"],
+        "resident_seconds": f["resident_seconds"],
+        "engine": _exposure(f["exposure"], units),
+        "prefill": {"tokens": f["prefill_tokens"], "units": units["prefill"] - units["replay"]},
+        "replay": {"tokens": f["replayed_tokens"], "units": units["replay"]},
+        "control_units": units["control"],
     }
 
 

@@ -116,6 +116,7 @@ def start_engine(state: ServerState, artifact: Artifact) -> None:
     state.template = template
     state.extra["service"] = service
     state.extra["artifact"] = artifact
+    state.extra["memory"] = memory_layout(plan, executor)
 
 
 def _warm_up(engine: Engine, tokenizer: Tokenizer, max_concurrency: int, max_context: int) -> None:
@@ -135,3 +136,34 @@ def _warm_up(engine: Engine, tokenizer: Tokenizer, max_concurrency: int, max_con
     ]
     for handle in pending:
         handle.result(timeout=600)
+
+
+def memory_layout(plan: Any, executor: Any) -> dict[str, Any]:
+    """The server_start record's `memory`: the plan's sizing ledger (what it budgeted, against
+    which device budget), the one workspace allocation, the KV pool as the executor sized it
+    (after `auto`), recurrent-state slots and the CUDA Graph buckets captured. No vision runtime
+    exists, so `vision_workspace` is null (--vision is refused for every current artifact)."""
+    entries = [dict(e) for e in plan.ledger.get("entries", [])]
+    planned = {e["item"]: e["bytes"] for e in entries}
+    per_page = int(plan.kv.get("bytes_per_page") or 0)
+    pages = int(executor.num_pages)
+    return {
+        "budget_bytes": plan.ledger.get("budget"),
+        "ledger": entries,
+        "ledger_total_bytes": plan.ledger.get("total"),
+        "workspace": {"capacity_bytes": int(planned.get("workspace", 0))},
+        "vision_workspace": None,
+        "kv": {
+            "dtype": plan.kv.get("dtype"),
+            "page_size": int(executor.page_size),
+            "bytes_per_page": per_page,
+            "pages": pages,
+            "capacity_tokens": pages * int(executor.page_size),
+            "bytes": pages * per_page,
+        },
+        "state_slots": {
+            "slots": int(plan.state.get("slots", 0)),
+            "bytes_per_slot": int(plan.state.get("bytes_per_slot", 0)),
+        },
+        "cuda_graphs": {"buckets": sorted(getattr(executor, "graph_buckets", ()) or ())},
+    }

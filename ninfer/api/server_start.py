@@ -63,6 +63,7 @@ def server_start_fields(state: Any, artifact: Any, argv: list[str] | None = None
             "default_thinking_budget": cfg.default_thinking_budget,
         },
         "default_max_tokens": cfg.default_max_tokens,
+        "memory": state.extra.get("memory"),
         "host_context": _host_context(state),
         "environment": _environment(cfg),
         "pid": os.getpid(),

@@ -149,6 +149,20 @@ class CudaExecutor(PlanExecutorBase):
         self.records: list[StepRecord] = []
         self.last_step_seconds = 0.0
         self.tokens_computed = 0  # positions run since construction (as the reference executor)
+        self._prefill_events: dict[int, tuple[Any, Any]] = {}  # step index -> CUDA events
+
+    def step_gpu_seconds(self, step_index: int) -> float | None:
+        """Device time of prefill-class step `step_index` (its results were read, so its
+        events completed); None for a decode step or one already asked for. Forgets older
+        steps' events."""
+        events = self._prefill_events.pop(step_index, None)
+        for old in [i for i in self._prefill_events if i < step_index]:
+            del self._prefill_events[old]
+        if events is None:
+            return None
+        start, end = events
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
 
     # -- sizes -------------------------------------------------------------------------------
     @property
@@ -206,13 +220,17 @@ class CudaExecutor(PlanExecutorBase):
             start, end, host_s = self._replay(g, batch, fed, t0, timing)
             logits = g.logits.clone()
         else:
-            start = torch.cuda.Event(enable_timing=True) if timing else None
-            end = torch.cuda.Event(enable_timing=True) if timing else None
+            # a prefill-class step is timed on the device always (step_gpu_seconds)
+            timed = timing or (not decode and self.device.type == "cuda")
+            start = torch.cuda.Event(enable_timing=True) if timed else None
+            end = torch.cuda.Event(enable_timing=True) if timed else None
             if start is not None:
                 start.record()
             logits = self._eager(batch, decode, all_logits, fed)
             if end is not None:
                 end.record()
+                if not decode:
+                    self._prefill_events[batch.step_index] = (start, end)
             host_s = time.perf_counter() - t0
         if self.collect_timings:
             self.records.append(

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Self
+from typing import Any, Self
 
 from ninfer.errors import ConfigError, NinferError
 from ninfer.runtime.config import EngineConfig
@@ -38,7 +38,7 @@ from ninfer.runtime.request import (
 )
 from ninfer.runtime.sampler import SampledTokens, Sampler, SampleRow
 from ninfer.runtime.scheduler import Scheduler, StepPlan
-from ninfer.runtime.sequence import finish_event
+from ninfer.runtime.sequence import Sequence, finish_event, unit_counts
 
 log = logging.getLogger("ninfer.engine")
 
@@ -343,8 +343,21 @@ class Engine:
                 self._inflight = None
             return
         self._work.lap(DEVICE_WAIT)
+        if step.work_class == "prefill":
+            self._count_prefill_gpu(step.plan)
         self._sched.commit(step.plan, sampled, self._clock())
         self._work.lap("program_post")
+
+    def _count_prefill_gpu(self, plan: StepPlan) -> None:
+        """Add the finished prefill-class step's device time (executors that measure it) to
+        each request with a prefill-class chunk in it."""
+        measure = getattr(self._executor, "step_gpu_seconds", None)
+        gpu = measure(plan.batch.step_index) if measure is not None else None
+        if gpu is None:
+            return
+        for seq, chunk in zip(plan.chunk_seqs, plan.batch.chunks):
+            if len(chunk.token_ids) > 1 or seq.num_output == 0:
+                seq.prefill_gpu_s = (seq.prefill_gpu_s or 0.0) + gpu
 
     def _fail(self, plan: StepPlan, e: Exception) -> None:
         self._step_failures += 1
@@ -362,6 +375,8 @@ class Engine:
                     self._exposure[seq.seq_id] = self._work.exposure_mark()
                 handle._push(notice)
             if tokens:
+                if seq.first_output is None:
+                    seq.first_output = self._first_output(seq)
                 handle._push(TokensEvent(tokens))
             if finished:
                 del self._handles[seq.seq_id]
@@ -372,6 +387,26 @@ class Engine:
                 with self._wake:
                     self._outstanding -= 1
         self._work.lap("engine_commit_output")
+
+    def _first_output(self, seq: Sequence) -> dict[str, Any]:
+        """What the request had been through when its first output is about to be published:
+        engine time since submission split into initial queue, initial binding, pauses and
+        the resident rest, the worker time it was exposed to, and its own prefill / replay
+        work (the request log's first_output_timing)."""
+        elapsed = self._clock() - seq.arrival_s
+        queue = elapsed if seq.admitted_s is None else seq.admitted_s - seq.arrival_s
+        mark = self._exposure.get(seq.seq_id)
+        return {
+            "engine_elapsed_seconds": elapsed,
+            "initial_queue_seconds": queue,
+            "initial_binding_seconds": seq.bind_s,
+            "paused_seconds": seq.paused_s,
+            "resident_seconds": max(elapsed - queue - seq.bind_s - seq.paused_s, 0.0),
+            "exposure": None if mark is None else self._work.exposure_since(mark),
+            "units": unit_counts(seq),
+            "prefill_tokens": seq.prefill_tokens,
+            "replayed_tokens": seq.replayed_tokens,
+        }
 
     def _abort_all(self, reason: str, error: BaseException | None) -> None:
         now = self._clock()

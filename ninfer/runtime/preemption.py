@@ -190,18 +190,26 @@ class Preemption:
                 assert handle.nbytes == saved.nbytes, "snapshot size differs from its budget"
                 saved.handle, saved.taken = handle, True
                 self.budget.settle(saved.nbytes)
-                self._count(handle, D2H)
+                self._count(handle, D2H, op.seq)
             else:  # (no local reference to the handle: a traceback would keep it alive)
                 assert op.saved.handle is not None and not op.saved.done, "restore of nothing"
                 executor.restore(op.saved.handle, op.page_ids, op.state_slot)
-                self._count(op.saved.handle, H2D)
+                self._count(op.saved.handle, H2D, op.seq)
                 self._release(op.saved)
 
-    def _count(self, handle: HostSnapshot, direction: str) -> None:
+    def _count(self, handle: HostSnapshot, direction: str, seq: Sequence) -> None:
+        """Account a copy that ran: engine-wide bytes, and the request's own (one control
+        unit; bytes and operations per resource.direction)."""
+        seq.control_units += 1
         for resource, n in ((KV, handle.kv_nbytes), (STATE, handle.state_nbytes)):
             if n:
                 key = (resource, direction)
                 self.transfer_bytes[key] = self.transfer_bytes.get(key, 0) + n
+                own = seq.transfers.setdefault(
+                    f"{resource}.{direction}", {"bytes": 0, "operations": 0}
+                )
+                own["bytes"] += n
+                own["operations"] += 1
 
     def check(self, paused: list[Sequence], pending: list[DeviceOp]) -> None:
         """Invariants (tests): every live snapshot is held by a paused request or a pending

@@ -188,6 +188,11 @@ class Timings:
     exposure: engine worker wall time from initial admission to the finish (every resident
     request sees a whole shared step): {"host": {phase: s}, "device_wait": s, "decode_host": s,
     "decode_device_wait": s} (ninfer.runtime.host_work); None when never admitted.
+    units: the request's work units (`decode_rounds`, `prefill` chunks, `replay` among them,
+    `control`: snapshot saves and restores). first_output: observations frozen right before
+    its first output tokens were published (None without output). prefill_gpu_s: device time
+    of the steps it had a prefill-class chunk in (None without one, or off CUDA). transfers:
+    its snapshot copies per "resource.direction": {"bytes", "operations"}.
     """
 
     queue_s: float | None
@@ -197,6 +202,10 @@ class Timings:
     total_s: float
     paused_s: float = 0.0
     exposure: dict[str, Any] | None = None
+    units: dict[str, int] = field(default_factory=dict)
+    first_output: dict[str, Any] | None = None
+    prefill_gpu_s: float | None = None
+    transfers: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ publish accumulate as `SeqUpdate`s (`drain_updates`).
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import NamedTuple
 
@@ -48,7 +49,7 @@ from ninfer.runtime.request import (
     RequestError,
 )
 from ninfer.runtime.residency import Residency
-from ninfer.runtime.sequence import SeqStatus, Sequence
+from ninfer.runtime.sequence import SeqStatus, Sequence, count_unit
 from ninfer.runtime.step import FED, SeqChunk, StateCopy, StepBatch
 from ninfer.runtime.thinking import ThinkingBudget
 
@@ -305,6 +306,7 @@ class Scheduler(Residency):
             if seq.status is not SeqStatus.RUNNING:
                 continue  # finished while the step ran (ahead of its last commit, or aborted)
             assert seq.computed == chunk.start_pos
+            count_unit(seq, chunk.start_pos, len(chunk.token_ids))
             if self._advance(seq, len(chunk.token_ids)):
                 self._progress(seq, now)
             self.retention.retain_full_pages(seq)
@@ -349,7 +351,11 @@ class Scheduler(Residency):
             if not self._fits(seq, match):
                 blocked = blocked or seq
                 continue
-            self._admitted(seq, self._bind(seq, match), now)
+            t0 = time.perf_counter()
+            restored = self._bind(seq, match)
+            if seq.paused_since_s is None:
+                seq.bind_s = time.perf_counter() - t0
+            self._admitted(seq, restored, now)
             if blocked is not None:
                 blocked.bypassed += 1
 

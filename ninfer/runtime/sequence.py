@@ -68,6 +68,15 @@ class Sequence:
     preemptions: int = 0
     snapshot_restores: int = 0
     replay_restores: int = 0
+    # work units of this request (request log: engine_timing, first_output_timing)
+    decode_rounds: int = 0  # steps with a decode row of it
+    prefill_units: int = 0  # steps with a multi-token chunk of it (prompt, replay, forced suffix)
+    replay_units: int = 0  # of those, chunks rebuilding state it had before a pause
+    control_units: int = 0  # device operations for it outside a batch: snapshot saves, restores
+    transfers: dict[str, dict[str, int]] = field(default_factory=dict)  # resource.direction
+    prefill_gpu_s: float | None = None  # device time of its prefill-class steps (CUDA only)
+    bind_s: float = 0.0  # its initial binding (prefix match, pages, lane)
+    first_output: dict[str, Any] | None = None  # frozen before its first output was published
     admitted_s: float | None = None
     first_token_s: float | None = None
     finished_s: float | None = None
@@ -140,6 +149,34 @@ def finish_event(seq: Sequence, exposure: dict[str, Any] | None = None) -> Finis
         total_s=end - seq.arrival_s,
         paused_s=seq.paused_s,
         exposure=exposure,
+        units=unit_counts(seq),
+        first_output=seq.first_output,
+        prefill_gpu_s=seq.prefill_gpu_s,
+        transfers={k: dict(v) for k, v in seq.transfers.items()},
     )
     reason = seq.finish_reason or "error"
     return FinishEvent(reason, usage, timings, tuple(seq.output_ids), seq.error)  # type: ignore[arg-type]
+
+
+def unit_counts(seq: Sequence) -> dict[str, int]:
+    """The request's work units so far: decode rounds, prefill-class chunks (replay among them)
+    and control operations (snapshot saves and restores)."""
+    return {
+        "decode_rounds": seq.decode_rounds,
+        "prefill": seq.prefill_units,
+        "replay": seq.replay_units,
+        "control": seq.control_units,
+    }
+
+
+def count_unit(seq: Sequence, start_pos: int, length: int) -> None:
+    """Count a committed chunk of `length` tokens from `start_pos` among the request's units:
+    a decode round (one token after its first output), else a prefill-class chunk (prompt,
+    forced suffix), replay when it rebuilds positions computed before a pause."""
+    if start_pos < seq.high_water:
+        seq.prefill_units += 1
+        seq.replay_units += 1
+    elif length == 1 and seq.num_output > 0:
+        seq.decode_rounds += 1
+    else:
+        seq.prefill_units += 1

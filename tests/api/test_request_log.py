@@ -19,7 +19,14 @@ from ninfer.api.errors import ApiError
 from ninfer.api.generation import GenerationRequest
 from ninfer.api.observability import Observability
 from ninfer.api.observe import Observer
-from ninfer.api.request_log import SCHEMA, SCHEMA_VERSION, RequestLog, RequestLogSink, redact_argv
+from ninfer.api.request_log import (
+    HOST_PHASES,
+    SCHEMA,
+    SCHEMA_VERSION,
+    RequestLog,
+    RequestLogSink,
+    redact_argv,
+)
 from ninfer.api.service import Prepared
 from ninfer.artifact import Artifact
 from ninfer.commands import serve
@@ -173,6 +180,10 @@ def served(tiny_agent, tmp_path_factory) -> Iterator[tuple[TestClient, Path]]:
         state.engine.close()
 
 
+def served_on_cuda(path: Path) -> bool:
+    return read_log(path)[0]["engine"]["device"].startswith("cuda")
+
+
 def test_server_start_comes_first_and_hides_the_key(served):
     _, path = served
     first = read_log(path)[0]
@@ -180,6 +191,14 @@ def test_server_start_comes_first_and_hides_the_key(served):
     assert first["artifact"]["architecture"] == "qwen3" and first["public_model_id"] == "tiny-agent"
     assert first["engine"]["max_context"] == 512 and first["engine"]["kv_pages"] > 0
     assert first["argv"] == ["ninfer", "serve", "--api-key", "<redacted>"]
+    mem = first["memory"]  # the plan's sizing ledger and the pools as sized at startup
+    assert mem["vision_workspace"] is None  # no vision runtime
+    items = {e["item"]: e["bytes"] for e in mem["ledger"]}
+    assert {"weights", "workspace", "kv_cache", "state_slots"} <= set(items)
+    assert mem["workspace"]["capacity_bytes"] == items["workspace"] > 0
+    assert mem["kv"]["pages"] == first["engine"]["kv_pages"] and mem["kv"]["bytes"] > 0
+    assert mem["kv"]["capacity_tokens"] == first["engine"]["kv_capacity_tokens"]
+    assert bool(mem["cuda_graphs"]["buckets"]) == served_on_cuda(path)  # captured on CUDA only
 
 
 def test_requests_log_their_sequence_and_fields(served, tiny_agent_prompts):
@@ -239,6 +258,28 @@ def test_requests_log_their_sequence_and_fields(served, tiny_agent_prompts):
     t = done["timings_seconds"]
     assert set(t) == {"prepare", "queue", "ttft", "vision", "prefill", "decode", "total"}
     assert 0 < t["prepare"] <= t["ttft"] <= t["total"] and t["decode"] > 0
+    et = done["engine_timing"]  # 5 tokens: the first from the prefill, then 4 decode rounds
+    assert et["decode"]["rounds"] == 4 and et["units"]["replay"] == et["units"]["control"] == 0
+    assert et["units"]["prefill"] >= 1
+    first = done["first_output_timing"]  # frozen before the first output was published
+    assert first["prefill"] == {
+        "tokens": done["computed_prefill_tokens"],
+        "units": et["units"]["prefill"],
+    }
+    assert first["replay"] == {"tokens": 0, "units": 0} and first["engine"]["decode"]["rounds"] == 0
+    parts = (
+        "initial_queue_seconds",
+        "initial_binding_seconds",
+        "paused_seconds",
+        "resident_seconds",
+    )
+    assert sum(first[k] for k in parts) == pytest.approx(first["engine_elapsed_seconds"])
+    assert 0 < first["engine_elapsed_seconds"] <= et["engine_total_seconds"]
+    host = first["engine"]["host_exposed_seconds"]
+    assert host["total"] == pytest.approx(sum(host[p] for p in HOST_PHASES))
+    assert done["context_transfers"] == {}  # never paused
+    gpu = done["work"]["gpu_seconds"]  # CUDA events around its prefill step; none on CPU
+    assert (0 < gpu < t["total"]) if served_on_cuda(path) else gpu is None
     rejected = next(r for r in records if r["event"] == "request_rejected")
     assert (
         rejected["error"]["status"] == 400

@@ -197,6 +197,14 @@ def test_observability_end_to_end(server):
     assert et["device_wait_exposed_seconds"] > 0
     assert 0 < exposed["total"] + et["device_wait_exposed_seconds"] <= et["engine_total_seconds"]
     assert et["decode"]["device_wait_exposed_seconds"] > 0  # five decode rounds
+    assert et["decode"]["rounds"] == 5 and et["units"]["prefill"] >= 1
+    first = known_done["first_output_timing"]
+    assert first["prefill"]["tokens"] == known_done["computed_prefill_tokens"]
+    assert first["engine"]["decode"]["rounds"] == 0
+    assert first["engine_elapsed_seconds"] <= et["engine_total_seconds"]
+    gpu = known_done["work"]["gpu_seconds"]  # its prefill step's CUDA event interval
+    on_cuda = records[0]["engine"]["device"].startswith("cuda")
+    assert (0 < gpu < known_done["timings_seconds"]["total"]) if on_cuda else gpu is None
     assert seq[ids[0]][0]["responses_semantic_change"] is None  # a chat request
     assert known_done["thinking_budget"]["budget"] is None
     assert seq[ids[2]][0]["error"]["code"] == "context_length_exceeded"
@@ -205,6 +213,7 @@ def test_observability_end_to_end(server):
         seq[ids[4]][1]["error"]["code"] == "request_queue_timeout"
         and seq[ids[4]][1]["outcome"] == "timeout"
     )
+    assert seq[ids[4]][1]["first_output_timing"] is None  # never produced output
     assert seq[ids[5]][0]["error"]["status"] == 429 and seq[ids[5]][0]["outcome"] == "overloaded"
     busy = [r for r in records if r["event"] == "throughput" and r["tokens"]["decode_tokens"] > 0]
     assert busy

@@ -378,3 +378,17 @@ def test_kv_capacity_auto_fills_free_memory(fixture_artifacts):
     assert used > 0.5 * (free_before - (2 << 30)), (used, free_before)
     del ex
     torch.cuda.empty_cache()
+
+
+@gpu
+def test_prefill_steps_report_their_device_time(fixture_artifacts):
+    """`step_gpu_seconds` (the request log's work.gpu_seconds): a prefill-class step's CUDA
+    event interval, once; none for a decode step."""
+    ex = _cuda(fixture_artifacts("qwen3"), "float32", kv_dtype="f32")
+    pages = tuple(range(16))
+    ex.run(StepBatch((SeqChunk(0, tuple(range(1, 40)), 0, pages),), step_index=7))
+    ex.run(StepBatch((SeqChunk(0, (5,), 39, pages),), step_index=8))
+    torch.cuda.synchronize()
+    gpu = ex.step_gpu_seconds(7)
+    assert gpu is not None and 0 < gpu < 10
+    assert ex.step_gpu_seconds(7) is None and ex.step_gpu_seconds(8) is None

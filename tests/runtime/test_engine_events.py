@@ -97,8 +97,19 @@ def test_restore_after_a_pause_in_the_prefill_publishes_no_progress(hybrid, reus
     assert paused_in_prefill and b.preemptions >= 1
     if route == "replay":
         assert b.replayed_tokens > 0 and b.replay_restores == b.preemptions
+        # replay chunks are prefill-class units; no copies ran for it
+        assert 1 <= b.replay_units < b.prefill_units and b.control_units == 0 and not b.transfers
     else:
         assert b.replayed_tokens == 0 and b.snapshot_restores == b.preemptions
+        # one save and one restore per pause: control units, and its own bytes both ways
+        assert b.replay_units == 0 and b.control_units == 2 * b.snapshot_restores
+        out, back = b.transfers["main_kv.device_to_host"], b.transfers["main_kv.host_to_device"]
+        assert out == back and out["bytes"] > 0 and out["operations"] == b.snapshot_restores
+        assert h.sched.preemption.transfer_bytes[("main_kv", "device_to_host")] == out["bytes"]
+    for s in (a, b):  # the first token comes from the prefill, each later one from a round
+        assert s.decode_rounds <= s.num_output - 1 and s.prefill_units >= 1
+        if s.preemptions == 0:
+            assert s.decode_rounds == s.num_output - 1 and s.replay_units == 0
     assert check_notices(h, b) == [4, 8, 12, 16, 20]  # one admission, progress once per chunk
     assert [type(n) for n in h.notices[b.seq_id]].count(AdmittedEvent) == 1
     for s in (a, b):

@@ -110,9 +110,31 @@ def test_eight_concurrent_greedy_requests_equal_each_alone(arch, fixture_artifac
         alone = _alone(path, req.prompt_token_ids, req.sampling.max_tokens)
         assert out.token_ids == alone, f"request {i} ({len(req.prompt_token_ids)} tokens)"
         assert out.finish_reason == "length"
+        _check_units(out, len(req.prompt_token_ids))
     assert stats.preemptions_total == 0
     # requests really shared steps: on average well over one decode row per decode step
     assert stats.decode_rows_total >= 2 * stats.decode_rounds_total, stats
+
+
+def _check_units(out: RequestOutput, prompt: int) -> None:
+    """A request never paused and with no prefix hit: its first token came from its prefill,
+    every later one from a decode round; the first output's observations add up."""
+    t = out.timings
+    assert t.units["decode_rounds"] == len(out.token_ids) - 1
+    assert t.units["prefill"] >= -(-prompt // 64) and t.units["replay"] == t.units["control"] == 0
+    first = t.first_output
+    assert first is not None and first["prefill_tokens"] == prompt and first["replayed_tokens"] == 0
+    assert first["units"]["decode_rounds"] == 0 and first["units"]["prefill"] == t.units["prefill"]
+    parts = (
+        "initial_queue_seconds",
+        "initial_binding_seconds",
+        "paused_seconds",
+        "resident_seconds",
+    )
+    assert sum(first[k] for k in parts) == pytest.approx(first["engine_elapsed_seconds"])
+    # published after the token was committed (ttft), before the request ended
+    assert t.ttft_s <= first["engine_elapsed_seconds"] <= t.total_s and first["exposure"]
+    assert t.prefill_gpu_s is None and t.transfers == {}  # a CPU executor: no device timing
 
 
 @pytest.mark.parametrize("arch", ARCHS)
