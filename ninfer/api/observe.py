@@ -4,6 +4,7 @@
       preparation + submit ok ──▶ track.started(prepared, request)  ─▶ sinks.request_start
       preparation/submit raises ──▶ track.raised(ApiError)          ─▶ sinks.request_rejected
       engine AdmittedEvent ──▶ track.admitted()                        (queue time)
+      engine SchedulingEvent ──▶ track.scheduling(event)            ─▶ sinks.request_scheduling
       first committed token ──▶ track.first_token()                 ─▶ sinks.first_token
       engine FinishEvent ──▶ track.engine_finished(event)              (kept for the terminal)
       Finished yielded ──▶ track.finished(finished)                 ─▶ sinks.request_done
@@ -32,7 +33,7 @@ from typing import Any
 from ninfer.api import errors
 from ninfer.api.errors import ApiError
 from ninfer.api.generation import Finished, GenerationRequest
-from ninfer.runtime.request import FinishEvent, Request
+from ninfer.runtime.request import FinishEvent, Request, SchedulingEvent
 
 log = logging.getLogger("ninfer.api")
 
@@ -107,6 +108,9 @@ class Sink:
     def first_token(self, rec: RequestRecord) -> None:
         pass
 
+    def request_scheduling(self, rec: RequestRecord, event: SchedulingEvent) -> None:
+        """A pause-cycle boundary the engine published for the request."""
+
     def request_done(
         self, rec: RequestRecord, finished: Finished | None, err: ApiError | None
     ) -> None:
@@ -176,6 +180,9 @@ class RequestTrack:
             self.rec.first_token_s = time.monotonic()
             self._emit("first_token")
 
+    def scheduling(self, event: SchedulingEvent) -> None:
+        self._emit("request_scheduling", event)
+
     def engine_finished(self, event: FinishEvent) -> None:
         self.rec.engine = event
 
@@ -235,6 +242,9 @@ class NullTrack(RequestTrack):
 
     def first_token(self) -> None:
         pass
+
+    def scheduling(self, event: SchedulingEvent) -> None:
+        self._emit("request_scheduling", event)
 
     def engine_finished(self, event: FinishEvent) -> None:
         pass

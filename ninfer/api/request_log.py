@@ -175,6 +175,17 @@ class RequestLogSink(Sink):
             "timings_seconds": {"prepare": rec.total_s, "total": rec.total_s},
         })  # fmt: skip
 
+    def request_scheduling(self, rec: RequestRecord, event: Any) -> None:
+        self.log.write("request_scheduling", {
+            **_identity(rec),
+            "boundary": event.boundary,
+            "preemption_index": event.preemption_index,
+            "route": event.route,
+            "steady_ns": event.steady_ns,
+            "elapsed_ns": event.elapsed_ns,
+            "progress": event.progress,
+        })  # fmt: skip
+
     def request_done(
         self, rec: RequestRecord, finished: Finished | None, err: ApiError | None
     ) -> None:
@@ -187,7 +198,8 @@ class RequestLogSink(Sink):
                 "boundary": "terminal",
                 "preemption_index": usage.preemptions,
                 "route": _route(usage),
-                "elapsed_ns": int(rec.total_s * 1e9),
+                "steady_ns": None,  # decided on the consumer side, not on the engine worker
+                "elapsed_ns": int((t.total_s if t is not None else rec.total_s) * 1e9),
                 "progress": {"request": {"prefill_tokens": usage.prefill_tokens,
                                          "decode_tokens": usage.completion_tokens,
                                          "replayed_tokens": usage.replayed_tokens}},

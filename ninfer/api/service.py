@@ -51,6 +51,7 @@ from ninfer.runtime.request import (
     Request,
     RequestError,
     SamplingParams,
+    SchedulingEvent,
     TokensEvent,
 )
 
@@ -312,6 +313,8 @@ class ModelService:
                     yield PromptProgress(
                         event.prompt_tokens, event.cached_tokens, event.cached_tokens, 0.0
                     )
+                elif isinstance(event, SchedulingEvent):
+                    track.scheduling(event)
                 elif isinstance(event, PromptProgressEvent):
                     yield PromptProgress(
                         event.total, event.cache, event.processed, event.elapsed_s * 1000.0

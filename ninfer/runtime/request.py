@@ -235,6 +235,29 @@ class PromptProgressEvent:
 
 
 @dataclass(frozen=True)
+class SchedulingEvent:
+    """A pause-cycle boundary of a request paused under resource pressure (the request log's
+    request_scheduling): `boundary` one of SCHEDULING_BOUNDARIES, `preemption_index` the cycle
+    (1 for the first pause), `route` "snapshot" | "replay" (None while a pause has not chosen
+    one), `steady_ns` the engine clock on the worker, `elapsed_ns` since submission, `progress`
+    {"global": ..., "request": ...} prefill / decode / replayed token counters at that moment."""
+
+    boundary: str
+    preemption_index: int
+    route: str | None
+    steady_ns: int
+    elapsed_ns: int
+    progress: dict[str, dict[str, int]]
+
+
+# the order of one pause cycle; replay_complete only for the replay route
+SCHEDULING_BOUNDARIES = (
+    "pause_started", "paused", "restore_started", "restored", "replay_complete",
+    "recovery_complete",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
 class TokensEvent:
     """Newly committed output token ids, in order. Never republished (replay after a pause
     rebuilds state without emitting). May include EOS; the caller withholds it from text.
@@ -256,7 +279,7 @@ class FinishEvent:
     error: BaseException | None = None
 
 
-RequestEvent = AdmittedEvent | PromptProgressEvent | TokensEvent | FinishEvent
+RequestEvent = AdmittedEvent | PromptProgressEvent | SchedulingEvent | TokensEvent | FinishEvent
 
 
 def _check_float(name: str, value: object, lo: float, hi: float) -> None:

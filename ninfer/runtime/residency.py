@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ninfer.runtime.config import EngineConfig
 from ninfer.runtime.pages import PagePool
 from ninfer.runtime.preemption import DeviceOp, Preemption
 from ninfer.runtime.prefix_cache import PrefixCache, PrefixMatch
+from ninfer.runtime.request import AdmittedEvent, PromptProgressEvent, SchedulingEvent
 from ninfer.runtime.retention import Retention
 from ninfer.runtime.sequence import SeqStatus, Sequence
 from ninfer.runtime.step import StateCopy
@@ -46,6 +48,16 @@ class SchedulerCounters:
     outcomes: dict[str, int] = field(default_factory=dict)
 
 
+class SeqUpdate(NamedTuple):
+    """Something to publish: a `notice` (admission, prompt progress), newly committed tokens,
+    or (finished=True) the end."""
+
+    seq: Sequence
+    new_tokens: tuple[int, ...]
+    finished: bool
+    notice: AdmittedEvent | PromptProgressEvent | SchedulingEvent | None = None
+
+
 class Residency:
     """Lanes, the KV page pool, the prefix cache and pause/restore of resident sequences.
 
@@ -54,6 +66,8 @@ class Residency:
     `host_snapshots`: the executor can snapshot (sizes `kv_bytes_per_page`, `state_bytes`), so
     pauses may take the snapshot route within `config.host_context_mib`.
     """
+
+    _updates: list[SeqUpdate]  # the Scheduler's, published by the engine
 
     def __init__(
         self,
@@ -190,6 +204,50 @@ class Residency:
         seq.preemptions += 1
         self.counters.preemptions += 1
         bisect.insort(self.paused, seq, key=lambda s: s.seq_id)
+        seq.pause_route = "snapshot" if seq.saved is not None else "replay"
+        self._transition(seq, "pause_started", now, chosen=False)  # route and copy: at once
+        self._transition(seq, "paused", now)
+
+    def _restored(self, seq: Sequence, restored: bool, now: float) -> None:
+        """Bookkeeping of a paused request's new binding (`restored`: from its host snapshot,
+        else it replays): restore counters, paused time, the cycle's transitions."""
+        self._transition(seq, "restore_started", now)
+        self.paused.remove(seq)
+        if restored:
+            seq.snapshot_restores += 1
+            self.counters.snapshot_restores += 1
+        else:
+            seq.replay_restores += 1
+            self.counters.replay_restores += 1
+        assert seq.paused_since_s is not None
+        seq.paused_s += now - seq.paused_since_s
+        seq.paused_since_s = None
+        seq.recovering = True
+        self._transition(seq, "restored", now)
+
+    def _recovery(self, seq: Sequence, was_replaying: bool, fresh: bool, now: float) -> None:
+        """After a committed chunk of a restored request: replay_complete when it rebuilt the
+        old frontier, recovery_complete at its first fresh unit (past that frontier)."""
+        if was_replaying and not seq.replaying:
+            self._transition(seq, "replay_complete", now)
+        if seq.recovering and fresh:
+            seq.recovering = False
+            self._transition(seq, "recovery_complete", now)
+
+    def _transition(self, seq: Sequence, boundary: str, now: float, chosen: bool = True) -> None:
+        """Publish a pause-cycle boundary of `seq`, with the cycle's route once `chosen`."""
+        c = self.counters
+        progress = {
+            "global": {"prefill_tokens": c.prefill_tokens, "decode_tokens": c.decode_tokens,
+                       "replayed_tokens": c.replayed_tokens},
+            "request": {"prefill_tokens": seq.prefill_tokens, "decode_tokens": seq.num_output,
+                        "replayed_tokens": seq.replayed_tokens},
+        }  # fmt: skip
+        event = SchedulingEvent(
+            boundary, seq.preemptions, seq.pause_route if chosen else None,
+            int(now * 1e9), int((now - seq.arrival_s) * 1e9), progress,
+        )  # fmt: skip
+        self._updates.append(SeqUpdate(seq, (), False, event))
 
     def _release_residence(self, seq: Sequence) -> None:
         self.pool.release(seq.pages)

@@ -24,7 +24,8 @@ then the committed tokens, then the finish.
 
 A paused request gives back its lane and pages and keeps its tokens. It comes back from a host
 snapshot when the host budget held one, else by replaying prompt + committed output
-(preemption.py). Neither resamples or republishes: only the last unit of a replay returns
+(preemption.py); each boundary of such a cycle is published as a `SchedulingEvent`
+(residency.py). Neither resamples or republishes: only the last unit of a replay returns
 logits, and they sample a new token.
 
 The scheduler is single-threaded and never imports torch; state changes that callers must
@@ -48,7 +49,7 @@ from ninfer.runtime.request import (
     Request,
     RequestError,
 )
-from ninfer.runtime.residency import Residency
+from ninfer.runtime.residency import Residency, SeqUpdate
 from ninfer.runtime.sequence import SeqStatus, Sequence, count_unit
 from ninfer.runtime.step import FED, SeqChunk, StateCopy, StepBatch
 from ninfer.runtime.thinking import ThinkingBudget
@@ -66,16 +67,6 @@ class StepPlan(NamedTuple):
     def logit_seqs(self) -> tuple[Sequence, ...]:
         """The sequence of each logits row the executor returns, in row order."""
         return tuple(s for s, c in zip(self.chunk_seqs, self.batch.chunks) if c.want_logits)
-
-
-class SeqUpdate(NamedTuple):
-    """Something to publish: a `notice` (admission, prompt progress), newly committed tokens,
-    or (finished=True) the end."""
-
-    seq: Sequence
-    new_tokens: tuple[int, ...]
-    finished: bool
-    notice: AdmittedEvent | PromptProgressEvent | None = None
 
 
 class Scheduler(Residency):
@@ -307,8 +298,10 @@ class Scheduler(Residency):
                 continue  # finished while the step ran (ahead of its last commit, or aborted)
             assert seq.computed == chunk.start_pos
             count_unit(seq, chunk.start_pos, len(chunk.token_ids))
+            replaying, frontier = seq.replaying, seq.high_water
             if self._advance(seq, len(chunk.token_ids)):
                 self._progress(seq, now)
+            self._recovery(seq, replaying, seq.computed > frontier, now)  # before it may end
             self.retention.retain_full_pages(seq)
             self.retention.capture(seq, self._ops)
             if token is not None and seq.known == seq.computed:
@@ -363,15 +356,7 @@ class Scheduler(Residency):
         """Bookkeeping of a bind: restore counters of a paused request, or the initial
         binding of a fresh one (usage and its AdmittedEvent)."""
         if seq.paused_since_s is not None:
-            self.paused.remove(seq)
-            if restored:
-                seq.snapshot_restores += 1
-                self.counters.snapshot_restores += 1
-            else:
-                seq.replay_restores += 1
-                self.counters.replay_restores += 1
-            seq.paused_s += now - seq.paused_since_s
-            seq.paused_since_s = None
+            self._restored(seq, restored, now)
             return
         self.waiting.remove(seq)
         seq.admitted_s = now

@@ -81,6 +81,8 @@ class Sequence:
     first_token_s: float | None = None
     finished_s: float | None = None
     paused_since_s: float | None = None
+    pause_route: str | None = None  # the current / last pause cycle's route
+    recovering: bool = False  # restored, no fresh unit committed since
     paused_s: float = 0.0
     finish_reason: str | None = None
     error: BaseException | None = None

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ninfer.runtime.request import SamplingParams
+from ninfer.runtime.request import SCHEDULING_BOUNDARIES, SamplingParams, SchedulingEvent
 from ninfer.runtime.sampler import Sampler, SampleRow
 from ninfer.runtime.step import FED, StateCopy, StepBatch
 
@@ -338,7 +338,9 @@ class SchedulerHarness:
         for seq, tokens, finished, notice in self.sched.drain_updates():
             assert seq.seq_id not in self.finished, "update after finish"
             if notice is not None:
-                assert not self.published[seq.seq_id], "a notice after the first token"
+                # admission and prompt progress precede the first token; pause cycles may not
+                if not isinstance(notice, SchedulingEvent):
+                    assert not self.published[seq.seq_id], "a notice after the first token"
                 self.notices[seq.seq_id].append(notice)
             self.published[seq.seq_id].extend(tokens)
             if finished:
@@ -375,3 +377,35 @@ class SchedulerHarness:
             assert out == ref[: len(out)], (out, ref)
         else:
             assert out == ref, (seq.finish_reason, out, ref)
+
+
+def check_cycles(h: SchedulerHarness, seq) -> None:
+    """Each pause cycle of `seq` (its SchedulingEvents in `h`) publishes pause_started (no
+    route yet), paused, restore_started, restored, replay_complete (when it had positions to
+    recompute: a replay past any prefix hit, or a snapshot taken mid-replay), then
+    recovery_complete, with its index and route, on a clock that never goes
+    back. A cycle paused again (or ended) before its first fresh unit stops early; the last
+    cycle of a request that ran to its end recovered."""
+    events = [n for n in h.notices[seq.seq_id] if isinstance(n, SchedulingEvent)]
+    cycles = [[e for e in events if e.preemption_index == k] for k in range(1, seq.preemptions + 1)]
+    assert sum(map(len, cycles)) == len(events)
+    routes = []
+    for k, cycle in enumerate(cycles, 1):
+        names = [e.boundary for e in cycle]
+        route = cycle[1].route
+        routes.append(route)
+        want = list(SCHEDULING_BOUNDARIES)  # replay_complete: whenever it recomputed anything
+        tails = ([], want[4:-1], want[4:], want[-1:])  # cut short, (no) replay, recovered
+        restored = names[2:4] == want[2:4] and names[4:] in tails
+        assert names[:2] == want[:2] and (names[2:] == [] or restored), names
+        assert cycle[0].route is None and {e.route for e in cycle[1:]} == {route}
+        assert [e.steady_ns for e in cycle] == sorted(e.steady_ns for e in cycle)
+        assert all(e.elapsed_ns >= 0 for e in cycle)
+        assert all(
+            e.progress["global"]["replayed_tokens"] >= e.progress["request"]["replayed_tokens"]
+            for e in cycle
+        )
+        if k == len(cycles) and seq.finish_reason in ("stop", "length"):
+            assert names[-1] == "recovery_complete", names
+    restores = ["snapshot"] * seq.snapshot_restores + ["replay"] * seq.replay_restores
+    assert sorted(r for r, c in zip(routes, cycles) if len(c) > 2) == sorted(restores)

@@ -4,7 +4,7 @@ request handle delivers them without merging them into token events."""
 from __future__ import annotations
 
 import pytest
-from fake_executor import FakeExecutor, SchedulerHarness, reference_tokens
+from fake_executor import FakeExecutor, SchedulerHarness, check_cycles, reference_tokens
 
 from ninfer.runtime.config import EngineConfig
 from ninfer.runtime.engine import Engine
@@ -15,6 +15,7 @@ from ninfer.runtime.request import (
     QueueTimeout,
     Request,
     SamplingParams,
+    SchedulingEvent,
     TokensEvent,
 )
 from ninfer.runtime.sampler import Sampler
@@ -35,7 +36,8 @@ def harness(hybrid: bool = False, **cfg) -> SchedulerHarness:
 
 def check_notices(h: SchedulerHarness, seq) -> list[int]:
     """The contract every admitted request's notices meet; returns the processed counts."""
-    notices = h.notices[seq.seq_id]
+    notices = [n for n in h.notices[seq.seq_id] if not isinstance(n, SchedulingEvent)]
+    check_cycles(h, seq)
     admitted, progress = notices[0], notices[1:]
     assert admitted == AdmittedEvent(seq.num_prompt, seq.cached_tokens, seq.reuse_path)
     assert progress and all(isinstance(p, PromptProgressEvent) for p in progress)

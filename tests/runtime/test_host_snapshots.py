@@ -16,7 +16,7 @@ import gc
 import logging
 
 import pytest
-from fake_executor import FakeExecutor, SchedulerHarness
+from fake_executor import FakeExecutor, SchedulerHarness, check_cycles
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -156,6 +156,7 @@ def test_random_pressure_restores_the_same_tokens_by_either_route(setup, operati
     for seq in seqs:
         assert seq.status is SeqStatus.FINISHED
         h.assert_correct(seq)  # the solo tokens (a prefix when cancelled), published once
+        check_cycles(h, seq)
     check_routes(h, seqs)
     check_all_given_back(h)
     c = h.sched.counters
