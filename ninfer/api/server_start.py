@@ -54,6 +54,12 @@ def server_start_fields(state: Any, artifact: Any, argv: list[str] | None = None
             "defaults": dataclasses.asdict(service.sampler_defaults)
             if service is not None
             else None,
+            # what a request that sets no sampler field gets, per resolved thinking mode
+            # (registered preset or generation defaults, then the process flags)
+            **{
+                mode: service.sampler_policy.resolve(thinking, {}) if service is not None else None
+                for mode, thinking in (("thinking", True), ("non_thinking", False))
+            },
             "process_overrides": cfg.sampler_overrides(),
             "greedy": cfg.greedy,
         },

@@ -191,6 +191,9 @@ def test_server_start_comes_first_and_hides_the_key(served):
     assert first["artifact"]["architecture"] == "qwen3" and first["public_model_id"] == "tiny-agent"
     assert first["engine"]["max_context"] == 512 and first["engine"]["kv_pages"] > 0
     assert first["argv"] == ["ninfer", "serve", "--api-key", "<redacted>"]
+    sampler = first["sampler"]  # per thinking mode: qwen3 has no preset, so both take the
+    assert sampler["thinking"] == sampler["non_thinking"]  # artifact's generation defaults
+    assert set(sampler["thinking"]) >= {"temperature", "top_p", "top_k", "min_p", "seed"}
     mem = first["memory"]  # the plan's sizing ledger and the pools as sized at startup
     assert mem["vision_workspace"] is None  # no vision runtime
     items = {e["item"]: e["bytes"] for e in mem["ledger"]}
