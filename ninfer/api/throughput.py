@@ -42,6 +42,12 @@ COUNTERS = {
     "snapshot_restores": "snapshot_restores_total",
     "replay_restores": "replay_restores_total",
     "device_wait_seconds": "device_wait_seconds_total",
+    "cache_selections": "cache_selections_total",
+    "cache_selection_hits": "cache_selection_hits_total",
+    "cache_selected_tokens": "cache_selected_tokens_total",
+    "state_captures": "state_captures_total",
+    "state_restores": "state_restores_total",
+    "cache_evicted_pages": "cache_evicted_pages_total",
 }
 GAUGES = (
     "running",
@@ -77,6 +83,7 @@ class ThroughputInterval:
     detail_invocations: int = 0
     transfers: dict[tuple[str, str], int] | None = None  # (resource, direction) -> bytes
     host_context: dict[str, int] | None = None  # end-of-interval host context gauges
+    last_selection: dict[str, Any] | None = None  # the latest prefix-cache selection (gauge)
 
     @property
     def idle(self) -> bool:
@@ -112,12 +119,23 @@ class ThroughputInterval:
         }
 
     def _context_cache(self) -> dict[str, Any]:
-        """throughput.context_cache: transfer deltas and end-of-interval host occupancy."""
-        moved = self.transfers or {}
+        """throughput.context_cache: interval deltas of prefix selections, state-image
+        captures and restores, transfers and pressure evictions; end-of-interval host
+        occupancy and the latest selection. ninfer shares only full pages, so no tail page is
+        ever copied on write."""
+        d, moved = self.deltas, self.transfers or {}
         return {
-            "transfer_bytes": {f"{r}.{d}": int(n) for (r, d), n in sorted(moved.items())},
+            "selections": {"count": int(d["cache_selections"]), "hits": int(d["cache_selection_hits"]),
+                           "reused_tokens": int(d["cache_selected_tokens"])},
+            "captures": int(d["state_captures"]),
+            "state_image_operations": {"captures": int(d["state_captures"]),
+                                       "restores": int(d["state_restores"])},
+            "transfer_bytes": {f"{res}.{way}": int(n) for (res, way), n in sorted(moved.items())},
+            "tail_page_cow": 0,
+            "pressure_spills": {"evicted_pages": int(d["cache_evicted_pages"])},
             "occupancy": dict(self.host_context or {}),
-        }
+            "last_selection": self.last_selection,
+        }  # fmt: skip
 
     def fields(self) -> dict[str, Any]:
         """The JSONL `throughput` event body (unrounded)."""
@@ -191,6 +209,7 @@ def interval(prev: Any, cur: Any, seconds: float) -> ThroughputInterval:
         ),
         _dict_delta(prev, cur, "context_transfer_bytes"),
         {k.removeprefix("host_context_"): int(_num(cur, k)) for k in HOST_CONTEXT},
+        getattr(cur, "last_cache_selection", None),
     )
 
 

@@ -94,6 +94,14 @@ class EngineStats:
     stats_publication_invocations: int = 0
     # bytes copied by (resource "main_kv" | "state", direction "device_to_host" | "host_to_device")
     context_transfer_bytes: dict[tuple[str, str], int] = field(default_factory=dict)
+    # context cache (scheduler counters): prefix selections, state images, pressure evictions
+    cache_selections_total: int = 0
+    cache_selection_hits_total: int = 0
+    cache_selected_tokens_total: int = 0
+    state_captures_total: int = 0
+    state_restores_total: int = 0
+    cache_evicted_pages_total: int = 0
+    last_cache_selection: dict[str, object] | None = None
 
 
 @dataclass
@@ -451,6 +459,13 @@ class Engine:
             device_wait_seconds_total=self._work.seconds[DEVICE_WAIT],
             requests_by_outcome=dict(c.outcomes),
             context_transfer_bytes=dict(s.preemption.transfer_bytes),
+            cache_selections_total=c.cache_selections,
+            cache_selection_hits_total=c.cache_selection_hits,
+            cache_selected_tokens_total=c.cache_selected_tokens,
+            state_captures_total=c.state_captures,
+            state_restores_total=c.state_restores,
+            cache_evicted_pages_total=s.cache.evicted_pages if s.cache is not None else 0,
+            last_cache_selection=c.last_selection,
             host_work_seconds=self._work.host_seconds(),
             work_class_seconds=dict(self._work.class_seconds),
             stats_publication_seconds=self._work.stats_seconds,

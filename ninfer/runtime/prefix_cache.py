@@ -78,6 +78,7 @@ class PrefixCache:
         self.pool = pool
         self.page_size = page_size
         self.needs_checkpoint = needs_checkpoint
+        self.evicted_pages = 0  # pages given back under pressure, since start
         self._children: dict[tuple[int, ...], CacheNode] = {}  # children of the root
         self._nodes: set[CacheNode] = set()
         self._free_slots = sorted(checkpoint_slots, reverse=True)
@@ -218,6 +219,7 @@ class PrefixCache:
             parent = node.parent
             self._remove(node)
             freed += 1
+            self.evicted_pages += 1
             if parent is not None and self._evictable(parent):
                 heapq.heappush(heap, (parent.last_used, id(parent), parent))
         return freed

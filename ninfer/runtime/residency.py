@@ -46,6 +46,14 @@ class SchedulerCounters:
     decode_rounds: int = 0  # steps with at least one decode row
     decode_rows: int = 0  # decode rows summed over steps
     outcomes: dict[str, int] = field(default_factory=dict)
+    # context cache: bindings that consulted the prefix cache, those that reused a prefix and
+    # the tokens reused; state images copied lane -> checkpoint slot (captures) and back
+    cache_selections: int = 0
+    cache_selection_hits: int = 0
+    cache_selected_tokens: int = 0
+    state_captures: int = 0
+    state_restores: int = 0
+    last_selection: dict[str, object] | None = None  # a gauge: the latest selection
 
 
 class SeqUpdate(NamedTuple):
@@ -132,6 +140,7 @@ class Residency:
             seq.nodes, seq.pages = [], self._take_pages(seq.saved.num_pages)
             seq.computed = self.preemption.restore(seq, self._ops)
         else:
+            self._selected(match)
             for node in match.nodes:
                 self.pool.retain(node.page)
             seq.nodes = list(match.nodes)
@@ -143,6 +152,27 @@ class Residency:
         seq.status = SeqStatus.RUNNING
         bisect.insort(self.running, seq, key=lambda s: s.seq_id)
         return restored
+
+    def _selected(self, match: PrefixMatch) -> None:
+        """Count a binding that consulted the prefix cache (none: there is no cache)."""
+        if self.cache is None:
+            return
+        c, tokens = self.counters, match.num_tokens(self.page_size)
+        c.cache_selections += 1
+        c.cache_selection_hits += tokens > 0
+        c.cache_selected_tokens += tokens
+        c.last_selection = {"tokens": tokens, "path": "checkpoint" if tokens else "root",
+                            "state_checkpoint": match.state_slot is not None}  # fmt: skip
+
+    def _count_state_copies(self, ops: list[DeviceOp]) -> None:
+        """Count the state images a step copies: into a checkpoint slot (slots past the
+        lanes) is a capture, into a lane a restore."""
+        for op in ops:
+            if isinstance(op, StateCopy):
+                if op.dst_slot >= self.config.max_concurrency:
+                    self.counters.state_captures += 1
+                else:
+                    self.counters.state_restores += 1
 
     def _take_pages(self, n: int) -> list[int]:
         """`n` pages, evicting cached ones as needed (the caller checked that they exist)."""

@@ -224,6 +224,7 @@ class Scheduler(Residency):
         copies = tuple(op for op in self._ops[k:] if isinstance(op, StateCopy))
         transfers = tuple(self._ops[:k])
         batch = StepBatch(chunks=chunks, state_copies=copies, step_index=self._step)
+        self._count_state_copies(self._ops)
         self._ops = []
         self._step += 1
         self.counters.steps += 1

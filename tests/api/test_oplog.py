@@ -134,3 +134,19 @@ def test_interval_host_work_is_the_engines_phases_with_nulls_for_empty_denominat
     assert cc["transfer_bytes"] == {"main_kv.device_to_host": 128}
     assert cc["occupancy"]["used_bytes"] == 128 and cc["occupancy"]["capacity_bytes"] == 1024
     assert " host 750 ms (38%)" in iv.message()
+
+
+def test_interval_context_cache_counts_selections_state_images_and_evictions():
+    sel = {"tokens": 32, "path": "checkpoint", "state_checkpoint": True}
+    a = stats(cache_selections_total=3, cache_selection_hits_total=1, cache_selected_tokens_total=16,
+              state_captures_total=2, state_restores_total=1, cache_evicted_pages_total=4)  # fmt: skip
+    b = stats(cache_selections_total=5, cache_selection_hits_total=2, cache_selected_tokens_total=48,
+              state_captures_total=5, state_restores_total=2, cache_evicted_pages_total=10,
+              last_cache_selection=sel)  # fmt: skip
+    iv = interval(a, b, 1.0)
+    assert not iv.idle  # cache work even without tokens
+    cc = iv.fields()["context_cache"]
+    assert cc["selections"] == {"count": 2, "hits": 1, "reused_tokens": 32}
+    assert cc["captures"] == 3 and cc["state_image_operations"] == {"captures": 3, "restores": 1}
+    assert cc["pressure_spills"] == {"evicted_pages": 6} and cc["tail_page_cow"] == 0
+    assert cc["last_selection"] == sel and cc["transfer_bytes"] == {}

@@ -196,6 +196,8 @@ def test_pauses_under_a_small_pool_replay_to_the_same_tokens(arch, prefix_reuse,
     assert stats.preemptions_total > 0, stats
     assert stats.replay_restores_total > 0, stats
     assert stats.replayed_tokens_total > 0, stats
+    # with reuse, finished requests' retained pages are given back under pressure
+    assert (stats.cache_evicted_pages_total > 0) == prefix_reuse, stats
     assert sum(o.usage.preemptions for o in outs) == stats.preemptions_total
     assert sum(o.usage.replayed_tokens for o in outs) == stats.replayed_tokens_total
     # replay rebuilt state without publishing anything twice: output counts are exact
@@ -285,6 +287,13 @@ def test_hybrid_prefix_reuse_resumes_from_the_marked_checkpoint(fixture_artifact
         before = ex.tokens_computed
         third, fork_events = _submit_collect(engine, fork)
         third_computed = ex.tokens_computed - before
+        stats = _settled(engine)
+    # three selections, two reused a prefix; the state images the throughput log counts
+    assert stats.cache_selections_total == 3 and stats.cache_selection_hits_total == 2
+    assert stats.cache_selected_tokens_total == second.usage.cached_tokens + mark
+    assert stats.last_cache_selection == {"tokens": mark, "path": "checkpoint",
+                                          "state_checkpoint": True}  # fmt: skip
+    assert stats.state_captures_total >= 1 and stats.state_restores_total == 2
     assert first.usage.cached_tokens == 0 and first.usage.reuse_path == "root"
     # same prompt again: resumes from a checkpoint at or past the mark
     assert second.usage.reuse_path == "checkpoint", second.usage
