@@ -31,6 +31,7 @@ from ninfer.api.errors import ApiError
 from ninfer.api.generation import Finished
 from ninfer.api.observe import RequestRecord, Sink
 from ninfer.errors import ConfigError
+from ninfer.runtime.request import FIRST_OUTPUT_PARTS
 
 SCHEMA = "ninfer_serve_request_log"
 SCHEMA_VERSION = 24  # spec/serving.md: "one ninfer_serve_request_log schema-v24 JSON object"
@@ -398,10 +399,7 @@ def _first_output_timing(t: Any) -> dict[str, Any] | None:
     units = f["units"]
     return {
         "engine_elapsed_seconds": f["engine_elapsed_seconds"],
-        "initial_queue_seconds": f["initial_queue_seconds"],
-        "initial_binding_seconds": f["initial_binding_seconds"],
-        "paused_seconds": f["paused_seconds"],
-        "resident_seconds": f["resident_seconds"],
+        **{k: f[k] for k in FIRST_OUTPUT_PARTS},
         "engine": _exposure(f["exposure"], units),
         "prefill": {"tokens": f["prefill_tokens"], "units": units["prefill"] - units["replay"]},
         "replay": {"tokens": f["replayed_tokens"], "units": units["replay"]},

@@ -27,6 +27,7 @@ from ninfer.runtime.executor_api import Executor
 from ninfer.runtime.handle import RequestHandle
 from ninfer.runtime.host_work import DEVICE_WAIT, HostWork
 from ninfer.runtime.request import (
+    FIRST_OUTPUT_PARTS,
     AdmittedEvent,
     EngineError,
     EngineOverloaded,
@@ -403,13 +404,11 @@ class Engine:
         work (the request log's first_output_timing)."""
         elapsed = self._clock() - seq.arrival_s
         queue = elapsed if seq.admitted_s is None else seq.admitted_s - seq.arrival_s
+        resident = max(elapsed - queue - seq.bind_s - seq.paused_s, 0.0)
         mark = self._exposure.get(seq.seq_id)
         return {
             "engine_elapsed_seconds": elapsed,
-            "initial_queue_seconds": queue,
-            "initial_binding_seconds": seq.bind_s,
-            "paused_seconds": seq.paused_s,
-            "resident_seconds": max(elapsed - queue - seq.bind_s - seq.paused_s, 0.0),
+            **dict(zip(FIRST_OUTPUT_PARTS, (queue, seq.bind_s, seq.paused_s, resident))),
             "exposure": None if mark is None else self._work.exposure_since(mark),
             "units": unit_counts(seq),
             "prefill_tokens": seq.prefill_tokens,

@@ -178,6 +178,12 @@ class Usage:
     thinking_forced_tokens: int = 0
 
 
+# Timings.first_output: the parts `engine_elapsed_seconds` splits into (they add up to it)
+FIRST_OUTPUT_PARTS = (
+    "initial_queue_seconds", "initial_binding_seconds", "paused_seconds", "resident_seconds",
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Timings:
     """Seconds, measured on the engine worker from the request's arrival.

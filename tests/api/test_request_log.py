@@ -31,7 +31,14 @@ from ninfer.api.service import Prepared
 from ninfer.artifact import Artifact
 from ninfer.commands import serve
 from ninfer.errors import ConfigError
-from ninfer.runtime.request import FinishEvent, QueueTimeout, Request, Timings, Usage
+from ninfer.runtime.request import (
+    FIRST_OUTPUT_PARTS,
+    FinishEvent,
+    QueueTimeout,
+    Request,
+    Timings,
+    Usage,
+)
 
 KEY = "jsonl-test-secret-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -270,13 +277,8 @@ def test_requests_log_their_sequence_and_fields(served, tiny_agent_prompts):
         "units": et["units"]["prefill"],
     }
     assert first["replay"] == {"tokens": 0, "units": 0} and first["engine"]["decode"]["rounds"] == 0
-    parts = (
-        "initial_queue_seconds",
-        "initial_binding_seconds",
-        "paused_seconds",
-        "resident_seconds",
-    )
-    assert sum(first[k] for k in parts) == pytest.approx(first["engine_elapsed_seconds"])
+    parts = sum(first[k] for k in FIRST_OUTPUT_PARTS)
+    assert parts == pytest.approx(first["engine_elapsed_seconds"])
     assert 0 < first["engine_elapsed_seconds"] <= et["engine_total_seconds"]
     host = first["engine"]["host_exposed_seconds"]
     assert host["total"] == pytest.approx(sum(host[p] for p in HOST_PHASES))

@@ -19,6 +19,7 @@ from ninfer.runtime.config import EngineConfig
 from ninfer.runtime.engine import Engine, EngineStats
 from ninfer.runtime.executor import Executor, executor_for
 from ninfer.runtime.request import (
+    FIRST_OUTPUT_PARTS,
     AdmittedEvent,
     FinishEvent,
     Request,
@@ -125,13 +126,8 @@ def _check_units(out: RequestOutput, prompt: int) -> None:
     first = t.first_output
     assert first is not None and first["prefill_tokens"] == prompt and first["replayed_tokens"] == 0
     assert first["units"]["decode_rounds"] == 0 and first["units"]["prefill"] == t.units["prefill"]
-    parts = (
-        "initial_queue_seconds",
-        "initial_binding_seconds",
-        "paused_seconds",
-        "resident_seconds",
-    )
-    assert sum(first[k] for k in parts) == pytest.approx(first["engine_elapsed_seconds"])
+    parts = sum(first[k] for k in FIRST_OUTPUT_PARTS)
+    assert parts == pytest.approx(first["engine_elapsed_seconds"])
     # published after the token was committed (ttft), before the request ended
     assert t.ttft_s <= first["engine_elapsed_seconds"] <= t.total_s and first["exposure"]
     assert t.prefill_gpu_s is None and t.transfers == {}  # a CPU executor: no device timing
