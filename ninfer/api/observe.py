@@ -244,7 +244,7 @@ class NullTrack(RequestTrack):
         pass
 
     def scheduling(self, event: SchedulingEvent) -> None:
-        self._emit("request_scheduling", event)
+        pass
 
     def engine_finished(self, event: FinishEvent) -> None:
         pass
