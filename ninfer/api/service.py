@@ -263,6 +263,7 @@ class ModelService:
     async def _generate(
         self, req: GenerationRequest, track: RequestTrack
     ) -> AsyncIterator[GenerationEvent]:
+        t_prepare = time.monotonic()  # the pending timeout counts from here (spec)
         prepared = await asyncio.to_thread(self.prepare, req)
         prompt_len = len(prepared.prompt_ids)
         room = self.max_context - prompt_len
@@ -278,6 +279,7 @@ class ModelService:
                 checkpoint_positions=prepared.checkpoint_positions,
                 session_key=req.session_key,
                 arrival_s=time.monotonic(),
+                prepared_from_s=t_prepare,
                 **thinking,
             )
             handle = self.engine.submit(request)

@@ -110,8 +110,10 @@ class Request:
     `session_key`: a bounded key shared by a conversation chain; the engine keeps one retained
     endpoint per key, replacing the previous one when a later request of the chain finishes.
 
-    `arrival_s`: `time.monotonic()` when the caller began preparing the request; the pending
-    timeout counts from it. None means the moment of submission.
+    `arrival_s`: `time.monotonic()` at submission (None: the engine's clock then); the
+    request's timings count from it. `prepared_from_s`: when the caller began preparing it
+    (rendering, tokenising, media); the pending timeout counts from it, so that preparation
+    spends the same admission deadline (None: from `arrival_s`).
 
     Thinking budget: with `thinking_budget` set, the output starts inside an open thinking block.
     The engine counts output tokens while thinking is open; a sampled token in
@@ -129,6 +131,7 @@ class Request:
     checkpoint_positions: tuple[int, ...] = ()
     session_key: str | None = None
     arrival_s: float | None = None
+    prepared_from_s: float | None = None
     thinking_budget: int | None = None
     thinking_close_ids: tuple[int, ...] = ()
     thinking_suffix_ids: tuple[int, ...] = ()

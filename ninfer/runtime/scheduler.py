@@ -149,7 +149,7 @@ class Scheduler(Residency):
             request=request,
             max_tokens=params.max_tokens or self.config.default_max_tokens,
             arrival_s=arrival,
-            deadline_s=arrival + self.config.pending_timeout_ms / 1000.0,
+            deadline_s=(request.prepared_from_s or arrival) + self.config.pending_timeout_ms / 1e3,
             tokens=list(request.prompt_token_ids),
             num_prompt=len(request.prompt_token_ids),
             capture_at=[],

@@ -164,6 +164,23 @@ def test_a_waiting_request_times_out_but_a_resident_one_does_not():
     h.assert_correct(a)
 
 
+def test_the_pending_timeout_counts_from_the_start_of_preparation():
+    # both arrive at 1.0 behind a resident request; c began preparing 0.8 s earlier, so its
+    # 1 s deadline passes at 1.2, b's at 2.0
+    h = harness(max_concurrency=1, pending_timeout_ms=1000)
+    a = h.add(prompt(4), max_tokens=50, ignore_eos=True)
+    h.step()
+    h.now = 1.0
+    b = h.sched.add(Request(tuple(prompt(4, 2)), arrival_s=1.0), h.now)
+    c = h.sched.add(Request(tuple(prompt(4, 3)), arrival_s=1.0, prepared_from_s=0.2), h.now)
+    for s in (b, c):
+        h.published[s.seq_id], h.notices[s.seq_id] = [], []
+    h.now = 1.5
+    h.step()
+    assert c.finish_reason == "error" and isinstance(c.error, QueueTimeout)
+    assert b.status is SeqStatus.WAITING and a.status is SeqStatus.RUNNING
+
+
 def test_head_of_line_bypass_is_bounded():
     # 8 pages of 4 tokens. A long-running request holds pages so the big head cannot fit.
     h = harness(max_concurrency=3, kv_capacity=32, admission_bypass=2, prefix_reuse=False)
