@@ -129,6 +129,14 @@ class ModelService:
             greedy=sampler_defaults.greedy,
         )
         self.default_thinking_budget = default_thinking_budget
+        # generations alive from entry (before preparation) until their response is released:
+        # the lifetime capacity is max_concurrency + max_pending_requests (spec, "Execution
+        # behavior"); beyond it a new one gets 429 server_overloaded at once
+        config = getattr(engine, "config", None)
+        self.capacity: int | None = (
+            config.max_concurrency + config.max_pending_requests if config is not None else None
+        )
+        self.alive = 0
 
     # -- preparation ---------------------------------------------------------------------------
 
@@ -248,6 +256,10 @@ class ModelService:
         With an `observer`, the request's lifecycle is reported to it (ninfer.api.observe);
         closing this generator early cancels the generation."""
         track = self.observer.track(req, request_id) if self.observer is not None else NO_TRACK
+        if self.capacity is not None and self.alive >= self.capacity:
+            track.raised(errors.server_overloaded())
+            raise errors.server_overloaded()
+        self.alive += 1  # on the event loop: no other thread counts
         events = self._generate(req, track)
         try:
             async for event in events:
@@ -258,6 +270,7 @@ class ModelService:
             track.raised(e)
             raise
         finally:
+            self.alive -= 1
             await events.aclose()
 
     async def _generate(
