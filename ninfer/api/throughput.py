@@ -246,15 +246,29 @@ class ThroughputReporter:
         self.request_log = request_log
         self.clock = clock
         self._prev = snapshot()
-        self._prev_t = clock()
+        self._prev_t = self._end(self._prev, clock())
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    @staticmethod
+    def _end(snap: Any, now: float) -> float:
+        """Where the interval that ends with `snap` ends: `now`, or the snapshot's build time
+        when the engine was busy then (its counters stand as of then; a segment of worker time
+        still running counts in the interval where it ends, so both ends must be publication
+        times for its host time to stay within the interval)."""
+        p = getattr(snap, "published_s", None)
+        busy = isinstance(p, float) and not getattr(snap, "idle", True) and p <= now
+        return p if busy else now  # type: ignore[return-value]
+
     def tick(self) -> ThroughputInterval | None:
-        """Report the interval ending now; returns it, or None when it was idle."""
-        cur, t = self.snapshot(), self.clock()
-        iv = interval(self._prev, cur, t - self._prev_t)
-        self._prev, self._prev_t = cur, t
+        """Report the interval ending now; returns it, or None when it was idle (or the busy
+        engine has published nothing since the last report: the next one covers it)."""
+        cur = self.snapshot()
+        end = self._end(cur, self.clock())
+        if end <= self._prev_t:
+            return None
+        iv = interval(self._prev, cur, end - self._prev_t)
+        self._prev, self._prev_t = cur, end
         if iv.idle:
             return None
         log.info("%s", iv.message())

@@ -103,6 +103,10 @@ class EngineStats:
     state_restores_total: int = 0
     cache_evicted_pages_total: int = 0
     last_cache_selection: dict[str, object] | None = None
+    # when this snapshot was built (engine clock) and whether the worker then had nothing to
+    # run (it sleeps until new work arrives): a busy snapshot's counters stand as of published_s
+    published_s: float | None = None
+    idle: bool = False
 
 
 @dataclass
@@ -170,7 +174,7 @@ class Engine:
         self._inflight: _Launched | None = None  # launched ahead, not committed (worker only)
         self._work = HostWork()
         self._ready = True
-        self._stats = self._build_stats()
+        self._stats = self._build_stats(idle=True)
         self._thread = threading.Thread(target=self._run, name="ninfer-engine", daemon=True)
         self._thread.start()
 
@@ -258,7 +262,7 @@ class Engine:
                 self._inbox.clear()
         finally:
             self._ready = False
-            self._stats = self._build_stats()
+            self._stats = self._build_stats(idle=True)
 
     def _apply(self, commands: list[tuple]) -> None:
         now = self._clock()
@@ -298,7 +302,7 @@ class Engine:
             self._work.lap("program_submit")
             if plan is None:
                 self._publish()
-                self._publish_stats()
+                self._publish_stats(idle=True)
                 return False
             current = self._launch(plan)
             if current is None:
@@ -314,8 +318,8 @@ class Engine:
         self._work.work_class = "control"
         return True
 
-    def _publish_stats(self) -> None:
-        self._stats = self._build_stats()
+    def _publish_stats(self, idle: bool = False) -> None:
+        self._stats = self._build_stats(idle)
         self._work.stats(self._work.lap("engine_maintenance"))
 
     def _launch(self, plan: StepPlan, fed: SampledTokens | None = None) -> _Launched | None:
@@ -421,7 +425,7 @@ class Engine:
             self._sched.abort(seq_id, reason, now, error)
         self._publish()
 
-    def _build_stats(self) -> EngineStats:
+    def _build_stats(self, idle: bool = False) -> EngineStats:
         s, c = self._sched, self._sched.counters
         running, host = s.running, s.preemption.budget
         return EngineStats(
@@ -465,6 +469,8 @@ class Engine:
             state_restores_total=c.state_restores,
             cache_evicted_pages_total=s.cache.evicted_pages if s.cache is not None else 0,
             last_cache_selection=c.last_selection,
+            published_s=self._clock(),
+            idle=idle,
             host_work_seconds=self._work.host_seconds(),
             work_class_seconds=dict(self._work.class_seconds),
             stats_publication_seconds=self._work.stats_seconds,

@@ -150,3 +150,29 @@ def test_interval_context_cache_counts_selections_state_images_and_evictions():
     assert cc["captures"] == 3 and cc["state_image_operations"] == {"captures": 3, "restores": 1}
     assert cc["pressure_spills"] == {"evicted_pages": 6} and cc["tail_page_cow"] == 0
     assert cc["last_selection"] == sel and cc["transfer_bytes"] == {}
+
+
+def test_intervals_end_where_a_busy_engine_last_published():
+    """A busy engine's counters stand as of their snapshot's build time, so an interval ends
+    there (not at the tick): a long segment of worker time (a kernel compile) that straddles a
+    tick then counts in an interval that contains it. An idle engine's intervals end at the
+    tick; a busy engine with nothing new published is reported at a later tick."""
+    phases = dict.fromkeys(("engine_boundary", "program_submit", "program_post",
+                            "engine_commit_output", "engine_maintenance"), 0.0)  # fmt: skip
+    idle0 = stats(published_s=0.0, idle=True, host_work_seconds=phases)
+    launch = stats(published_s=2.0, running=1, host_work_seconds=phases)  # a compile starts
+    done = stats(published_s=9.5, running=1, decode_tokens_total=3,
+                 host_work_seconds={**phases, "program_submit": 7.5})  # fmt: skip
+    idle1 = stats(published_s=11.0, idle=True, decode_tokens_total=9,
+                  host_work_seconds={**phases, "program_submit": 8.0})  # fmt: skip
+    snaps = iter([idle0, launch, done, done, idle1])
+    times = iter([0.0, 5.0, 10.0, 12.0, 15.0])
+    reporter = ThroughputReporter(lambda: next(snaps), 5.0, clock=lambda: next(times))
+    first = reporter.tick()  # at 5.0, mid-compile: up to the launch snapshot
+    assert first is not None and first.seconds == 2.0
+    second = reporter.tick()  # at 10.0: 2.0 .. 9.5, the 7.5 s compile inside
+    assert second is not None and second.seconds == 7.5
+    assert second.fields()["host_work"]["elapsed_seconds"]["total"] == pytest.approx(7.5)
+    assert reporter.tick() is None  # at 12.0: nothing new published since 9.5
+    third = reporter.tick()  # at 15.0, idle since 11.0: 9.5 .. 15.0
+    assert third is not None and third.seconds == 5.5 and third.deltas["decode_tokens"] == 6
