@@ -257,8 +257,9 @@ class ModelService:
         closing this generator early cancels the generation."""
         track = self.observer.track(req, request_id) if self.observer is not None else NO_TRACK
         if self.capacity is not None and self.alive >= self.capacity:
-            track.raised(errors.server_overloaded())
-            raise errors.server_overloaded()
+            full = errors.server_overloaded()
+            track.raised(full)
+            raise full
         self.alive += 1  # on the event loop: no other thread counts
         events = self._generate(req, track)
         try:

@@ -259,7 +259,7 @@ class SchedulingEvent:
     progress: dict[str, dict[str, int]]
 
 
-# the order of one pause cycle; replay_complete only for the replay route
+# the order of one pause cycle; replay_complete only when it had positions to recompute
 SCHEDULING_BOUNDARIES = (
     "pause_started", "paused", "restore_started", "restored", "replay_complete",
     "recovery_complete",

@@ -149,7 +149,8 @@ class Scheduler(Residency):
             request=request,
             max_tokens=params.max_tokens or self.config.default_max_tokens,
             arrival_s=arrival,
-            deadline_s=(request.prepared_from_s or arrival) + self.config.pending_timeout_ms / 1e3,
+            deadline_s=(arrival if request.prepared_from_s is None else request.prepared_from_s)
+            + self.config.pending_timeout_ms / 1e3,
             tokens=list(request.prompt_token_ids),
             num_prompt=len(request.prompt_token_ids),
             capture_at=[],
