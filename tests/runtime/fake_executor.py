@@ -383,9 +383,9 @@ def check_cycles(h: SchedulerHarness, seq) -> None:
     """Each pause cycle of `seq` (its SchedulingEvents in `h`) publishes pause_started (no
     route yet), paused, restore_started, restored, replay_complete (when it had positions to
     recompute: a replay past any prefix hit, or a snapshot taken mid-replay), then
-    recovery_complete, with its index and route, on a clock that never goes
-    back. A cycle paused again (or ended) before its first fresh unit stops early; the last
-    cycle of a request that ran to its end recovered."""
+    recovery_complete, with its index and route, on a clock that never goes back. A cycle
+    paused again (or ended) before its first fresh unit stops early; the last cycle of a
+    request that ran to its end recovered."""
     events = [n for n in h.notices[seq.seq_id] if isinstance(n, SchedulingEvent)]
     cycles = [[e for e in events if e.preemption_index == k] for k in range(1, seq.preemptions + 1)]
     assert sum(map(len, cycles)) == len(events)
