@@ -39,8 +39,8 @@ from ninfer.api.anthropic_sse import (
     aggregate_message,
     new_message_id,
 )
-from ninfer.api.disconnect import CLIENT_CLOSED_STATUS, unless_disconnected
-from ninfer.api.errors import ApiError
+from ninfer.api.disconnect import unless_disconnected
+from ninfer.api.errors import CLIENT_CLOSED_STATUS, ApiError
 from ninfer.api.fields import parse_json_object
 from ninfer.api.generation import Finished, GenerationEvent
 from ninfer.api.state import ServerState

@@ -20,8 +20,6 @@ from litestar import Request
 
 T = TypeVar("T")
 
-CLIENT_CLOSED_STATUS = 499  # nginx's "client closed request": nobody reads this answer
-
 
 async def unless_disconnected(
     work: Coroutine[Any, Any, T],

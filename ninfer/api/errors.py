@@ -182,6 +182,18 @@ def request_too_large(limit_mib: int) -> ApiError:
     )
 
 
+CLIENT_CLOSED_STATUS = 499  # nginx's "client closed request": nobody reads this answer
+
+
+def client_closed() -> ApiError:
+    """The client went away before its request was prepared (logged, never sent)."""
+    return ApiError(
+        CLIENT_CLOSED_STATUS,
+        "the client closed the request during preparation",
+        code="client_closed",
+    )
+
+
 def server_overloaded() -> ApiError:
     """max_concurrency + max_pending_requests requests are already outstanding."""
     return ApiError(

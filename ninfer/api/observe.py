@@ -199,7 +199,11 @@ class RequestTrack:
                 self._emit("response_failed", type(exc).__name__)
             return
         err = exc if isinstance(exc, ApiError) else None
-        if self.rec.engine_request is None:  # preparation or submission failed
+        left = isinstance(exc, (GeneratorExit, asyncio.CancelledError))
+        if self.rec.engine_request is None and left:  # the client left during preparation
+            self._end("cancelled")
+            self._emit("request_rejected", errors.client_closed())
+        elif self.rec.engine_request is None:  # preparation or submission failed
             err = err or errors.internal_error()
             self._end("overloaded" if err.status == 429 else "rejected")
             self._emit("request_rejected", err)

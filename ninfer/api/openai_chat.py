@@ -25,8 +25,8 @@ from litestar.handlers import BaseRouteHandler
 from litestar.response import Stream
 
 from ninfer.api import errors
-from ninfer.api.disconnect import CLIENT_CLOSED_STATUS, unless_disconnected
-from ninfer.api.errors import ApiError
+from ninfer.api.disconnect import unless_disconnected
+from ninfer.api.errors import CLIENT_CLOSED_STATUS, ApiError
 from ninfer.api.fields import parse_json_object
 from ninfer.api.generation import (
     Admitted,

@@ -123,6 +123,9 @@ class OpLogSink(Sink):
                       _name(rec), count(rec.prompt_tokens or 0), count(budget or 0), seconds(rec.prepare_s))  # fmt: skip
 
     def request_rejected(self, rec: RequestRecord, err: ApiError) -> None:
+        if rec.outcome == "cancelled":
+            log.info("%s cancelled: the client left during preparation", _name(rec))
+            return
         log.info("%s rejected: %d %s", _name(rec), err.status, err.code or err.type)
 
     def request_done(

@@ -3,6 +3,7 @@ and the event sequence of real requests on the in-process server (tiny trained a
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -139,6 +140,9 @@ def test_exactly_one_terminal_whatever_happens(tmp_path):
     left.started(prepared, engine_req)
     left.engine_finished(FinishEvent("stop", Usage(3, 2), Timings(0.1, 0.2, 0.1, 0.1, 0.3), (7, 8)))
     left.raised(GeneratorExit())
+
+    gone = observer.track(req, "req_e")  # the client left while the request was being prepared
+    gone.raised(asyncio.CancelledError())
     log.close()
 
     records = read_log(tmp_path / "log.jsonl")
@@ -147,8 +151,11 @@ def test_exactly_one_terminal_whatever_happens(tmp_path):
         2: ["request_start", "request_error"],
         3: ["request_start", "request_done"],
         4: ["request_start", "request_done"],
+        5: ["request_rejected"],
     }
-    rej, _, err, _, done, _, left_done = records
+    rej, _, err, _, done, _, left_done, gone_rec = records
+    assert gone_rec["outcome"] == "cancelled"  # not an invented internal error
+    assert (gone_rec["error"]["status"], gone_rec["error"]["code"]) == (499, "client_closed")
     assert left_done["finish_reason"] == "stop" and left_done["outcome"] == "stop"
     assert left_done["error"] is None
     assert rej["error"] == {"status": 400, "type": "invalid_request_error", "code": "context_length_exceeded",
