@@ -14,6 +14,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from ninfer.api import oplog
 from ninfer.api.config import kv_pool_warning
 from ninfer.api.prompt_encoding import control_token_spellings
 from ninfer.api.sampling import SamplerPolicy
@@ -81,6 +82,7 @@ def start_engine(state: ServerState, artifact: Artifact) -> None:
             "captured %d CUDA Graph decode buckets in %.1f s", graphs, time.monotonic() - t_graphs
         )
     log.info("plan compiled and weights loaded in %.1f s", time.monotonic() - t0)
+    _log_plan(plan, executor)
     names = {f.name for f in dataclasses.fields(EngineConfig)}
     options = config.engine_options(names)
     options["page_size"] = executor.page_size
@@ -117,6 +119,29 @@ def start_engine(state: ServerState, artifact: Artifact) -> None:
     state.extra["service"] = service
     state.extra["artifact"] = artifact
     state.extra["memory"] = memory_layout(plan, executor)
+
+
+def _log_plan(plan: Any, executor: Any) -> None:
+    """--log-level debug: the startup resource planning (the plan's passes and fusions, its
+    memory ledger against the budget, the KV pool and state slots as sized, the decode CUDA
+    Graph buckets)."""
+    if not log.isEnabledFor(logging.DEBUG):
+        return
+    mem = memory_layout(plan, executor)
+    log.debug("plan: %d passes, fusions %s", len(plan.passes), plan.fusions or "none")
+    budget = mem["budget_bytes"]
+    log.debug("memory ledger (budget %s):", oplog.nbytes(budget) if budget else "unbounded")
+    for e in mem["ledger"]:
+        log.debug("  %-13s %10s  %s", e["item"], oplog.nbytes(e["bytes"]), e.get("detail", ""))
+    kv = mem["kv"]
+    log.debug(
+        "KV pool: %d pages x %d tokens (%s, %s per page, %s in all)", kv["pages"],
+        kv["page_size"], kv["dtype"], oplog.nbytes(kv["bytes_per_page"]), oplog.nbytes(kv["bytes"]),
+    )  # fmt: skip
+    st = mem["state_slots"]
+    if st["slots"]:
+        log.debug("state slots: %d x %s", st["slots"], oplog.nbytes(st["bytes_per_slot"]))
+    log.debug("decode CUDA Graph buckets: %s", mem["cuda_graphs"]["buckets"] or "none")
 
 
 def _warm_up(engine: Engine, tokenizer: Tokenizer, max_concurrency: int, max_context: int) -> None:

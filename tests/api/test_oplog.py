@@ -176,3 +176,26 @@ def test_intervals_end_where_a_busy_engine_last_published():
     assert reporter.tick() is None  # at 12.0: nothing new published since 9.5
     third = reporter.tick()  # at 15.0, idle since 11.0: 9.5 .. 15.0
     assert third is not None and third.seconds == 5.5 and third.deltas["decode_tokens"] == 6
+
+
+@pytest.mark.parametrize("level", ["debug", "info"])
+def test_debug_level_shows_the_startup_resource_plan(tiny_agent, stderr, level):
+    """--log-level debug adds the resource planning to the startup records: the memory ledger
+    against the budget, the KV pool as sized and the CUDA Graph buckets; info does not."""
+    from ninfer.api.config import ServeConfig
+    from ninfer.artifact import Artifact
+    from ninfer.commands import serve
+
+    oplog.configure_stderr(level, stderr)
+    state = serve.build_state(
+        ServeConfig(artifact=str(tiny_agent), max_context=256), Artifact(tiny_agent)
+    )
+    state.engine.close()
+    debug = [x for x in stderr.getvalue().splitlines() if " DEBUG " in x]
+    if level == "info":
+        assert not debug
+        return
+    text = "\n".join(debug)
+    assert "memory ledger (budget" in text and "KV pool: " in text and "CUDA Graph buckets" in text
+    for item in ("weights", "workspace", "kv_cache"):
+        assert re.search(rf"DEBUG +{item} ", text), item
