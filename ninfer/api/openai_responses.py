@@ -25,7 +25,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from litestar import Request, Response, delete, get, post
@@ -38,16 +38,17 @@ from ninfer.api.disconnect import unless_disconnected
 from ninfer.api.errors import CLIENT_CLOSED_STATUS, ApiError
 from ninfer.api.fields import parse_json_object
 from ninfer.api.generation import Finished, GenerationEvent, GenerationRequest, SamplingOptions
+from ninfer.api.observe import RequestTrack
 from ninfer.api.responses_history import has_user_message, items_to_messages
 from ninfer.api.responses_items import check_unique_ids, new_id
 from ninfer.api.responses_request import ResponsesRequest, parse_count_request, parse_create_request
 from ninfer.api.responses_sse import STATUS, OutputBuilder, SseFramer
 from ninfer.api.responses_store import (
-    ResponseStore,
     StoredResponse,
     json_size,
     make_record,
     response_not_found,
+    response_store,
 )
 from ninfer.api.sse import first_event, open_events, with_keepalive
 from ninfer.api.state import ServerState
@@ -59,16 +60,7 @@ from ninfer.api.template_options import (
 
 log = logging.getLogger("ninfer.api.responses")
 
-STORE_KEY = "responses_store"
 SESSION_PREFIX = "resp:"
-
-
-def response_store(state: ServerState) -> ResponseStore:
-    """The process's Response store, created on first use from the serve options."""
-    store = state.extra.get(STORE_KEY)
-    if store is None:
-        store = state.extra[STORE_KEY] = ResponseStore.from_config(state.config)
-    return store
 
 
 def _service(state: ServerState) -> Any:
@@ -94,6 +86,7 @@ class Prepared:
     generation: GenerationRequest
     options: TemplateOptions
     session_key: str | None
+    tracks: list[RequestTrack] = field(default_factory=list)  # told when storing fails
 
 
 def prepare(
@@ -249,7 +242,12 @@ def _store_result(state: ServerState, p: Prepared, obj: dict[str, Any]) -> None:
         preserve_thinking=p.options.preserve_thinking,
         session_key=p.session_key,
     )
-    response_store(state).put(record)
+    try:
+        response_store(state).put(record)
+    except ApiError as e:  # a failure after the generation's outcome
+        for track in p.tracks:
+            track.raised(e)  # counted in ninfer_response_failures_total
+        raise
 
 
 def _precheck_store(state: ServerState, p: Prepared, model: str) -> None:
@@ -378,7 +376,8 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
         p = prepare(state, req)
         _precheck_store(state, p, state.model_id)
         service = _service(state)
-        events = service.generate(p.generation, request_id=getattr(request.state, "request_id", ""))
+        rid = getattr(request.state, "request_id", "")
+        events = service.generate(p.generation, request_id=rid, tracks=p.tracks)
         if not req.stream:
 
             async def aggregate() -> dict[str, Any]:

@@ -168,3 +168,15 @@ class ResponseStore:
             return False
         self._bytes -= rec.size
         return True
+
+
+STORE_KEY = "responses_store"
+
+
+def response_store(state: Any) -> ResponseStore:
+    """The process's Response store (in `state.extra`), created on first use from the serve
+    options."""
+    store = state.extra.get(STORE_KEY)
+    if store is None:
+        store = state.extra[STORE_KEY] = ResponseStore.from_config(state.config)
+    return store

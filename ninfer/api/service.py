@@ -249,13 +249,21 @@ class ModelService:
     # -- generation ------------------------------------------------------------------------------
 
     async def generate(
-        self, req: GenerationRequest, *, request_id: str = ""
+        self,
+        req: GenerationRequest,
+        *,
+        request_id: str = "",
+        tracks: list[RequestTrack] | None = None,
     ) -> AsyncIterator[GenerationEvent]:
         """Run one generation. Preparation and admission failures raise ApiError before the first
         event; once `Admitted` is yielded, failures end the stream with Finished(reason=error).
         With an `observer`, the request's lifecycle is reported to it (ninfer.api.observe);
-        closing this generator early cancels the generation."""
+        closing this generator early cancels the generation. `tracks` receives the request's
+        track, through which a handler reports a failure after the outcome (`RequestTrack.raised`:
+        rendering, storage)."""
         track = self.observer.track(req, request_id) if self.observer is not None else NO_TRACK
+        if tracks is not None:
+            tracks.append(track)
         if self.capacity is not None and self.alive >= self.capacity:
             full = errors.server_overloaded()
             track.raised(full)

@@ -17,6 +17,9 @@ from ninfer.api.app import create_app
 from ninfer.api.config import ServeConfig
 from ninfer.api.metrics import Histogram
 from ninfer.api.observability import Observability
+from ninfer.api.openai_responses import prepare, response_object
+from ninfer.api.responses_request import parse_create_request
+from ninfer.api.responses_store import STORE_KEY, ResponseStore, json_size
 from ninfer.api.state import ServerState
 from ninfer.artifact import Artifact
 from ninfer.commands import serve
@@ -174,6 +177,35 @@ def test_rejections_are_counted_without_timings(server):
     )
     for h in HISTOGRAMS:
         assert after.count(h) == before.count(h)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_store_failure_after_the_outcome_is_a_response_failure(server, stream):
+    """A Responses result that the store cannot hold once generated (the check before
+    generating passed: the input alone fits) counts in ninfer_response_failures_total; the
+    generation's own outcome stays counted once."""
+    client, state, _ = server
+    body = {"model": "tiny-agent", "input": "Hi!", "max_output_tokens": 4, "stream": stream,
+            "reasoning": {"effort": "none"}}  # fmt: skip
+    p = prepare(state, parse_create_request(body, model_id="tiny-agent", vision=False))
+    envelope = json_size(response_object(p, 0, "completed", [], model="tiny-agent"))
+    room = envelope + sum(json_size(i) for i in p.req.input_items)
+    state.extra[STORE_KEY] = ResponseStore(100, room + 1)  # fits the check, not the result
+    before = scrape(client)
+    try:
+        r = client.post("/v1/responses", json=body, headers=AUTH)
+    finally:
+        del state.extra[STORE_KEY]
+    if stream:
+        assert r.status_code == 200 and '"type":"response.failed"' in r.text.replace(" ", "")
+    else:
+        assert (r.status_code, r.json()["error"]["code"]) == (
+            400, "response_store_capacity_exceeded"
+        )  # fmt: skip
+    after = scrape(client)
+    assert after.value("ninfer_response_failures") - before.value("ninfer_response_failures") == 1
+    settled = sum(after.value("ninfer_requests", outcome=o) for o in metrics.OUTCOMES)
+    assert settled - sum(before.value("ninfer_requests", outcome=o) for o in metrics.OUTCOMES) == 1
 
 
 def test_metrics_follow_the_api_key(server):
