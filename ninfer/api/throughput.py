@@ -257,8 +257,9 @@ class ThroughputReporter:
         still running counts in the interval where it ends, so both ends must be publication
         times for its host time to stay within the interval)."""
         p = getattr(snap, "published_s", None)
-        busy = isinstance(p, float) and not getattr(snap, "idle", True) and p <= now
-        return p if busy else now  # type: ignore[return-value]
+        if isinstance(p, float) and not getattr(snap, "idle", True) and p <= now:
+            return p  # busy: its counters stand as of then
+        return now
 
     def tick(self) -> ThroughputInterval | None:
         """Report the interval ending now; returns it, or None when it was idle (or the busy
