@@ -19,7 +19,8 @@ import numpy as np
 from ninfer.artifact.format import ArtifactWriter, StoredTensor
 from ninfer.artifact.progress import Progress
 from ninfer.artifact.quant import WEIGHT_FORMATS, bf16_encode, plain, quantize
-from ninfer.errors import ConvertError
+from ninfer.errors import ArtifactError, ConvertError
+from ninfer.ir.models.spec import model_spec
 
 MODEL_TYPES = {
     "llama": "llama",
@@ -260,6 +261,10 @@ def convert_hf(
         raise ConvertError(
             f"{src}: unsupported architecture {model_type!r} (supported: {', '.join(sorted(set(MODEL_TYPES)))})"
         )
+    try:  # the config must read as a supported model, as loading will read it
+        model_spec(arch, config)
+    except ArtifactError as e:
+        raise ConvertError(f"{src}: {e}") from None
     gen = (
         _read_json(src / "generation_config.json")
         if (src / "generation_config.json").exists()

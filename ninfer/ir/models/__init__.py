@@ -9,6 +9,7 @@ from ninfer.ir.builder import MissingTensor, TensorTable
 from ninfer.ir.graph import Graph
 from ninfer.ir.models import llama, qwen3, qwen3_5
 from ninfer.ir.models.spec import ModelSpec, model_spec
+from ninfer.ir.ops import SignatureError
 
 BUILDERS = {
     "llama": llama.build,
@@ -32,6 +33,8 @@ def build_graph(
         return BUILDERS[architecture](spec, tensors, dtype)
     except MissingTensor as e:
         raise ArtifactError(f"{architecture}: missing tensor {e.args[0]!r}") from None
+    except SignatureError as e:  # a stored tensor's shape is not the one the config implies
+        raise ArtifactError(f"{architecture}: the weights do not fit the config: {e}") from None
 
 
 __all__ = ["BUILDERS", "ModelSpec", "build_graph", "model_spec"]

@@ -14,6 +14,18 @@ from typing import Any
 from ninfer.errors import ArtifactError
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+MLP_ACTIVATIONS = ("silu", "swish")  # every builder's MLP is SwiGLU
+
+# What transformers' config classes put in place of a key the config.json leaves out, where
+# that differs between architectures (None: derived, hidden // heads or heads). A checkpoint
+# saved by those classes always holds the keys; one written by hand may not.
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {"head_dim": None, "num_key_value_heads": None, "max_position_embeddings": 2048},
+    "qwen3": {"head_dim": 128, "num_key_value_heads": 32},
+    "qwen3_moe": {"head_dim": None, "num_key_value_heads": 4, "norm_topk_prob": False},
+    "qwen3_5": {"head_dim": 256, "num_key_value_heads": 4, "partial_rotary_factor": 0.25},
+    "qwen3_5_moe": {"head_dim": 256, "num_key_value_heads": 2, "partial_rotary_factor": 0.25},
+}
 
 
 @dataclass(frozen=True)
@@ -125,30 +137,61 @@ def _yarn(cfg: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _layer_types(architecture: str, cfg: dict[str, Any], layers: int) -> tuple[str, ...]:
+    """Each layer's attention kind, as transformers derives it: hybrid models from layer_types or
+    full_attention_interval; Llama full attention; Qwen3 from layer_types, or a sliding window
+    when the config asks for one (use_sliding_window: Qwen3 from max_window_layers on,
+    Qwen3-MoE every layer), which no kernel here implements."""
+    hybrid = architecture in ("qwen3_5", "qwen3_5_moe")
+    types = cfg.get("layer_types") if architecture != "llama" else None
+    if hybrid and not types:
+        interval = int(cfg.get("full_attention_interval", 4))
+        types = [
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+            for i in range(layers)
+        ]
+    elif not types:
+        window = cfg.get("sliding_window", 4096) if cfg.get("use_sliding_window") else None
+        if architecture not in ("qwen3", "qwen3_moe"):
+            window = None
+        first = int(cfg.get("max_window_layers", 28)) if architecture == "qwen3" else 0
+        types = [
+            "sliding_attention" if window is not None and i >= first else "full_attention"
+            for i in range(layers)
+        ]
+    if len(types) < layers:
+        raise ArtifactError(f"layer_types has {len(types)} entries for {layers} layers")
+    types = tuple(types[:layers])
+    allowed = ("full_attention", "linear_attention") if hybrid else ("full_attention",)
+    for i, kind in enumerate(types):
+        if kind not in allowed:
+            window = cfg.get("sliding_window")
+            detail = f" (sliding_window {window})" if kind == "sliding_attention" else ""
+            raise ArtifactError(
+                f"layer {i} is {kind!r}{detail}: {architecture} supports "
+                f"{' and '.join(allowed)} layers only"
+            )
+    return types
+
+
 def model_spec(architecture: str, cfg: dict[str, Any]) -> ModelSpec:
     """Read a ModelSpec; raises ArtifactError naming a missing or unsupported config field."""
     hidden = int(_get(cfg, "hidden_size"))
     layers = int(_get(cfg, "num_hidden_layers"))
     heads = int(_get(cfg, "num_attention_heads"))
-    kv_heads = int(_get(cfg, "num_key_value_heads", default=heads))
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    defaults = DEFAULTS.get(architecture, {})
+    kv_default = defaults.get("num_key_value_heads") or heads
+    kv_heads = int(_get(cfg, "num_key_value_heads", default=kv_default))
+    head_dim = int(cfg.get("head_dim") or defaults.get("head_dim") or hidden // heads)
+    act = cfg.get("hidden_act") or "silu"
+    if act not in MLP_ACTIVATIONS:
+        raise ArtifactError(f"hidden_act {act!r} is not supported (the MLP is SwiGLU: silu)")
     rope = _rope(cfg)
     params = cfg.get("rope_parameters") or {}
-    partial = float(params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
+    partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
+    partial = float(defaults.get("partial_rotary_factor", 1.0) if partial is None else partial)
+    types = _layer_types(architecture, cfg, layers)
     hybrid = architecture in ("qwen3_5", "qwen3_5_moe")
-    if hybrid:
-        types = cfg.get("layer_types")
-        if not types:
-            interval = int(cfg.get("full_attention_interval", 4))
-            types = [
-                "full_attention" if (i + 1) % interval == 0 else "linear_attention"
-                for i in range(layers)
-            ]
-    else:
-        types = ["full_attention"] * layers
-    if len(types) < layers:
-        raise ArtifactError(f"layer_types has {len(types)} entries for {layers} layers")
-    types = tuple(types[:layers])
     moe: dict[str, Any] = {}
     if architecture in ("qwen3_moe", "qwen3_5_moe"):
         experts = int(_get(cfg, "num_experts", "num_local_experts"))
@@ -163,7 +206,7 @@ def model_spec(architecture: str, cfg: dict[str, Any]) -> ModelSpec:
             "experts": experts,
             "top_k": int(_get(cfg, "num_experts_per_tok")),
             "moe_inter": int(_get(cfg, "moe_intermediate_size")),
-            "norm_topk": bool(cfg.get("norm_topk_prob", True))
+            "norm_topk": bool(cfg.get("norm_topk_prob", defaults.get("norm_topk_prob", True)))
             if architecture == "qwen3_moe"
             else True,
             "sparse_layers": sparse,
@@ -196,7 +239,9 @@ def model_spec(architecture: str, cfg: dict[str, Any]) -> ModelSpec:
         rope=rope,
         rotary_dim=int(head_dim * partial) // 2 * 2,
         layer_types=types,
-        max_position=int(cfg.get("max_position_embeddings") or 4096),
+        max_position=int(
+            cfg.get("max_position_embeddings") or defaults.get("max_position_embeddings", 32768)
+        ),
         **moe,
         **lin,
     )
