@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -37,7 +38,32 @@ def parse_json_object(raw: bytes | str) -> dict[str, Any]:
         raise errors.invalid_json(str(e).split("\n")[0]) from None
     if not isinstance(value, dict):
         raise errors.invalid_json("the body must be a JSON object")
+    if isinstance(raw, str) or _SURROGATE_ESCAPE.search(raw):
+        _refuse_lone_surrogates(value, "")
     return value
+
+
+# JSON may escape a UTF-16 surrogate; a pair decodes to one character, a lone one stays a
+# surrogate, which is not Unicode text (no tokenizer, encoder or client can take it)
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _refuse_lone_surrogates(value: Any, path: str) -> None:
+    """400 invalid_value naming the first field (or member name) holding an unpaired surrogate."""
+    if isinstance(value, str):
+        if _SURROGATE.search(value):
+            raise errors.invalid_value(
+                path or "body", "contains an unpaired UTF-16 surrogate escape, not Unicode text"
+            )
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            here = f"{path}.{key}" if path else key
+            _refuse_lone_surrogates(key, path or "body")
+            _refuse_lone_surrogates(item, here)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _refuse_lone_surrogates(item, f"{path}[{i}]")
 
 
 def _present(obj: Mapping[str, Any], key: str, param: str, required: bool) -> Any:

@@ -340,8 +340,9 @@ def _reject_unsupported(body: dict[str, Any]) -> None:
     # Advisory fields: accepted when well-typed, no effect on execution.
     get_object(body, "metadata")
     get_object(body, "prediction")
-    for key in ("user", "safety_identifier", "service_tier", "prompt_cache_retention"):
+    for key in ("user", "safety_identifier", "service_tier"):
         get_str(body, key)
+    get_enum(body, "prompt_cache_retention", ("in_memory", "24h"))  # as Responses checks it
 
 
 # -----------------------------------------------------------------------------------------------

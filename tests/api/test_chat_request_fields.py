@@ -181,11 +181,12 @@ def test_accepted_fields(fields, check):
         ({"n": 0}, 400, "invalid_value", "n"),
         ({"stream": "yes"}, 400, "invalid_type", "stream"),
         (
-            {"stream_options": {"include_usage": 1}},
+            {"stream": True, "stream_options": {"include_usage": 1}},
             400,
             "invalid_type",
             "stream_options.include_usage",
         ),
+        ({"prompt_cache_retention": "forever"}, 400, "invalid_value", "prompt_cache_retention"),
         ({"reasoning_effort": "extreme"}, 400, "invalid_value", "reasoning_effort"),
         ({"enable_thinking": "yes"}, 400, "invalid_type", "enable_thinking"),
         ({"preserve_thinking": 1}, 400, "invalid_type", "preserve_thinking"),
@@ -271,6 +272,19 @@ def test_bodies_that_are_not_one_json_object(raw):
     with pytest.raises(ApiError) as e:
         parse_json_object(raw)
     assert (e.value.status, e.value.code) == (400, "invalid_json")
+
+
+def test_lone_surrogate_escapes_are_refused_by_field():
+    ok = parse_json_object(b'{"a": "\\ud83d\\ude00 \\\\ud800"}')  # a pair; an escaped backslash
+    assert ok == {"a": "\U0001f600 \\ud800"}
+    for raw, param in [
+        (b'{"messages": [{"role": "user", "content": "x\\ud800"}]}', "messages[0].content"),
+        (b'{"metadata": {"\\udc00": "v"}}', "metadata"),
+        (b'{"stop": ["ok", "\\uDBFF"]}', "stop[1]"),
+    ]:
+        with pytest.raises(ApiError) as e:
+            parse_json_object(raw)
+        assert (e.value.status, e.value.code, e.value.param) == (400, "invalid_value", param)
 
 
 def test_reasoning_efforts_match_the_template_layer():

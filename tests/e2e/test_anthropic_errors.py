@@ -290,6 +290,17 @@ def test_rejections(strict_server, body, code):
     assert err["request_id"] == r.headers["request-id"]
 
 
+def test_a_lone_surrogate_is_a_field_error(strict_server):
+    # as JSON.stringify writes it; the tokenizer cannot take it, so it must not reach it
+    raw = b'{"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "\\udc01"}]}'
+    headers = {**AUTH, "content-type": "application/json"}
+    r = httpx.post(f"{strict_server.base_url}/v1/messages", content=raw, headers=headers)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and "messages[0].content" in err["message"]
+    assert err["details"]["error_code"] == "invalid_value"
+
+
 def test_rejection_through_the_official_client(strict_server):
     c = client(strict_server, api_key=KEY)
     with pytest.raises(anthropic.BadRequestError) as info:

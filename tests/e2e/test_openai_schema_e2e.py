@@ -109,7 +109,11 @@ def responses_body(name: str, **kw: Any) -> dict[str, Any]:
 
 
 def post(base_url: str, path: str, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(base_url + path, json=body, timeout=120)
+    # json.dumps escapes non-ASCII as JavaScript clients do (httpx's json= writes UTF-8, which
+    # cannot carry a lone surrogate)
+    content = json.dumps(body).encode()
+    headers = {"content-type": "application/json"}
+    return httpx.post(base_url + path, content=content, headers=headers, timeout=120)
 
 
 def sse_frames(base_url: str, path: str, body: dict[str, Any]) -> list[tuple[str | None, str]]:
@@ -437,6 +441,10 @@ BAD_REQUESTS = [
     ("/v1/responses", {"model": MODEL, "input": "x", "previous_response_id": "resp_0"}, 404, "response_not_found", "previous_response_id"),
     ("/v1/responses", {"model": MODEL, "input": "x", "max_output_tokens": -1}, 400, "invalid_value", "max_output_tokens"),
     ("/v1/responses", {"model": "other", "input": "x"}, 404, "model_not_found", "model"),
+    # a lone surrogate escape (json.dumps writes "\\ud800") is not text: 400, not a tokenizer failure
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "a\ud800"}]}, 400, "invalid_value", "messages[0].content"),
+    ("/v1/responses", {"model": MODEL, "input": "x", "metadata": {"k": "\udfff"}}, 400, "invalid_value", "metadata.k"),
+    ("/v1/responses/input_tokens", {"model": MODEL, "input": [{"role": "user", "content": "\ud83d"}]}, 400, "invalid_value", "input[0].content"),
 ]  # fmt: skip
 
 
