@@ -56,6 +56,8 @@ class PostProcessor:
         self.t_admit: float | None = None  # when the engine's AdmittedEvent arrived
         self.t_first: float | None = None
         self.t_last: float | None = None
+        # the engine's cumulative prompt / generation seconds at the latest committed token
+        self.engine_times: tuple[float, float] | None = None
         self.cached = 0  # exact reused prompt tokens, from the AdmittedEvent
         self.detok = IncrementalDetokenizer(tokenizer)
         self.stops = StopMatcher(req.stop) if req.stop else None
@@ -75,8 +77,14 @@ class PostProcessor:
         self.reasoning_text = []
         self.calls: list[toolcalls.ToolCall] = []
 
-    def tokens(self, ids: tuple[int, ...]) -> list[GenerationEvent]:
+    def tokens(
+        self, ids: tuple[int, ...], prompt_s: float | None = None, decode_s: float | None = None
+    ) -> list[GenerationEvent]:
+        """Text events of newly committed ids; `prompt_s` / `decode_s` the engine's cumulative
+        timings at the last of them (TokensEvent), which `snapshot` reports."""
         out: list[GenerationEvent] = []
+        if prompt_s is not None and decode_s is not None:
+            self.engine_times = (prompt_s, decode_s)
         now = time.monotonic()
         if self.t_first is None and ids:
             self.t_first = now
@@ -145,7 +153,17 @@ class PostProcessor:
         return out
 
     def snapshot(self) -> Timings:
-        """Cumulative timings at the committed frontier (timings_per_token)."""
+        """Cumulative timings at the committed frontier (timings_per_token): the engine's clock,
+        as the terminal timings (arrival times here when the engine gave none)."""
+        if self.engine_times is not None:
+            prompt_s, decode_s = self.engine_times
+            return Timings(
+                self.cached,
+                self.prompt_len - self.cached,
+                prompt_s * 1000.0,
+                self.kept_tokens,
+                decode_s * 1000.0,
+            )
         first, last = self.t_first, self.t_last
         start = (
             self.t_submit if self.t_admit is None else self.t_admit

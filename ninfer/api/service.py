@@ -350,7 +350,7 @@ class ModelService:
                     if prompt_only:
                         self.engine.finish(handle, "length", keep_tokens=0)
                         continue
-                    for out in post.tokens(event.token_ids):
+                    for out in post.tokens(event.token_ids, event.prompt_s, event.decode_s):
                         yield out
                     if post.stop_match is not None and not post.finish_sent:
                         post.finish_sent = True

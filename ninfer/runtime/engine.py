@@ -34,12 +34,11 @@ from ninfer.runtime.request import (
     FinishEvent,
     Request,
     Timings,
-    TokensEvent,
     Usage,
 )
 from ninfer.runtime.sampler import SampledTokens, Sampler, SampleRow
 from ninfer.runtime.scheduler import Scheduler, StepPlan
-from ninfer.runtime.sequence import Sequence, finish_event, unit_counts
+from ninfer.runtime.sequence import Sequence, finish_event, tokens_event, unit_counts
 
 log = logging.getLogger("ninfer.engine")
 
@@ -390,7 +389,7 @@ class Engine:
             if tokens:
                 if seq.first_output is None:
                     seq.first_output = self._first_output(seq)
-                handle._push(TokensEvent(tokens))
+                handle._push(tokens_event(seq, tokens))
             if finished:
                 del self._handles[seq.seq_id]
                 self._sampler.forget(seq.seq_id)

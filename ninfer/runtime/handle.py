@@ -78,8 +78,9 @@ class RequestHandle:
         if isinstance(event, TokensEvent):
             ids = list(event.token_ids)
             while self._events and isinstance(self._events[0], TokensEvent):
-                ids += self._events.popleft().token_ids  # type: ignore[union-attr]
-            event = TokensEvent(tuple(ids))
+                event = self._events.popleft()  # type: ignore[assignment]
+                ids += event.token_ids
+            event = TokensEvent(tuple(ids), event.prompt_s, event.decode_s)  # the latest timings
         elif isinstance(event, PromptProgressEvent):
             while self._events and isinstance(self._events[0], PromptProgressEvent):
                 event = self._events.popleft()  # type: ignore[assignment]

@@ -270,9 +270,14 @@ SCHEDULING_BOUNDARIES = (
 class TokensEvent:
     """Newly committed output token ids, in order. Never republished (replay after a pause
     rebuilds state without emitting). May include EOS; the caller withholds it from text.
-    Includes a thinking-budget suffix the engine committed without sampling."""
+    Includes a thinking-budget suffix the engine committed without sampling. `prompt_s` and
+    `decode_s`: the request's cumulative engine-clock prompt time (admission to the first output
+    commit) and generation time (first to latest output commit) at this event's last token, as
+    the FinishEvent's `Timings` measure them (None when not measured)."""
 
     token_ids: tuple[int, ...]
+    prompt_s: float | None = None
+    decode_s: float | None = None
 
 
 @dataclass(frozen=True)

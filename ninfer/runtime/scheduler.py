@@ -433,6 +433,7 @@ class Scheduler(Residency):
             self.counters.decode_tokens += 1
         if seq.first_token_s is None:
             seq.first_token_s = now
+        seq.last_token_s = now
         self._updates.append(SeqUpdate(seq, (token,), False))
         if token in self.eos_ids and not seq.request.sampling.ignore_eos:
             self._finish(seq, "stop", now)
@@ -452,6 +453,7 @@ class Scheduler(Residency):
             self._finish(seq, "length", now)
             return
         seq.tokens.extend(suffix)
+        seq.last_token_s = now
         self.counters.generation_tokens += len(suffix)
         self.counters.decode_tokens += len(suffix)
         self._updates.append(SeqUpdate(seq, suffix, False))

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ninfer.runtime.prefix_cache import CacheNode
-from ninfer.runtime.request import FinishEvent, Request, ReusePath, Timings, Usage
+from ninfer.runtime.request import FinishEvent, Request, ReusePath, Timings, TokensEvent, Usage
 from ninfer.runtime.thinking import ThinkingBudget
 
 if TYPE_CHECKING:
@@ -79,6 +79,7 @@ class Sequence:
     first_output: dict[str, Any] | None = None  # frozen before its first output was published
     admitted_s: float | None = None
     first_token_s: float | None = None
+    last_token_s: float | None = None  # the latest output commit
     finished_s: float | None = None
     paused_since_s: float | None = None
     pause_route: str | None = None  # the current / last pause cycle's route
@@ -121,6 +122,16 @@ class Sequence:
             and self.num_output == 0
             and self.computed >= self.high_water
         )
+
+
+def tokens_event(seq: Sequence, tokens: tuple[int, ...]) -> TokensEvent:
+    """Newly committed output tokens with the request's cumulative timings at the latest."""
+    first, admitted, last = seq.first_token_s, seq.admitted_s, seq.last_token_s
+    return TokensEvent(
+        tokens,
+        prompt_s=None if first is None or admitted is None else first - admitted,
+        decode_s=None if first is None or last is None else last - first,
+    )
 
 
 def finish_event(seq: Sequence, exposure: dict[str, Any] | None = None) -> FinishEvent:

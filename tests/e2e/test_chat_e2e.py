@@ -419,6 +419,17 @@ def test_timings_per_token_and_return_progress(live_server):
     counts = [c["timings"]["predicted_n"] for c in visible]
     assert counts == sorted(counts) and counts[-1] > 0
     assert "timings" in chunks[-1]  # terminal timings always
+    # the snapshots measure on the engine's clock, as the terminal timings do: prompt time is
+    # fixed once the first token committed (not before the last prefill progress), and
+    # generation time grows with the committed count up to the terminal figure
+    final = chunks[-1]["timings"]
+    snaps = [c["timings"] for c in visible]
+    assert {t["prompt_ms"] for t in snaps} == {final["prompt_ms"]}
+    assert final["prompt_ms"] >= progress[-1]["time_ms"] - 1
+    spans = [(t["predicted_n"], t["predicted_ms"]) for t in snaps]
+    assert spans == sorted(spans) and spans[-1][1] <= final["predicted_ms"]
+    later = [ms for n, ms in spans if n > spans[0][0]]
+    assert all(ms > spans[0][1] for ms in later)
 
 
 def _generated_tokens(base_url: str) -> tuple[float, float]:
