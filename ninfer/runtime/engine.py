@@ -294,13 +294,14 @@ class Engine:
         step cannot be planned early) it is scheduled after the commit. Between a step's result
         and the next launch the worker only commits, schedules and fills metadata: publishing
         events (the last commit's tokens, admissions, aborts, timeouts, pressure finishes) runs
-        once the next step is queued, or at once when there is no step to run."""
+        once the next step is queued, or before launching when no step was in flight (the
+        device is idle then, and a CPU executor runs the launch synchronously)."""
         current, self._inflight = self._inflight, None
         if current is None:
             plan = self._sched.schedule(self._clock())
             self._work.lap("program_submit")
+            self._publish()  # admissions reach their streams before a synchronous launch runs
             if plan is None:
-                self._publish()
                 self._publish_stats(idle=True)
                 return False
             current = self._launch(plan)
