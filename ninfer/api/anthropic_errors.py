@@ -54,6 +54,15 @@ def anthropic_status(err: ApiError) -> tuple[int, str]:
     return err.status, "api_error"
 
 
+def as_sent(err: ApiError) -> ApiError:
+    """`err` with the HTTP status and Anthropic error type an Anthropic client receives (what
+    the request log and metrics of an Anthropic request record)."""
+    status, kind = anthropic_status(err)
+    if (status, kind) == (err.status, err.type):
+        return err
+    return ApiError(status, err.message, type=kind, code=err.code, param=err.param)
+
+
 def generation_failure(cause: BaseException | None, *, pending_timeout_ms: int) -> ApiError:
     """The API error of a generation that ended with reason "error" after it started, from the
     engine's cause: typed refusals map as they do before admission (overload -> 429, hence 529;

@@ -256,7 +256,8 @@ def _parse_max_tokens(body: dict[str, Any], default: int) -> int:
 
 def _parse_sampling(body: dict[str, Any]) -> SamplingOptions:
     names = ("temperature", "top_p", "top_k")
-    return SamplingOptions(**get_sampling(body, names, temperature=(0.0, 1.0), top_k=(0, None)))
+    # top_k as Chat takes it: 0..20 (the sampler keeps at most 20 candidates; ninfer.api.sampling)
+    return SamplingOptions(**get_sampling(body, names, temperature=(0.0, 1.0), top_k=(0, 20)))
 
 
 def _parse_stop(body: dict[str, Any]) -> tuple[str, ...]:

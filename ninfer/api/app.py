@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from litestar import Litestar, Request, Response, get
+from litestar import Litestar, Request, Response, get, head
 from litestar.exceptions import HTTPException, NotFoundException
 from litestar.handlers import BaseRouteHandler
 from litestar.params import FromPath
@@ -138,6 +138,11 @@ def _shell_handlers(state: ServerState) -> list[BaseRouteHandler]:
             return Response({"status": "ok"}, status_code=200)
         return Response({"status": "unavailable"}, status_code=503)
 
+    @head("/health", sync_to_thread=False)
+    def health_head() -> Response[None]:
+        """The same readiness as a status alone (load balancers and probes that send HEAD)."""
+        return Response(None, status_code=200 if state.healthy() else 503)
+
     @get("/v1/models", sync_to_thread=False)
     def list_models() -> dict[str, Any]:
         card = model_card()  # one page, in OpenAI's and Anthropic's list shapes
@@ -156,7 +161,7 @@ def _shell_handlers(state: ServerState) -> list[BaseRouteHandler]:
             raise errors.model_not_found(name, state.model_id)
         return model_card()
 
-    return [health, list_models, get_model]
+    return [health, health_head, list_models, get_model]
 
 
 # -----------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ninfer.api import errors
+from ninfer.api.anthropic_errors import as_sent
 from ninfer.api.errors import ApiError
 from ninfer.api.generation import Finished, GenerationRequest
 from ninfer.runtime.request import FinishEvent, Request, SchedulingEvent
@@ -157,8 +158,11 @@ class RequestTrack:
         self.terminal = False
 
     def _emit(self, method: str, *args: Any) -> None:
-        if self.observer is not None:
-            self.observer.emit(method, self.rec, *args)
+        if self.observer is None:
+            return
+        if self.rec.protocol == "anthropic":  # record the status and type the client received
+            args = tuple(as_sent(a) if isinstance(a, ApiError) else a for a in args)
+        self.observer.emit(method, self.rec, *args)
 
     def started(self, prepared: Any, request: Request) -> None:
         """Preparation succeeded and the engine accepted `request`. `prepared` is the service's

@@ -170,6 +170,7 @@ def test_sampling_stop_and_max_tokens():
     s = req.sampling
     assert (s.temperature, s.top_p, s.top_k) == (0.5, 0.9, 7)
     refused({"temperature": 1.5}, "invalid_value", "temperature")
+    refused({"top_k": 21}, "invalid_value", "top_k")  # as Chat: the sampler keeps at most 20
     refused({"max_tokens": -1}, "invalid_value", "max_tokens")
     refused({"stop_sequences": "END"}, "invalid_type", "stop_sequences")
     refused({"stop_sequences": [""]}, "invalid_value")

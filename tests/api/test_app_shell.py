@@ -101,9 +101,12 @@ def test_health_ok_then_unavailable_after_engine_failure():
     with make_client() as c:
         r = c.get("/health")
         assert (r.status_code, r.json()) == (200, {"status": "ok"})
+        r = c.head("/health")  # probes that send HEAD get the status without a body
+        assert (r.status_code, r.content) == (200, b"")
         c.app.state.server.failure = "worker died"
         r = c.get("/health")
         assert (r.status_code, r.json()) == (503, {"status": "unavailable"})
+        assert c.head("/health").status_code == 503
 
 
 def test_health_follows_the_engine():

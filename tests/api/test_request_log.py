@@ -16,7 +16,7 @@ from litestar.testing import TestClient
 from ninfer.api import metrics
 from ninfer.api.app import create_app
 from ninfer.api.config import ServeConfig
-from ninfer.api.errors import ApiError
+from ninfer.api.errors import ApiError, server_overloaded
 from ninfer.api.generation import GenerationRequest
 from ninfer.api.observability import Observability
 from ninfer.api.observe import Observer
@@ -169,6 +169,31 @@ def test_exactly_one_terminal_whatever_happens(tmp_path):
     assert done["finish_reason"] == "error" and done["outcome"] == "timeout"
     assert done["error"]["code"] == "request_queue_timeout"
     assert SECRET_PROMPT not in (tmp_path / "log.jsonl").read_text()
+
+
+def test_anthropic_records_carry_what_the_client_received(tmp_path):
+    """Anthropic clients get 529 overloaded_error and 504 timeout_error for what the OpenAI
+    endpoints answer 429 and 503: the log records the status that was sent."""
+    log = RequestLog.open(tmp_path / "log.jsonl")
+    observer = Observer([RequestLogSink(log)])
+    req = GenerationRequest(messages=[{"role": "user", "content": "x"}], protocol="anthropic")
+    busy = observer.track(req, "req_a")
+    busy.raised(server_overloaded())
+    late = observer.track(req, "req_b")
+    late.started(Prepared([1, 2, 3], "x", False, ()), Request((1, 2, 3)))
+    late.engine_finished(
+        FinishEvent("error", Usage(3, 0), Timings(None, None, None, None, 1.0), (), QueueTimeout())
+    )
+    late.raised(ApiError(503, "waited too long", code="request_queue_timeout"))
+    bad = observer.track(req, "req_c")
+    bad.raised(ApiError(400, "no", code="invalid_value", param="top_k"))
+    log.close()
+    rejected, _, done, invalid = read_log(tmp_path / "log.jsonl")
+    assert rejected["outcome"] == "overloaded" and done["outcome"] == "timeout"
+    assert (rejected["error"]["status"], rejected["error"]["type"]) == (529, "overloaded_error")
+    assert (done["error"]["status"], done["error"]["type"]) == (504, "timeout_error")
+    assert done["error"]["code"] == "request_queue_timeout"
+    assert (invalid["error"]["status"], invalid["error"]["param"]) == (400, "top_k")
 
 
 # -- real requests -----------------------------------------------------------------------------
