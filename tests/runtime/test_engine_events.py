@@ -3,6 +3,8 @@ request handle delivers them without merging them into token events."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from fake_executor import FakeExecutor, SchedulerHarness, check_cycles, reference_tokens
 
@@ -160,3 +162,35 @@ def test_a_request_that_is_never_admitted_sees_only_its_finish():
         events = list(eng.submit(late))
     assert len(events) == 1 and isinstance(events[0], FinishEvent)
     assert isinstance(events[0].error, QueueTimeout)
+
+
+class _SlowExecutor(FakeExecutor):
+    """A synchronous executor (no token feeding, as the CPU one): each run takes a while."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, feeds_tokens=False, **kwargs)
+        self.ends: list[float] = []
+
+    def run(self, batch, fed=None):
+        time.sleep(0.15)
+        out = super().run(batch, fed)
+        self.ends.append(time.monotonic())
+        return out
+
+
+def test_a_synchronous_launch_does_not_hold_back_published_events():
+    """With no step in flight the engine publishes before it launches: the admission reaches
+    the stream before the first prefill chunk has run, and each token before the step after
+    its own has run (a CPU executor runs a launch to its end)."""
+    req = Request(prompt(6), SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    config = EngineConfig(page_size=4, max_context=128)
+    executor = _SlowExecutor(config.num_pages, 4, VOCAB)
+    with Engine(config, executor, Sampler(), EOS) as eng:
+        seen = [(e, time.monotonic()) for e in eng.submit(req)]
+    ends = executor.ends
+    assert len(ends) == 3  # the prefill and two decode steps
+    admitted_at = next(t for e, t in seen if isinstance(e, AdmittedEvent))
+    token_at = [t for e, t in seen if isinstance(e, TokensEvent) for _ in e.token_ids]
+    assert len(token_at) == 3
+    assert admitted_at < ends[0]
+    assert token_at[0] < ends[1] and token_at[1] < ends[2]
