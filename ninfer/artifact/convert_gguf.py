@@ -256,6 +256,24 @@ def _config(meta: dict[str, Any], gguf_arch: str, tie: bool, vocab_size: int) ->
     return config
 
 
+ROPE_FREQS = "rope_freqs.weight"
+
+
+def _freq_factors(src: _Source, config: dict[str, Any]) -> list[float]:
+    """llama.cpp's rope_freqs tensor (Llama 3.1-style rope scaling, precomputed by its
+    converter: one divisor per rotary frequency) as the config's `rope_freq_factors`."""
+    half = config["head_dim"] // 2
+    if src.type_name not in ("F32", "F16") or src.shape != (half,):
+        raise ConvertError(
+            f"{ROPE_FREQS} must be F32 or F16 [{half}] (one factor per rotary frequency), got "
+            f"{src.type_name} {list(src.shape)}"
+        )
+    values = np.asarray(src.data, dtype=np.float64).reshape(-1)
+    if not np.all(np.isfinite(values) & (values > 0)):
+        raise ConvertError(f"{ROPE_FREQS} holds a factor that is not a positive number")
+    return [float(v) for v in values]
+
+
 def _rope_scaling(scaling: str, get: Callable[..., Any]) -> dict[str, Any]:
     """transformers' rope_scaling for GGUF rope.scaling.* metadata. YaRN maps onto transformers'
     defaults (beta_fast 32, beta_slow 1, attention factor 0.1·ln(factor) + 1), which is what
@@ -416,12 +434,16 @@ def convert_gguf(
             f"{src}: unsupported GGUF architecture {gguf_arch!r} (supported: {', '.join(ARCHITECTURES)})"
         )
     sources = _sources(reader)
+    freqs = [s for s in sources if s.name == ROPE_FREQS]
+    sources = [s for s in sources if s.name != ROPE_FREQS]
     for s in sources:
         if hf_name(s.name) is None:
             raise ConvertError(f"{src}: unsupported tensor {s.name} for architecture {gguf_arch}")
     tok = gguf_tokenizer(meta)
     names = {s.name for s in sources}
     config = _config(meta, gguf_arch, tie="output.weight" not in names, vocab_size=tok.vocab_size)
+    if freqs:
+        config["rope_freq_factors"] = _freq_factors(freqs[0], config)
     own_head = untie(config, weights, quantize_lm_head)
     # llama.cpp permutes q/k rows for llama only; its qwen converters keep the HF order.
     permute: dict[str, int] = {}

@@ -104,6 +104,8 @@ def _inv_freq(rope: dict[str, Any], dim: int) -> torch.Tensor:
         inv = torch.where(medium, smoothed, scaled)
     elif rope["type"] == "yarn":
         inv = _yarn_inv_freq(rope, dim)
+    if "freq_factors" in rope:  # llama.cpp's rope_freqs: each frequency divided by its factor
+        inv = inv / torch.tensor(rope["freq_factors"], dtype=torch.float32)
     return inv
 
 

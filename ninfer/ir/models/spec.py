@@ -97,6 +97,13 @@ def _rope(cfg: dict[str, Any]) -> dict[str, Any]:
             rope[k] = params[k]
     if rtype == "yarn":
         rope.update(_yarn(cfg, params))
+    factors = cfg.get("rope_freq_factors")
+    if factors is not None:  # a GGUF's rope_freqs tensor (convert_gguf): per-frequency divisors
+        if not isinstance(factors, list) or not all(
+            isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0 for f in factors
+        ):
+            raise ArtifactError("rope_freq_factors must be a list of positive numbers")
+        rope["freq_factors"] = [float(f) for f in factors]
     return rope
 
 
@@ -191,6 +198,12 @@ def model_spec(architecture: str, cfg: dict[str, Any]) -> ModelSpec:
     partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
     partial = float(defaults.get("partial_rotary_factor", 1.0) if partial is None else partial)
     types = _layer_types(architecture, cfg, layers)
+    rotary_dim = int(head_dim * partial) // 2 * 2
+    if len(rope.get("freq_factors", ())) not in (0, rotary_dim // 2):
+        raise ArtifactError(
+            f"rope_freq_factors has {len(rope['freq_factors'])} entries, the rotary dimension "
+            f"{rotary_dim} needs {rotary_dim // 2}"
+        )
     hybrid = architecture in ("qwen3_5", "qwen3_5_moe")
     moe: dict[str, Any] = {}
     if architecture in ("qwen3_moe", "qwen3_5_moe"):
@@ -237,7 +250,7 @@ def model_spec(architecture: str, cfg: dict[str, Any]) -> ModelSpec:
         attention_bias=bool(cfg.get("attention_bias", False)),
         mlp_bias=bool(cfg.get("mlp_bias", False)),
         rope=rope,
-        rotary_dim=int(head_dim * partial) // 2 * 2,
+        rotary_dim=rotary_dim,
         layer_types=types,
         max_position=int(
             cfg.get("max_position_embeddings") or defaults.get("max_position_embeddings", 32768)
