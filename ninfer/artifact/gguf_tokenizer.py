@@ -44,16 +44,26 @@ _QWEN35 = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
     r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Mistral's tekken and the gpt-4o family: cased letter runs, and digits one / up to three at a time
+_CASED = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+{s}"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*{s}"
+    r"|{n}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_TEKKEN = _CASED.replace("{s}", "").replace("{n}", r"\p{N}")
+_GPT4O = _CASED.replace("{s}", r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?").replace("{n}", r"\p{N}{1,3}")
+# names llama.cpp writes in tokenizer.ggml.pre; any other takes the GPT-2 split (as transformers)
 SPLIT_REGEX: dict[str, str] = {
-    "llama3": _LLAMA3,
-    "llama-v3": _LLAMA3,
-    "llama-bpe": _LLAMA3,
-    "smaug-bpe": _LLAMA3,
-    "dbrx": _LLAMA3,
-    "qwen2": _QWEN2,
-    "deepseek-r1-qwen": _QWEN2,
+    **dict.fromkeys(
+        ("llama3", "llama-v3", "llama-bpe", "smaug-bpe", "dbrx", "falcon3", "falcon-h1",
+         "pixtral", "midm-2.0", "lfm2", "jina-v5-nano"),
+        _LLAMA3,
+    ),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "megrez", "f2llmv2"), _QWEN2),
     "qwen35": _QWEN35,
-}
+    "tekken": _TEKKEN,
+    **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"), _GPT4O),
+}  # fmt: skip
 
 # End-of-turn markers a chat model stops on, besides the file's eos id, when it has them.
 _END_OF_TURN = (

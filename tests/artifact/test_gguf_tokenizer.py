@@ -62,7 +62,10 @@ def write_spm_gguf(path, *, scores_from_file: bool = True):
     return path
 
 
-@pytest.mark.parametrize("pre", ["smollm", "gpt2", "llama-bpe", "qwen2", "qwen35"])
+@pytest.mark.parametrize(
+    "pre",
+    ["smollm", "gpt2", "llama-bpe", "qwen2", "qwen35", "falcon3", "tekken", "gpt-4o", "megrez"],
+)
 def test_byte_level_equals_transformers(tmp_path, write_gguf, pre):
     path = write_gguf(
         tmp_path / "model.gguf", {"output_norm.weight": (np.ones(64, np.float32), None)}, pre=pre
