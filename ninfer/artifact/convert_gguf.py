@@ -225,7 +225,15 @@ def _config(meta: dict[str, Any], gguf_arch: str, tie: bool, vocab_size: int) ->
             raise ConvertError(f"the GGUF metadata lacks {gguf_arch}.{key}")
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
     head_dim = get("attention.key_length") or get("rope.dimension_count") or hidden // heads
+    rotary = get("rope.dimension_count")
+    if rotary is not None and int(rotary) != int(head_dim):
+        raise ConvertError(
+            f"{gguf_arch}.rope.dimension_count={rotary} rotates part of a {head_dim}-wide head; "
+            f"{arch} rotates the whole head"
+        )
     scaling = get("rope.scaling.type")
+    if scaling is None and float(get("rope.scale_linear", 1.0)) != 1.0:
+        scaling = "linear"  # the key older llama.cpp conversions wrote for linear scaling
     config: dict[str, Any] = {
         "architectures": [cls],
         "model_type": model_type,
@@ -279,7 +287,7 @@ def _rope_scaling(scaling: str, get: Callable[..., Any]) -> dict[str, Any]:
     defaults (beta_fast 32, beta_slow 1, attention factor 0.1·ln(factor) + 1), which is what
     llama.cpp computes when the file sets no attention factor of its own; files that do (or a
     yarn_log_multiplier) are refused rather than run with a different attention scale."""
-    factor = float(get("rope.scaling.factor", 1.0))
+    factor = float(get("rope.scaling.factor") or get("rope.scale_linear") or 1.0)
     if scaling == "linear":
         return {"rope_type": "linear", "factor": factor}
     if scaling == "yarn":

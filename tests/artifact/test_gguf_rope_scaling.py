@@ -121,3 +121,21 @@ def test_llama3_rope_freqs_tensor_matches_transformers_llama3(tmp_path, write_gg
     llm = LLM(str(out), max_concurrency=1, kv_capacity=128, max_context=128)
     err = (llm.logits(ids) - ref).abs().max().item()
     assert err < 1e-3 * ref.abs().max().item(), err
+
+
+def test_the_older_scale_linear_key_is_linear_scaling():
+    meta = dict(BASE) | {"qwen3.rope.scale_linear": 4.0}
+    assert _config(meta, "qwen3", tie=True, vocab_size=512)["rope_scaling"] == {
+        "rope_type": "linear",
+        "factor": 4.0,
+    }
+    assert "rope_scaling" not in _config(dict(BASE) | {"qwen3.rope.scale_linear": 1.0}, "qwen3",
+                                         tie=True, vocab_size=512)  # fmt: skip
+
+
+def test_partial_rotary_is_refused():
+    meta = dict(BASE) | {"qwen3.attention.key_length": 32, "qwen3.rope.dimension_count": 16}
+    with pytest.raises(ConvertError, match="rope.dimension_count=16 rotates part of a 32-wide"):
+        _config(meta, "qwen3", tie=True, vocab_size=512)
+    whole = _config(dict(meta) | {"qwen3.rope.dimension_count": 32}, "qwen3", True, 512)
+    assert whole["head_dim"] == 32
