@@ -125,9 +125,14 @@ class Residency:
 
     def _fits(self, seq: Sequence, match: PrefixMatch) -> bool:
         """Whether the frontier (plus one more unit when restoring) fits in free pages and
-        pages the cache could give back, not counting the pages this match keeps."""
-        frontier = seq.known + (1 if seq.status is SeqStatus.PAUSED else 0)
+        pages the cache could give back, not counting the pages this match keeps. A restore
+        also leaves the residents room for their next token each: otherwise the step that
+        plans their units pauses the youngest, the request just restored, before it ran."""
+        restoring = seq.status is SeqStatus.PAUSED
+        frontier = seq.known + (1 if restoring else 0)
         need = min(self._pages_for(frontier), self.pool.num_pages) - len(match.nodes)
+        if restoring:
+            need += sum(max(0, self._pages_for(r.known + 1) - len(r.pages)) for r in self.running)
         kept = sum(1 for n in match.nodes if self.pool.refcount(n.page) == 1)
         return need <= self.pool.num_free + self.pool.num_reclaimable - kept
 

@@ -13,6 +13,7 @@ only some snapshots: both routes then happen in one run.
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
 
 import pytest
@@ -24,7 +25,13 @@ from ninfer.errors import ConfigError
 from ninfer.runtime.config import EngineConfig
 from ninfer.runtime.engine import Engine
 from ninfer.runtime.preemption import D2H, H2D, KV, STATE
-from ninfer.runtime.request import EngineError, EngineOverloaded, Request, SamplingParams
+from ninfer.runtime.request import (
+    EngineError,
+    EngineOverloaded,
+    Request,
+    SamplingParams,
+    SchedulingEvent,
+)
 from ninfer.runtime.sampler import Sampler
 from ninfer.runtime.sequence import SeqStatus
 from ninfer.runtime.step import StateCopy
@@ -334,3 +341,22 @@ def test_a_failed_restore_fails_that_request_and_frees_its_bytes(quiet_engine_lo
     assert stats.running == stats.paused == stats.waiting == 0
     gc.collect()
     assert not ex.live_snapshots
+
+
+def test_a_restore_leaves_the_residents_room_for_their_next_token():
+    """A restore is admitted only when the residents can still take their next token each:
+    otherwise planning their units pauses the youngest, the request just restored, before it
+    ran a unit (its snapshot copied back and straight out again; 2 of these here before)."""
+    h = harness(max_concurrency=8, kv_capacity=80, prefill_chunk=8)
+    seqs = [h.add(prompt(10 + 2 * i, i + 1), max_tokens=24, ignore_eos=True) for i in range(8)]
+    h.run()
+    repaused = 0
+    for s in seqs:
+        h.assert_correct(s)
+        events = [n for n in h.notices[s.seq_id] if isinstance(n, SchedulingEvent)]
+        names = [e.boundary for e in events]
+        repaused += sum(
+            a == "restored" and b == "pause_started" for a, b in itertools.pairwise(names)
+        )
+    assert h.sched.counters.preemptions > 0
+    assert repaused == 0, repaused
