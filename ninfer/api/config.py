@@ -267,6 +267,11 @@ def check_capabilities(config: ServeConfig, components: list[str] | tuple[str, .
             f"--vision needs the artifact's vision component, but it has only {', '.join(components)}; "
             "drop --vision or convert a checkpoint with a vision tower"
         )
+    if config.vision:  # the weights convert, but nothing here encodes an image yet
+        raise ConfigError(
+            "--vision: this build of ninfer has no vision encoder runtime, so media input cannot "
+            "be served; drop --vision (text requests use the same artifact)"
+        )
 
 
 def kv_pool_warning(config: ServeConfig, kv_tokens: int) -> str | None:

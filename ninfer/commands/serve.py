@@ -278,6 +278,12 @@ def open_artifact(config: ServeConfig) -> Any:
     check_capabilities(config, artifact.components)
     if warning := model_context_warning(config, artifact.config):
         logging.getLogger("ninfer.serve").warning(warning)
+    if config.spec is not None:  # lossless either way: the same tokens, one per step
+        logging.getLogger("ninfer.serve").warning(
+            "--spec %s: this build of ninfer has no speculative decoding runtime; requests decode "
+            "one token per step and the speculative counters stay 0",
+            config.spec,
+        )
     return artifact
 
 

@@ -300,7 +300,10 @@ def make_artifact(path, components, name="tiny-serve"):
         (["text", "mtp"], ["--spec", "dflash2"], "--spec dflash2"),
         (["text", "mtp"], ["--vision"], "--vision"),
         (["text", "mtp"], ["--spec", "mtp", "--vision"], "--vision"),
-        (["text", "mtp", "vision"], ["--spec", "mtp", "--vision"], None),
+        (["text", "mtp", "vision"], ["--spec", "mtp"], None),
+        # a vision component converts, but no encoder runs it: refused rather than failing later
+        (["text", "mtp", "vision"], ["--spec", "mtp", "--vision"], "no vision encoder runtime"),
+        (["text", "vision"], ["--vision"], "no vision encoder runtime"),
         (["text", "dflash"], ["--spec", "dflash", "--draft-tokens", "7", "--lm-head-draft"], None),
         (["text"], [], None),
     ],
@@ -415,3 +418,13 @@ def test_listen_socket_reports_a_busy_port():
             serve.listen_socket("127.0.0.1", port)
     finally:
         first.close()
+
+
+def test_abbreviated_flags_are_refused(capsys):
+    """argparse would take `--api-ke` for --api-key, a spelling the request log's redaction of
+    the key does not know: the CLI accepts flags only as written."""
+    from ninfer.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--api-ke", "secret", "--port", "0"])
+    assert e.value.code == 2 and "unrecognized arguments: --api-ke" in capsys.readouterr().err
