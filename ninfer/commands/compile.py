@@ -9,8 +9,10 @@ fail with a one-line ConfigError.
 from __future__ import annotations
 
 import argparse
+import math
 
 from ninfer.artifact import Artifact
+from ninfer.errors import ConfigError
 from ninfer.passes.options import DEVICES, KV_DTYPES, CompileOptions, parse_kv_capacity
 
 
@@ -64,8 +66,17 @@ def options_from_args(args: argparse.Namespace) -> CompileOptions:
         page_size=args.page_size,
         device_state_slots=args.device_state_slots,
         cuda_graphs=not args.no_cuda_graph,
-        device_memory=None if args.memory_gib is None else int(args.memory_gib * (1 << 30)),
+        device_memory=_memory_bytes(args.memory_gib),
     )
+
+
+def _memory_bytes(gib: float | None) -> int | None:
+    """--memory-gib as bytes; a ConfigError naming the flag when it is not positive."""
+    if gib is None:
+        return None
+    if not math.isfinite(gib) or gib <= 0:
+        raise ConfigError(f"--memory-gib must be a positive number of GiB, got {gib:g}")
+    return int(gib * (1 << 30))
 
 
 def run(args: argparse.Namespace) -> int:

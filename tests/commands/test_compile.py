@@ -86,3 +86,11 @@ def test_auto_capacity_fills_the_budget_on_cuda(fixture_artifacts, capsys) -> No
     assert (
         (1 << 30) - 8192 * 4096 < total <= 1 << 30
     )  # within a page or so of budget - 1 GiB headroom
+
+
+@pytest.mark.parametrize("gib", ["0", "-1", "nan"])
+def test_memory_budget_must_be_positive(gib, fixture_artifacts, capsys) -> None:
+    rc, _, err = compile_out(capsys, str(fixture_artifacts("llama")), "--memory-gib", gib)
+    assert rc == 2 and err.strip().endswith(
+        f"--memory-gib must be a positive number of GiB, got {gib}"
+    )
