@@ -42,12 +42,17 @@ def response_not_found(response_id: str, param: str | None = None) -> ApiError:
     )
 
 
-def capacity_exceeded(size: int, limit: int) -> ApiError:
+def capacity_exceeded(size: int, limit: int, records: int = 1) -> ApiError:
+    if records < 1:
+        why = "this server stores no responses (--response-store-max-records 0)"
+    else:
+        why = (
+            f"the response and its conversation need {size} bytes, more than this server's "
+            f"response store holds ({limit} bytes, --response-store-max-mib)"
+        )
     return ApiError(
         400,
-        f"the response and its conversation need {size} bytes, more than this server's response "
-        f"store holds ({limit} bytes, --response-store-max-mib / --response-store-max-records); "
-        "send store:false or raise the limit",
+        f"{why}; send store:false or raise the limit",
         code="response_store_capacity_exceeded",
         param="store",
     )
@@ -129,7 +134,7 @@ class ResponseStore:
         """Raise `response_store_capacity_exceeded` if a record of `size` bytes can never be
         stored (also when the store holds no records at all)."""
         if self.max_records < 1 or size > self.max_bytes:
-            raise capacity_exceeded(size, self.max_bytes)
+            raise capacity_exceeded(size, self.max_bytes, self.max_records)
 
     def get(self, response_id: str) -> StoredResponse | None:
         """The record, marked most recently used; None when absent."""

@@ -75,8 +75,10 @@ def test_a_record_larger_than_the_store_is_refused_not_stored():
         store.put(rec)
     assert (e.value.status, e.value.code) == (400, "response_store_capacity_exceeded")
     assert "big" not in store and "a" in store  # nothing evicted for a record that cannot fit
-    with pytest.raises(ApiError):
+    assert "--response-store-max-mib" in e.value.message
+    with pytest.raises(ApiError) as e:  # the record count is what bites, and the message says so
         ResponseStore(max_records=0, max_bytes=MIB).put(record("a"))
+    assert "stores no responses (--response-store-max-records 0)" in e.value.message
 
 
 def test_deleting_a_parent_keeps_the_child_context():
