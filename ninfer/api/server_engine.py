@@ -97,7 +97,8 @@ def start_engine(state: ServerState, artifact: Artifact) -> None:
         tokenizer=tokenizer,
         template=template,
         eos_ids=eos_ids,
-        max_context=config.max_context,
+        # a sequence never outgrows the KV pool: a smaller pool is the effective context
+        max_context=min(config.max_context, executor.num_pages * executor.page_size),
         default_max_tokens=config.default_max_tokens,
         sampler_defaults=SamplerDefaults.resolve(
             artifact.generation, dict(config.sampler_overrides(), greedy=config.greedy)

@@ -159,7 +159,8 @@ class ModelService:
             raise ApiError(
                 400,
                 f"the prompt has {len(ids)} tokens but the context ceiling is {self.max_context}"
-                " (--max-context), leaving no room for output",
+                " (--max-context, or the KV pool of --kv-capacity when smaller), leaving no room"
+                " for output",
                 code="context_length_exceeded",
                 param=param,
             )

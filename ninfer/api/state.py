@@ -38,8 +38,10 @@ class ServerState:
 
     @property
     def max_model_len(self) -> int:
-        """The effective per-sequence context ceiling (--max-context)."""
-        return self.config.max_context
+        """The effective per-sequence context ceiling: --max-context, or the KV pool when
+        --kv-capacity makes it smaller (the service's, once the engine runs)."""
+        service = self.extra.get("service")
+        return self.config.max_context if service is None else service.max_context
 
     def healthy(self) -> bool:
         """True while the engine can accept work. Queue saturation does not count as failure;

@@ -53,7 +53,8 @@ def test_small_kv_pool_serves_with_a_warning_and_refuses_longer_prompts(tiny_age
     ):
         warned = [r.getMessage() for r in caplog.records if "KV pool of" in r.getMessage()]
         assert len(warned) == 1 and "--max-context 1024" in warned[0], warned
-        assert client.get("/v1/models").json()["data"][0]["max_model_len"] == 1024
+        # the effective ceiling: no sequence outgrows the pool
+        assert client.get("/v1/models").json()["data"][0]["max_model_len"] == 64
         ok = client.post(
             "/v1/chat/completions",
             json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
@@ -68,7 +69,18 @@ def test_small_kv_pool_serves_with_a_warning_and_refuses_longer_prompts(tiny_age
             },
         )
         assert long.status_code == 400, long.text
-        assert "--kv-capacity" in long.json()["error"]["message"]
+        err = long.json()["error"]
+        assert "--kv-capacity" in err["message"]
+        assert (err["code"], err["param"]) == ("context_length_exceeded", "messages")
+        capped = client.post(  # output stops at the pool: a context finish, not max_tokens
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                  "max_tokens": 500, "ignore_eos": True},
+        )  # fmt: skip
+        assert capped.status_code == 200, capped.text
+        usage = capped.json()["usage"]
+        assert usage["prompt_tokens"] + usage["completion_tokens"] == 64
+        assert capped.json()["choices"][0]["finish_reason"] == "length"
 
 
 # -- --max-context beyond the trained context ----------------------------------------------------
