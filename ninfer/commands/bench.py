@@ -2,7 +2,7 @@
 
     ninfer bench engine ARTIFACT | --synthetic NAME [--weights bf16|fp8|nvfp4 [--quantize-lm-head]]
                  [--batch-sizes 1,8] [--input-len 512] [--output-len 128] [--peer transformers]
-    ninfer bench serve --url http://127.0.0.1:8000 [--concurrency 1,8] [--artifact A]
+    ninfer bench serve --url http://127.0.0.1:8080 [--concurrency 1,8] [--artifact A]
 
 engine: the in-process engine (scheduler, executor, sampler: everything but HTTP) runs b
 requests submitted together for each batch size b. serve: a load generator against a running
@@ -97,14 +97,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument(
         "--peer", default=None, choices=PEERS, help="run the same workload through this peer"
     )
-    e.add_argument(
-        "--hf-dir",
-        default=None,
-        help="the Hugging Face directory an ARTIFACT came from (for --peer)",
-    )
+    e.add_argument("--hf-dir", help="the Hugging Face directory an ARTIFACT came from (--peer)")
     _common(e)
     s = sub.add_parser("serve", help="streaming load against a running `ninfer serve`")
-    s.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL")
+    s.add_argument("--url", default="http://127.0.0.1:8080", help="server base URL")
     s.add_argument("--model", default=None, help="model id (default: the first of /v1/models)")
     s.add_argument("--api-key", default=None)
     s.add_argument(

@@ -94,3 +94,23 @@ def test_memory_budget_must_be_positive(gib, fixture_artifacts, capsys) -> None:
     assert rc == 2 and err.strip().endswith(
         f"--memory-gib must be a positive number of GiB, got {gib}"
     )
+
+
+def test_a_closed_pipe_is_not_an_error(fixture_artifacts) -> None:
+    """`ninfer inspect A --tensors | head -1`: the reader leaves early; no traceback, status 0."""
+    import subprocess
+    import sys
+
+    cmd = [
+        sys.executable,
+        "-m",
+        "ninfer.cli",
+        "inspect",
+        str(fixture_artifacts("llama")),
+        "--tensors",
+    ]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout.readline()
+    p.stdout.close()  # as head does after its line
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 0 and "Traceback" not in err, err
