@@ -117,12 +117,21 @@ def _safetensor_files(src: Path) -> list[Path]:
     return paths
 
 
+def _safe_open(path: Path) -> Any:
+    """safetensors' reader of `path`; a ConvertError naming the file when it cannot be read
+    (truncated, not safetensors)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        return safe_open(str(path), framework="pt")
+    except (SafetensorError, OSError) as e:
+        raise ConvertError(f"{path}: not a readable safetensors file ({e})") from None
+
+
 def _iter_tensors(files: list[Path]) -> Iterator[tuple[str, np.ndarray, str]]:
     """Yield (name, float32-or-native array, source dtype) one tensor at a time."""
-    from safetensors import safe_open
-
     for path in files:
-        with safe_open(str(path), framework="pt") as f:
+        with _safe_open(path) as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
                 t = f.get_tensor(name)
                 dtype = str(t.dtype).removeprefix("torch.")
@@ -292,9 +301,7 @@ def convert_hf(
     if not isinstance(header["metadata"]["name"], str) or "/" in header["metadata"]["name"]:
         header["metadata"]["name"] = name or src.name
     components = {"text"}
-    from safetensors import safe_open
-
-    total = sum(len(safe_open(str(p), framework="pt").keys()) for p in files)
+    total = sum(len(_safe_open(p).keys()) for p in files)
     bar = Progress("converting", total, enabled=progress)
     with ArtifactWriter(out, header) as writer:
         for src_name, arr, src_fmt in _iter_tensors(files):

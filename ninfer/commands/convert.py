@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ninfer.artifact.quant import WEIGHT_FORMATS
-from ninfer.errors import ConvertError
+from ninfer.errors import ConfigError, ConvertError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,6 +43,12 @@ def run(args: argparse.Namespace) -> int:
             raise ConvertError(
                 f"--chat-template {args.chat_template}: cannot read ({e.strerror})"
             ) from None
+        from ninfer.api.template import ChatTemplate
+
+        try:  # refused now rather than when `ninfer serve` loads the artifact
+            ChatTemplate(template)
+        except ConfigError as e:
+            raise ConvertError(f"--chat-template {args.chat_template}: {e}") from None
     if not src.exists():
         raise ConvertError(f"{src}: no such file or directory")
     options = {

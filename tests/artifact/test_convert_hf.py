@@ -171,6 +171,20 @@ def test_bad_sources(hf_dir, tmp_path):
     for f in ("config.json", "model.safetensors"):
         (notok / f).write_bytes((d / f).read_bytes())
     _assert_one_line_error(_cli(notok, "-o", out), "tokenizer.json: missing")
+    # a truncated weights file
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    for f in ("config.json", "tokenizer.json", "model.safetensors"):
+        (cut / f).write_bytes((d / f).read_bytes())
+    data = (cut / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(data[: len(data) // 2])
+    _assert_one_line_error(_cli(cut, "-o", out), "not a readable safetensors file")
+    # a --chat-template that serve could not parse
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for m in messages %}{{ m.content }\n")
+    _assert_one_line_error(
+        _cli(d, "-o", out, "--chat-template", bad), "chat template does not parse"
+    )
     assert not out.exists() and not list(tmp_path.glob("out.ninfer*"))
 
 
