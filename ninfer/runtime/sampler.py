@@ -91,7 +91,9 @@ class Sampler:
         sorted_p = torch.softmax(sorted_x.masked_fill(~keep, float("-inf")), dim=-1)
         top_p = torch.tensor([p.top_p for p in params], dtype=x.dtype, device=x.device)
         before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly above each token
-        keep &= before < top_p[:, None]  # the top token is always kept
+        # the top token is always kept; top_p 1 keeps everything (an fp32 cumsum over a large
+        # vocabulary reaches 1.0 before its tail, which `before < 1` would drop)
+        keep &= (before < top_p[:, None]) | (top_p[:, None] >= 1.0)
         min_p = torch.tensor([p.min_p for p in params], dtype=x.dtype, device=x.device)
         keep &= sorted_p >= min_p[:, None] * sorted_p[:, :1]
         sorted_p = sorted_p * keep

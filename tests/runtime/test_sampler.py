@@ -53,6 +53,15 @@ def test_filters_give_the_expected_distribution():
     torch.testing.assert_close(probs(temperature=t), sharp)
 
 
+def test_top_p_one_keeps_the_whole_tail_of_a_large_vocabulary():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 151936, generator=g) * 3  # Qwen's vocabulary: the fp32 cumsum hits 1.0
+    probs = Sampler.probabilities(x, [SamplingParams(temperature=0.7, top_p=1.0)])
+    assert bool((probs > 0).all())
+    want = torch.softmax(x / 0.7, dim=-1)
+    assert torch.allclose(probs, want, rtol=1e-4, atol=1e-12)
+
+
 def test_draws_follow_the_distribution():
     torch.manual_seed(0)
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
