@@ -25,7 +25,6 @@ the output is written to a temporary name and renamed at the end, so it never ex
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from ninfer.artifact.convert_hf import (
     untie,
 )
 from ninfer.artifact.format import ArtifactWriter, StoredTensor
+from ninfer.artifact.gguf_rope import ROPE_FREQS, freq_factors, rope_scaling
 from ninfer.artifact.gguf_tokenizer import gguf_tokenizer
 from ninfer.artifact.progress import Progress
 from ninfer.artifact.quant import (
@@ -255,52 +255,13 @@ def _config(meta: dict[str, Any], gguf_arch: str, tie: bool, vocab_size: int) ->
         "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
     }
     if scaling not in (None, "none"):
-        config["rope_scaling"] = _rope_scaling(scaling, get)
+        config["rope_scaling"] = rope_scaling(scaling, get)
     if arch == "llama":
         config["mlp_bias"] = False
     if arch == "qwen3_moe":
         config |= _moe_config(gguf_arch, int(get("expert_count")), int(get("expert_used_count")))
         config["moe_intermediate_size"] = int(get("expert_feed_forward_length"))
     return config
-
-
-ROPE_FREQS = "rope_freqs.weight"
-
-
-def _freq_factors(src: _Source, config: dict[str, Any]) -> list[float]:
-    """llama.cpp's rope_freqs tensor (Llama 3.1-style rope scaling, precomputed by its
-    converter: one divisor per rotary frequency) as the config's `rope_freq_factors`."""
-    half = config["head_dim"] // 2
-    if src.type_name not in ("F32", "F16") or src.shape != (half,):
-        raise ConvertError(
-            f"{ROPE_FREQS} must be F32 or F16 [{half}] (one factor per rotary frequency), got "
-            f"{src.type_name} {list(src.shape)}"
-        )
-    values = np.asarray(src.data, dtype=np.float64).reshape(-1)
-    if not np.all(np.isfinite(values) & (values > 0)):
-        raise ConvertError(f"{ROPE_FREQS} holds a factor that is not a positive number")
-    return [float(v) for v in values]
-
-
-def _rope_scaling(scaling: str, get: Callable[..., Any]) -> dict[str, Any]:
-    """transformers' rope_scaling for GGUF rope.scaling.* metadata. YaRN maps onto transformers'
-    defaults (beta_fast 32, beta_slow 1, attention factor 0.1·ln(factor) + 1), which is what
-    llama.cpp computes when the file sets no attention factor of its own; files that do (or a
-    yarn_log_multiplier) are refused rather than run with a different attention scale."""
-    factor = float(get("rope.scaling.factor") or get("rope.scale_linear") or 1.0)
-    if scaling == "linear":
-        return {"rope_type": "linear", "factor": factor}
-    if scaling == "yarn":
-        for key in ("rope.scaling.attn_factor", "rope.scaling.yarn_log_multiplier"):
-            if get(key) is not None:
-                raise ConvertError(f"unsupported GGUF yarn rope scaling with {key}")
-        original = get("rope.scaling.original_context_length") or get("context_length", 4096)
-        return {
-            "rope_type": "yarn",
-            "factor": factor,
-            "original_max_position_embeddings": int(original),
-        }
-    raise ConvertError(f"unsupported GGUF rope scaling {scaling!r} (supported: none, linear, yarn)")
 
 
 def _moe_config(gguf_arch: str, experts: int, used: int) -> dict[str, Any]:
@@ -451,7 +412,7 @@ def convert_gguf(
     names = {s.name for s in sources}
     config = _config(meta, gguf_arch, tie="output.weight" not in names, vocab_size=tok.vocab_size)
     if freqs:
-        config["rope_freq_factors"] = _freq_factors(freqs[0], config)
+        config["rope_freq_factors"] = freq_factors(freqs[0], config["head_dim"])
     own_head = untie(config, weights, quantize_lm_head)
     # llama.cpp permutes q/k rows for llama only; its qwen converters keep the HF order.
     permute: dict[str, int] = {}
