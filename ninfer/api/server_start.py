@@ -22,6 +22,7 @@ def server_start_fields(state: Any, artifact: Any, argv: list[str] | None = None
     engine_cfg = getattr(engine, "config", None)
     service = state.extra.get("service")
     tensors = getattr(artifact, "tensors", {}) or {}
+    memory = state.extra.get("memory") or {}
     return {
         "artifact": {
             "path": str(Path(artifact.path).resolve()),
@@ -34,7 +35,8 @@ def server_start_fields(state: Any, artifact: Any, argv: list[str] | None = None
         "engine": {
             "device": cfg.device,
             "dtype": cfg.dtype,
-            "kv_dtype": cfg.kv_dtype,
+            # as resolved (the flag's default depends on the device): the plan's KV dtype
+            "kv_dtype": (memory.get("kv") or {}).get("dtype") or cfg.kv_dtype,
             "max_concurrency": cfg.max_concurrency,
             "max_pending_requests": cfg.max_pending_requests,
             "pending_timeout_ms": cfg.pending_timeout_ms,
@@ -45,7 +47,7 @@ def server_start_fields(state: Any, artifact: Any, argv: list[str] | None = None
             "kv_pages": snap.kv_pages_capacity if snap is not None else None,
             "state_slots": snap.state_slots_capacity if snap is not None else None,
             "prefix_reuse": cfg.prefix_reuse,
-            "cuda_graph": cfg.cuda_graph,
+            "cuda_graph": cfg.cuda_graph and str(cfg.device).startswith("cuda"),
             "spec": cfg.spec,
             "draft_tokens": cfg.draft_tokens,
             "vision": cfg.vision,

@@ -35,6 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     src, out = Path(args.src), Path(args.output)
+    if args.name is not None and not args.name.strip():
+        raise ConvertError("--name must not be empty (leave it out for the source's name)")
     template = None
     if args.chat_template:
         try:

@@ -241,6 +241,9 @@ def test_server_start_comes_first_and_hides_the_key(served):
     assert mem["kv"]["pages"] == first["engine"]["kv_pages"] and mem["kv"]["bytes"] > 0
     assert mem["kv"]["capacity_tokens"] == first["engine"]["kv_capacity_tokens"]
     assert bool(mem["cuda_graphs"]["buckets"]) == served_on_cuda(path)  # captured on CUDA only
+    # the engine's formats as resolved, not the flags left at their defaults
+    assert first["engine"]["kv_dtype"] == mem["kv"]["dtype"] is not None
+    assert first["engine"]["cuda_graph"] == served_on_cuda(path)
 
 
 def test_requests_log_their_sequence_and_fields(served, tiny_agent_prompts):

@@ -185,6 +185,7 @@ def test_bad_sources(hf_dir, tmp_path):
     _assert_one_line_error(
         _cli(d, "-o", out, "--chat-template", bad), "chat template does not parse"
     )
+    _assert_one_line_error(_cli(d, "-o", out, "--name", " "), "--name must not be empty")
     assert not out.exists() and not list(tmp_path.glob("out.ninfer*"))
 
 
