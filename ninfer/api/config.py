@@ -151,12 +151,11 @@ class ServeConfig:
         if self.host_context_mib is not None:
             _int("host_context_mib", self.host_context_mib, 0, 1 << 30)
         _float("temperature", self.temperature, 0.0, 2.0)
-        try:  # one message for every value outside (0, 1]
-            _float("top_p", self.top_p, 0.0, 1.0)
-            if self.top_p is not None and self.top_p <= 0.0:
-                raise ConfigError("")
-        except ConfigError:
-            raise ConfigError(f"--top-p must be a number in (0, 1], got {self.top_p!r}") from None
+        p = self.top_p
+        if p is not None and (
+            isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1
+        ):
+            raise ConfigError(f"--top-p must be a number in (0, 1], got {p!r}")  # nan fails 0 < p
         if self.top_k is not None:
             _int(
                 "top_k",

@@ -124,12 +124,18 @@ class Sequence:
         )
 
 
+def _prefill_s(seq: Sequence) -> float | None:
+    """Admission to the first output commit (the prompt time of every timing report)."""
+    first, admitted = seq.first_token_s, seq.admitted_s
+    return None if first is None or admitted is None else first - admitted
+
+
 def tokens_event(seq: Sequence, tokens: tuple[int, ...]) -> TokensEvent:
     """Newly committed output tokens with the request's cumulative timings at the latest."""
-    first, admitted, last = seq.first_token_s, seq.admitted_s, seq.last_token_s
+    first, last = seq.first_token_s, seq.last_token_s
     return TokensEvent(
         tokens,
-        prompt_s=None if first is None or admitted is None else first - admitted,
+        prompt_s=_prefill_s(seq),
         decode_s=None if first is None or last is None else last - first,
     )
 
@@ -157,7 +163,7 @@ def finish_event(seq: Sequence, exposure: dict[str, Any] | None = None) -> Finis
     timings = Timings(
         queue_s=None if admitted is None else admitted - seq.arrival_s,
         ttft_s=None if first is None else first - seq.arrival_s,
-        prefill_s=None if first is None or admitted is None else first - admitted,
+        prefill_s=_prefill_s(seq),
         decode_s=None if first is None else end - first,
         total_s=end - seq.arrival_s,
         paused_s=seq.paused_s,
