@@ -183,6 +183,12 @@ class PostProcessor:
     def finished(self, event: FinishEvent, length_cause: str, prompt_only: bool) -> Finished:
         u, t = event.usage, event.timings
         completion = 0 if prompt_only else u.completion_tokens
+        token_ids = tuple(event.token_ids)
+        if self.stop_match is not None:
+            # the output ends at the stop string: tokens the engine committed after it (it may
+            # have finished before our finish(keep_tokens) reached it) are not accepted output
+            completion = min(completion, self.kept_tokens)
+            token_ids = token_ids[: self.kept_tokens]
         if self.stop_match is not None:
             reason = "stop"
         elif event.reason == "length" or prompt_only:
@@ -211,6 +217,6 @@ class PostProcessor:
             stop_sequence=self.stop_match,
             length_cause=length_cause if reason == "length" else None,
             tool_parse=self.tools.stats.as_dict() if self.tools else {},
-            generated_token_ids=tuple(event.token_ids),
+            generated_token_ids=token_ids,
             error=event.error,
         )
