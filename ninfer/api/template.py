@@ -57,6 +57,7 @@ from ninfer.api.template_options import (  # noqa: F401  (re-exported for existi
     ThinkingDefaults,
     resolve_template_options,
 )
+from ninfer.api.tool_fallback import lower_tools, renders_tools, uses_tools
 from ninfer.errors import ConfigError
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
@@ -289,10 +290,12 @@ class ChatTemplate:
         self.source = source
         self.control_tokens = tuple(control_tokens)
         self.special_tokens = dict(special_tokens or {})
+        env = _environment()
         try:
-            self._template = _environment().from_string(source)
+            self._template = env.from_string(source)
         except jinja2.TemplateSyntaxError as e:
             raise ConfigError(f"chat template does not parse: line {e.lineno}: {e.message}") from e
+        self.renders_tools = renders_tools(env, source)  # (declarations, calls); else lower_tools
 
     @classmethod
     def from_file(cls, path: str | Path, **kwargs: Any) -> ChatTemplate:
@@ -323,6 +326,8 @@ class ChatTemplate:
         variables = (options or TemplateOptions()).variables()
         msgs = [_normalize_message(m) for m in messages]
         tool_list = list(tools) if tools else None
+        if uses_tools(msgs, tool_list, self.renders_tools):
+            msgs, tool_list = lower_tools(msgs, tool_list, self.renders_tools)
         data = {"messages": msgs, "tools": tool_list, "kwargs": variables}
         prot = _Protector(self.control_tokens, [self.source, *_strings(data)])
         context = prot.protect(variables)
