@@ -5,7 +5,8 @@ errors naming the flag), open the artifact (the embedded demo model when none is
 refuse options needing components it lacks (a --max-context beyond its trained context is
 logged as a warning), check the files named by options, build the engine (plan compiled, a KV
 pool smaller than --max-context logged as a warning, warm-up run), then listen. `/health`
-answers only once the engine is ready, because the socket is opened after warm-up.
+answers only once the engine is ready: the port is bound before the engine is built (a busy
+port fails at once) but listens only after warm-up.
 
 Options and defaults: spec/serving.md, "Server options".
 """
@@ -227,9 +228,11 @@ def check_files(config: ServeConfig, artifact_path: Path) -> None:
             )
 
 
-def listen_socket(host: str, port: int) -> socket.socket:
-    """A bound, listening TCP socket whose accepted connections inherit TCP keepalive and a
-    15 s TCP_USER_TIMEOUT (Linux), so a dead peer is detected while its request runs."""
+def bound_socket(host: str, port: int) -> socket.socket:
+    """A bound TCP socket (`listen` makes it accept) whose accepted connections inherit TCP
+    keepalive and a 15 s TCP_USER_TIMEOUT (Linux), so a dead peer is detected while its request
+    runs. Bound before the engine is built, so a busy port is reported at once, not after
+    warm-up; until it listens, connections to it are refused."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -249,8 +252,11 @@ def listen_socket(host: str, port: int) -> socket.socket:
         raise ConfigError(
             f"cannot listen on {host}:{port} ({e.strerror}); choose another --host/--port"
         ) from None
-    sock.listen(2048)
     return sock
+
+
+def listen(sock: socket.socket) -> None:
+    sock.listen(2048)
 
 
 def configure_logging(level: str) -> None:
@@ -301,12 +307,17 @@ def run(args: argparse.Namespace) -> int:
     request_log = None
     if config.request_log_jsonl is not None:
         request_log = RequestLog.open(config.request_log_jsonl, artifact.path)
-    state = build_state(config, artifact)
+    sock = bound_socket(config.host, config.port)
+    try:
+        state = build_state(config, artifact)
+    except BaseException:
+        sock.close()
+        raise
     observability = Observability.start(state, artifact, request_log=request_log)
     from ninfer.api.app import create_app
 
     app = create_app(state, extra_handlers=metrics.route_handlers(state))
-    sock = listen_socket(config.host, config.port)
+    listen(sock)
     url = f"http://{config.host}:{sock.getsockname()[1]}"
     log.info("serving %s as %r on %s", artifact.path, state.model_id, url)
     app.on_startup.append(lambda: observability.ready(url))

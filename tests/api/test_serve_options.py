@@ -389,7 +389,8 @@ def test_files_named_by_options_are_checked(tmp_path):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="TCP_USER_TIMEOUT is Linux-only")
 def test_accepted_connections_inherit_keepalive_and_user_timeout():
-    listener = serve.listen_socket("127.0.0.1", 0)
+    listener = serve.bound_socket("127.0.0.1", 0)
+    serve.listen(listener)
     try:
         client = socket.create_connection(listener.getsockname())
         conn, _ = listener.accept()
@@ -410,14 +411,46 @@ def test_accepted_connections_inherit_keepalive_and_user_timeout():
         listener.close()
 
 
-def test_listen_socket_reports_a_busy_port():
-    first = serve.listen_socket("127.0.0.1", 0)
+def test_bound_socket_reports_a_busy_port():
+    first = serve.bound_socket("127.0.0.1", 0)
+    serve.listen(first)
     try:
         port = first.getsockname()[1]
         with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}"):
-            serve.listen_socket("127.0.0.1", port)
+            serve.bound_socket("127.0.0.1", port)
     finally:
         first.close()
+
+
+def test_bound_socket_refuses_connections_until_it_listens():
+    sock = serve.bound_socket("127.0.0.1", 0)
+    try:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(sock.getsockname(), timeout=5).close()
+        serve.listen(sock)
+        socket.create_connection(sock.getsockname(), timeout=5).close()
+    finally:
+        sock.close()
+
+
+def test_busy_port_fails_before_the_engine_is_built(monkeypatch, capsys):
+    """`serve` binds its port before the (slow) engine build and warm-up: a busy port is the
+    first thing it reports, and nothing is built."""
+    from ninfer.cli import main
+
+    busy = serve.bound_socket("127.0.0.1", 0)
+    serve.listen(busy)
+
+    def build(*a, **k):
+        raise AssertionError("the engine was built before the port was checked")
+
+    monkeypatch.setattr(serve, "build_state", build)
+    try:
+        port = busy.getsockname()[1]
+        assert main(["serve", "--host", "127.0.0.1", "--port", str(port)]) != 0
+        assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+    finally:
+        busy.close()
 
 
 def test_abbreviated_flags_are_refused(capsys):
