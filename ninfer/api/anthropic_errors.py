@@ -16,6 +16,7 @@ queue and media timeouts HTTP 504 timeout_error, internal failures 500 api_error
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ninfer.api import errors
@@ -36,6 +37,18 @@ _BY_STATUS = {
 def is_anthropic_path(path: str) -> bool:
     """True for /v1/messages and the paths below it (the Anthropic endpoints)."""
     return path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")
+
+
+def is_anthropic_request(scope: Mapping[str, Any]) -> bool:
+    """An Anthropic endpoint, or the Models API (shared by both protocols) asked by an
+    Anthropic client (its SDK sends anthropic-version on every request): answered with
+    Anthropic's error shape and request-id header."""
+    path = scope["path"]
+    if is_anthropic_path(path):
+        return True
+    if path != "/v1/models" and not path.startswith("/v1/models/"):
+        return False
+    return any(k.lower() == b"anthropic-version" for k, _ in scope.get("headers", ()))
 
 
 def anthropic_status(err: ApiError) -> tuple[int, str]:

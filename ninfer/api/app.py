@@ -6,7 +6,8 @@ routes, unknown routes, errors and streams alike:
 
     RequestId      a unique id per HTTP request in scope["state"]["request_id"]; the
                    `x-request-id` header on every response, `request-id` instead on the
-                   Anthropic endpoints (/v1/messages...); a handler that sets the header
+                   Anthropic endpoints (/v1/messages..., and /v1/models... asked with an
+                   anthropic-version header); a handler that sets the header
                    itself keeps its value
     PermissiveCors (--cors) preflight answered here with everything allowed; any origin, and
                    the request-id headers exposed, on every response (401/413 included)
@@ -14,9 +15,11 @@ routes, unknown routes, errors and streams alike:
                    CORS preflight (OPTIONS + Access-Control-Request-Method) pass unauthenticated
     BodyLimit      a body over --max-request-mib is answered 413 request_too_large before any
                    handler parses it (Content-Length checked first, chunked bodies counted)
+    HeadAsGet      HEAD is answered as GET without its body, on every resource
 
 Error bodies use the OpenAI shape (`ApiError.body()`), and the Anthropic shape on the Anthropic
-endpoints (`anthropic_errors`), app-level 401/413/404 included; internal failures become a
+endpoints and on the Models API asked by an Anthropic client (`anthropic_errors`), app-level
+401/413/404 included; a 405 carries Allow; internal failures become a
 generic 500 and are logged with their traceback.
 
 Endpoints here: GET /health, GET /v1/models, GET /v1/models/{id}. Protocol endpoints live in
@@ -33,18 +36,18 @@ import importlib
 import json
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from litestar import Litestar, Request, Response, get, head
+from litestar import Litestar, Request, Response, get
 from litestar.exceptions import HTTPException, NotFoundException
 from litestar.handlers import BaseRouteHandler
 from litestar.params import FromPath
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from ninfer.api import errors
-from ninfer.api.anthropic_errors import anthropic_error_body, is_anthropic_path
+from ninfer.api.anthropic_errors import anthropic_error_body, is_anthropic_request
 from ninfer.api.errors import ApiError
 from ninfer.api.state import ServerState
 
@@ -92,7 +95,9 @@ def create_app(
     )
     app.state.server = state
     # Outer layers around Litestar's handler, innermost first (see the module docstring).
-    inner: ASGIApp = BodyLimit(app.asgi_handler, cfg.max_request_bytes, cfg.max_request_mib)
+    inner: ASGIApp = BodyLimit(
+        HeadAsGet(app.asgi_handler), cfg.max_request_bytes, cfg.max_request_mib
+    )
     if cfg.api_key is not None:
         inner = ApiKeyAuth(inner, cfg.api_key)
     if cfg.cors:
@@ -138,11 +143,6 @@ def _shell_handlers(state: ServerState) -> list[BaseRouteHandler]:
             return Response({"status": "ok"}, status_code=200)
         return Response({"status": "unavailable"}, status_code=503)
 
-    @head("/health", sync_to_thread=False)
-    def health_head() -> Response[None]:
-        """The same readiness as a status alone (load balancers and probes that send HEAD)."""
-        return Response(None, status_code=200 if state.healthy() else 503)
-
     @get("/v1/models", sync_to_thread=False)
     def list_models() -> dict[str, Any]:
         card = model_card()  # one page, in OpenAI's and Anthropic's list shapes
@@ -161,7 +161,7 @@ def _shell_handlers(state: ServerState) -> list[BaseRouteHandler]:
             raise errors.model_not_found(name, state.model_id)
         return model_card()
 
-    return [health, health_head, list_models, get_model]
+    return [health, list_models, get_model]
 
 
 # -----------------------------------------------------------------------------------------------
@@ -171,22 +171,36 @@ def _shell_handlers(state: ServerState) -> list[BaseRouteHandler]:
 
 def _handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
     """Every exception a handler raises becomes an OpenAI-shaped error response."""
+    extra: dict[str, str] = {}
     if isinstance(exc, ApiError):
         err = exc
     elif isinstance(exc, NotFoundException):
         err = errors.route_not_found(request.method, request.url.path)
     elif isinstance(exc, HTTPException) and exc.status_code == 405:
         err = errors.method_not_allowed(request.method, request.url.path)
+        extra = _allow_header(exc.headers or {})
     elif isinstance(exc, HTTPException) and exc.status_code < 500:
         err = ApiError(exc.status_code, str(exc.detail), code="invalid_request")
     else:
         log.error("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
         err = errors.internal_error()
-    if is_anthropic_path(request.url.path):
+    if is_anthropic_request(request.scope):
         rid = request.scope.get("state", {}).get("request_id")
         status, body = anthropic_error_body(err, rid)
-        return Response(body, status_code=status)
-    return Response(err.body(), status_code=err.status, headers=_error_headers(err))
+        return Response(body, status_code=status, headers=extra)
+    return Response(err.body(), status_code=err.status, headers=_error_headers(err) | extra)
+
+
+def _allow_header(headers: Mapping[str, str]) -> dict[str, str]:
+    """The Allow header of a 405 (RFC 9110: it lists the methods the resource has), HEAD
+    among them wherever GET is (HeadAsGet answers it)."""
+    allow = {k.lower(): v for k, v in headers.items()}.get("allow")
+    if allow is None:
+        return {}
+    methods = [m.strip() for m in allow.split(",") if m.strip()]
+    if "GET" in methods and "HEAD" not in methods:
+        methods.insert(methods.index("GET") + 1, "HEAD")
+    return {"allow": ", ".join(methods)}
 
 
 def _error_headers(err: ApiError) -> dict[str, str]:
@@ -197,7 +211,7 @@ async def send_error(send: Send, err: ApiError, scope: Scope | None = None) -> N
     """Answer with `err` directly over ASGI (for layers outside Litestar's routing); in the
     Anthropic shape on the Anthropic endpoints."""
     status, payload = err.status, err.body()
-    if scope is not None and is_anthropic_path(scope["path"]):
+    if scope is not None and is_anthropic_request(scope):
         status, payload = anthropic_error_body(err, scope.get("state", {}).get("request_id"))
     body = json.dumps(payload).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
@@ -215,6 +229,31 @@ def new_request_id() -> str:
     return "req_" + uuid.uuid4().hex
 
 
+class HeadAsGet:
+    """HEAD on any resource is its GET without the body (RFC 9110: a server supporting GET
+    supports HEAD), status and headers as GET answers them."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+        done = False
+
+        async def send_headers_only(message: Message) -> None:
+            nonlocal done
+            if message["type"] == "http.response.body":
+                if done or message.get("more_body", False):
+                    return
+                done = True
+                message = {"type": "http.response.body", "body": b"", "more_body": False}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, send_headers_only)  # type: ignore[arg-type]
+
+
 class RequestId:
     """Adds a unique request id (see the module docstring)."""
 
@@ -227,7 +266,7 @@ class RequestId:
             return
         rid = new_request_id()
         scope.setdefault("state", {})["request_id"] = rid  # type: ignore[typeddict-unknown-key]
-        name = b"request-id" if is_anthropic_path(scope["path"]) else REQUEST_ID_HEADER
+        name = b"request-id" if is_anthropic_request(scope) else REQUEST_ID_HEADER
         value = rid.encode()
 
         async def send_with_id(message: Message) -> None:

@@ -156,6 +156,37 @@ def test_unknown_model_is_404_model_not_found(client):
     assert err["type"] == "invalid_request_error"
 
 
+def test_head_is_get_without_the_body(client):
+    """RFC 9110: HEAD wherever GET is, with GET's status and headers and no body."""
+    for path in ("/v1/models", f"/v1/models/{MODEL}", "/v1/models/other", "/health"):
+        got, head = client.get(path), client.head(path)
+        assert head.status_code == got.status_code and head.content == b""
+        assert head.headers["content-type"] == got.headers["content-type"]
+        assert head.headers["content-length"] == got.headers["content-length"]
+
+
+def test_wrong_method_lists_the_allowed_ones(client):
+    r = client.delete("/v1/models")
+    assert r.status_code == 405 and r.headers["allow"] == "GET, HEAD, OPTIONS"
+    r = client.get("/v1/probe")  # a POST route
+    assert r.status_code == 405 and r.headers["allow"] == "POST, OPTIONS"
+    r = client.head("/v1/probe")
+    assert (r.status_code, r.content, r.headers["allow"]) == (405, b"", "POST, OPTIONS")
+
+
+def test_anthropic_clients_get_anthropic_errors_from_the_models_api():
+    """The model card serves both SDKs; so do its errors: the Anthropic shape and request-id
+    header when the request carries anthropic-version (the Anthropic SDK always sends it, and
+    reads its request_id from that header)."""
+    with make_client() as c:
+        r = c.get("/v1/models/nope", headers={"anthropic-version": "2023-06-01"})
+        body = r.json()
+        assert r.status_code == 404 and body["type"] == "error"
+        assert body["error"]["type"] == "not_found_error" and "nope" in body["error"]["message"]
+        assert r.headers["request-id"].startswith("req_") and "x-request-id" not in r.headers
+        assert c.get("/v1/models/nope").json()["error"]["code"] == "model_not_found"
+
+
 def test_openai_client_reads_models():
     import httpx
     import openai
