@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from litestar import Request, Response, post
+from litestar.background_tasks import BackgroundTask
 from litestar.handlers import BaseRouteHandler
 from litestar.response import Stream
 
@@ -189,7 +190,12 @@ async def _stream_response(
         await pump.close()
         raise
     headers = {REQUEST_ID_HEADER: rid, "cache-control": "no-cache", "x-accel-buffering": "no"}
-    return Stream(_frames(pump, writer, first), media_type="text/event-stream", headers=headers)
+    return Stream(
+        _frames(pump, writer, first),
+        media_type="text/event-stream",
+        headers=headers,
+        background=BackgroundTask(pump.close),  # also when the body never started
+    )
 
 
 async def _frames(

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from litestar import Request, Response, post
+from litestar.background_tasks import BackgroundTask
 from litestar.handlers import BaseRouteHandler
 from litestar.response import Stream
 
@@ -40,7 +41,13 @@ from ninfer.api.generation import (
     ToolCallStart,
 )
 from ninfer.api.openai_chat_models import ChatRequest, parse_chat_request
-from ninfer.api.sse import KEEPALIVE, first_event, open_events, with_keepalive
+from ninfer.api.sse import (
+    KEEPALIVE,
+    first_event,
+    generation_closer,
+    open_events,
+    with_keepalive,
+)
 from ninfer.api.state import ServerState
 from ninfer.api.template_options import ThinkingDefaults, resolve_template_options
 
@@ -299,6 +306,7 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
             ),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
+            background=BackgroundTask(generation_closer(events, first)),
         )
 
     return [chat_completions]

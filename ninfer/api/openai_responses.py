@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from litestar import Request, Response, delete, get, post
+from litestar.background_tasks import BackgroundTask
 from litestar.handlers import BaseRouteHandler
 from litestar.params import FromPath
 from litestar.response import Stream
@@ -50,7 +51,7 @@ from ninfer.api.responses_store import (
     response_not_found,
     response_store,
 )
-from ninfer.api.sse import first_event, open_events, with_keepalive
+from ninfer.api.sse import first_event, generation_closer, open_events, with_keepalive
 from ninfer.api.state import ServerState
 from ninfer.api.template_options import (
     TemplateOptions,
@@ -396,6 +397,7 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
             with_keepalive(_create_sse(state, p, first_or_wait, events)),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
+            background=BackgroundTask(generation_closer(events, first_or_wait)),
         )
 
     @post("/v1/responses/input_tokens", status_code=200)

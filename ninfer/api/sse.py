@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from ninfer.api import errors
@@ -57,7 +58,7 @@ async def first_event(events: AsyncIterator[GenerationEvent]) -> GenerationEvent
 
 
 async def open_events(
-    events: AsyncIterator[GenerationEvent], wait_s: float = KEEPALIVE_AFTER_S
+    events: AsyncIterator[GenerationEvent], wait_s: float | None = None
 ) -> GenerationEvent | asyncio.Task[GenerationEvent]:
     """The first event of a stream, or, when none came within `wait_s` (a request waiting for
     admission), the task still awaiting it: the stream then opens and keep-alive comments
@@ -65,5 +66,28 @@ async def open_events(
     request is waiting"). Errors that arrive in time raise here, before any byte, as real HTTP
     statuses (429/503/400)."""
     task = asyncio.ensure_future(first_event(events))
-    done, _ = await asyncio.wait({task}, timeout=wait_s)
+    done, _ = await asyncio.wait({task}, timeout=KEEPALIVE_AFTER_S if wait_s is None else wait_s)
     return task.result() if done else task
+
+
+def generation_closer(
+    events: AsyncIterator[GenerationEvent],
+    first: GenerationEvent | asyncio.Task[GenerationEvent] | None = None,
+) -> Callable[[], Awaitable[None]]:
+    """The cleanup a streamed response runs when it ends, however it ends (the Stream's
+    background task): the task still awaiting the first event cancelled, the generation closed,
+    which cancels its engine request. The body's own `finally` does the same, but only once the
+    body has started: a client gone before its first frame had its request wait in the queue
+    until admission, holding a capacity slot."""
+
+    async def close() -> None:
+        if isinstance(first, asyncio.Task) and not first.done():
+            first.cancel()
+            with contextlib.suppress(BaseException):
+                await first
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            with contextlib.suppress(RuntimeError):  # already closed or closing
+                await aclose()
+
+    return close

@@ -1,0 +1,114 @@
+"""A streamed request whose client is gone by the time the stream opens (it waited for
+admission longer than the keep-alive interval) is cancelled then, not when the engine admits it
+(spec: "a dead or unacknowledging peer is normally cancelled within about 20 seconds, including
+while the request is waiting"): the whole app over ASGI, with a service whose generation waits
+for an admission that never comes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from ninfer.api import sse
+from ninfer.api.app import create_app
+from ninfer.api.config import ServeConfig
+from ninfer.api.generation import GenerationEvent
+from ninfer.api.state import ServerState
+
+MODEL = "tiny-model"
+
+
+class QueuedForever:
+    """A model service whose every generation waits in the queue until it is cancelled."""
+
+    def __init__(self) -> None:
+        self.closed: list[str] = []
+
+    def generate(self, gen: Any, **kw: Any) -> AsyncIterator[GenerationEvent]:
+        async def events() -> AsyncIterator[GenerationEvent]:
+            try:
+                await asyncio.Event().wait()
+                yield  # type: ignore[misc]  # pragma: no cover
+            finally:
+                self.closed.append(gen.protocol)
+
+        return events()
+
+
+def _scope(path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            *headers,
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8080),
+    }
+
+
+BODIES = {
+    "chat": (
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True},
+        [],
+    ),
+    "responses": ("/v1/responses", {"model": MODEL, "input": "hi", "stream": True}, []),
+    "anthropic": (
+        "/v1/messages",
+        {
+            "model": MODEL,
+            "max_tokens": 8,
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": True,
+        },
+        [(b"anthropic-version", b"2023-06-01")],
+    ),
+}
+
+
+@pytest.mark.parametrize("protocol", sorted(BODIES))
+def test_client_gone_before_the_stream_opens_cancels_the_queued_request(monkeypatch, protocol):
+    monkeypatch.setattr(sse, "KEEPALIVE_AFTER_S", 0.05)
+    monkeypatch.setattr("ninfer.api.anthropic_messages.KEEP_ALIVE_S", 0.05, raising=False)
+    service = QueuedForever()
+    state = ServerState(config=ServeConfig(max_context=4096), model_id=MODEL)
+    state.extra["service"] = service
+    app = create_app(state)
+    path, payload, headers = BODIES[protocol]
+    body = json.dumps(payload).encode()
+
+    async def run() -> list[dict[str, Any]]:
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            if messages:
+                return messages.pop(0)
+            return {"type": "http.disconnect"}  # the client left while its request waited
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await asyncio.wait_for(app(_scope(path, body, headers), receive, send), timeout=10)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        # checked while the loop runs: its shutdown would close every generator anyway
+        assert service.closed == [protocol]
+        return sent
+
+    sent = asyncio.run(run())
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
