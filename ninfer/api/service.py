@@ -303,6 +303,7 @@ class ModelService:
                 session_key=req.session_key,
                 arrival_s=time.monotonic(),
                 prepared_from_s=t_prepare,
+                prompt_only=prompt_only,  # max_tokens 0: prompt processing, no output token
                 **thinking,
             )
             handle = self.engine.submit(request)
@@ -348,9 +349,6 @@ class ModelService:
                     if not first_token:
                         first_token = True
                         track.first_token()
-                    if prompt_only:
-                        self.engine.finish(handle, "length", keep_tokens=0)
-                        continue
                     for out in post.tokens(event.token_ids, event.prompt_s, event.decode_s):
                         yield out
                     if post.stop_match is not None and not post.finish_sent:

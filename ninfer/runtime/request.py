@@ -124,6 +124,9 @@ class Request:
     max_tokens) and generation continues after them. When the suffix plus one more token no
     longer fits max_tokens or the context, the request finishes with 'length' instead of
     inserting part of it (callers check that capacity up front).
+
+    `prompt_only`: process the prompt (prefill, checkpoints, prefix publication) and finish with
+    'length' without committing an output token (an HTTP max_tokens of 0).
     """
 
     prompt_token_ids: tuple[int, ...]
@@ -135,6 +138,7 @@ class Request:
     thinking_budget: int | None = None
     thinking_close_ids: tuple[int, ...] = ()
     thinking_suffix_ids: tuple[int, ...] = ()
+    prompt_only: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_token_ids", tuple(int(t) for t in self.prompt_token_ids))

@@ -307,7 +307,10 @@ class Scheduler(Residency):
             self.retention.retain_full_pages(seq)
             self.retention.capture(seq, self._ops)
             if token is not None and seq.known == seq.computed:
-                self._append_token(seq, token, now)
+                if seq.request.prompt_only:  # the prompt is processed: nothing to sample
+                    self._finish(seq, "length", now)
+                else:
+                    self._append_token(seq, token, now)
         assert row == len(sampled), "one sampled token per logits row"
 
     def fail_step(self, plan: StepPlan, now: float, error: BaseException) -> None:

@@ -194,3 +194,25 @@ def test_a_synchronous_launch_does_not_hold_back_published_events():
     assert len(token_at) == 3
     assert admitted_at < ends[0]
     assert token_at[0] < ends[1] and token_at[1] < ends[2]
+
+
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_a_prompt_only_request_commits_no_token(hybrid):
+    """prompt_only (an HTTP max_tokens of 0): the prompt is prefilled and published for reuse,
+    and the request finishes with 'length' without an output token."""
+    config = EngineConfig(page_size=4, max_context=128, prefill_chunk=8)
+    exe = FakeExecutor(config.num_pages, 4, VOCAB, is_hybrid=hybrid, num_state_slots=4)
+    req = Request(prompt(21), SamplingParams(max_tokens=1), prompt_only=True)
+    with Engine(config, exe, Sampler(), EOS) as eng:
+        events = list(eng.submit(req))
+        longer = Request(prompt(21) + prompt(6, 3), SamplingParams(max_tokens=2, ignore_eos=True))
+        second = list(eng.submit(longer))
+        stats = eng.snapshot()
+    assert not any(isinstance(e, TokensEvent) for e in events)
+    fin = events[-1]
+    assert isinstance(fin, FinishEvent) and fin.reason == "length" and fin.token_ids == ()
+    assert fin.usage.completion_tokens == 0 and fin.timings.ttft_s is None
+    assert [e.processed for e in events if isinstance(e, PromptProgressEvent)][-1] == 21
+    # what it prefilled is reused: a request extending its prompt starts past it
+    assert second[0].cached_tokens >= 20
+    assert stats.generation_tokens_total == 2
