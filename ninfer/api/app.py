@@ -6,8 +6,8 @@ routes, unknown routes, errors and streams alike:
 
     RequestId      a unique id per HTTP request in scope["state"]["request_id"]; the
                    `x-request-id` header on every response, `request-id` instead on the
-                   Anthropic endpoints (/v1/messages..., and /v1/models... asked with an
-                   anthropic-version header); a handler that sets the header
+                   Anthropic endpoints (/v1/messages...), both on /v1/models... asked with
+                   an anthropic-version header; a handler that sets the header
                    itself keeps its value
     PermissiveCors (--cors) preflight answered here with everything allowed; any origin, and
                    the request-id headers exposed, on every response (401/413 included)
@@ -47,7 +47,11 @@ from litestar.params import FromPath
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from ninfer.api import errors
-from ninfer.api.anthropic_errors import anthropic_error_body, is_anthropic_request
+from ninfer.api.anthropic_errors import (
+    anthropic_error_body,
+    is_anthropic_path,
+    is_anthropic_request,
+)
 from ninfer.api.errors import ApiError
 from ninfer.api.state import ServerState
 
@@ -266,14 +270,17 @@ class RequestId:
             return
         rid = new_request_id()
         scope.setdefault("state", {})["request_id"] = rid  # type: ignore[typeddict-unknown-key]
-        name = b"request-id" if is_anthropic_request(scope) else REQUEST_ID_HEADER
+        names = [REQUEST_ID_HEADER]  # the Models API serves both protocols: both for Anthropic
+        if is_anthropic_request(scope):
+            names = [b"request-id"] if is_anthropic_path(scope["path"]) else [*names, b"request-id"]
         value = rid.encode()
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", ()))
-                if not any(k.lower() == name for k, _ in headers):
-                    headers.append((name, value))
+                for name in names:
+                    if not any(k.lower() == name for k, _ in headers):
+                        headers.append((name, value))
                 message = {**message, "headers": headers}  # type: ignore[assignment]
             await send(message)
 

@@ -126,6 +126,7 @@ def prepare(
         reasoning_effort=req.reasoning_effort,
         chat_template_kwargs=req.chat_template_kwargs,
         defaults=ThinkingDefaults.from_flags(cfg.thinking, cfg.preserve_thinking),
+        fields={"reasoning_effort": "reasoning.effort"},
     )
     explicit = req.preserve_thinking
     if explicit is None:

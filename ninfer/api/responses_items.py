@@ -211,13 +211,15 @@ def _parse_reasoning(item: dict[str, Any], param: str) -> dict[str, Any]:
         sp = require_object(s, f"{param}.summary[{j}]")
         get_str(sp, "text", f"{param}.summary[{j}].text", required=True)
     encrypted = get_str(item, "encrypted_content", f"{param}.encrypted_content")
-    if content is None:
+    if not content:  # absent, or no raw text: metadata alone cannot restore reasoning
         if summary or encrypted:
             raise errors.unsupported_value(
                 f"{param}.content", None,
                 "reasoning replay without raw reasoning_text (summaries and encrypted reasoning cannot restore it)",
             )  # fmt: skip
-        raise errors.missing(f"{param}.content")
+        if content is None:
+            raise errors.missing(f"{param}.content")
+        return _reasoning_item(item, param, [], summary, encrypted)
     parts = []
     for j, raw in enumerate(content):
         cp = require_object(raw, f"{param}.content[{j}]")
@@ -232,6 +234,13 @@ def _parse_reasoning(item: dict[str, Any], param: str) -> dict[str, Any]:
                 "text": get_str(cp, "text", f"{param}.content[{j}].text", required=True),
             }
         )
+    return _reasoning_item(item, param, parts, summary, encrypted)
+
+
+def _reasoning_item(
+    item: dict[str, Any], param: str, parts: list[dict[str, Any]], summary: list[Any],
+    encrypted: str | None,
+) -> dict[str, Any]:  # fmt: skip
     out: dict[str, Any] = {
         "id": _item_id(item, param) or new_id("rs_"),
         "type": "reasoning",

@@ -152,15 +152,16 @@ def _parse(
             if key not in ("effort", "summary", "generate_summary"):
                 raise unknown_parameter(f"reasoning.{key}")
         effort = get_enum(reasoning, "effort", REASONING_EFFORTS, "reasoning.effort")
-        summary = get_enum(
-            reasoning, "summary", ("auto", "concise", "detailed"), "reasoning.summary"
-        )
-        get_enum(
-            reasoning,
-            "generate_summary",
-            ("auto", "concise", "detailed"),
-            "reasoning.generate_summary",
-        )
+        # "auto" asks for the best summary the model has: none here, and the reasoning Items
+        # carry summary []; "concise" / "detailed" ask for one NInfer cannot write (spec:
+        # recognized but unsupported features are a field-specific 400)
+        for key in ("summary", "generate_summary"):
+            value = get_enum(reasoning, key, ("auto", "concise", "detailed"), f"reasoning.{key}")
+            if value in ("concise", "detailed"):
+                raise errors.unsupported_value(
+                    f"reasoning.{key}", value, "reasoning summaries (no summarizer runs)"
+                )
+            summary = summary or value
     req = ResponsesRequest(
         model=model,  # type: ignore[arg-type]
         input_items=tuple(items),

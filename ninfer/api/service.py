@@ -232,14 +232,15 @@ class ModelService:
         if budget is None:
             return {}
         close, suffix = self.thinking_control_ids
+        limit = "max_output_tokens" if req.protocol == "responses" else "max_tokens"
         if budget < capacity < budget + len(suffix) + 1:
             raise ApiError(
                 400,
                 f"the output capacity of {capacity} tokens passes the thinking budget of {budget} but cannot hold"
                 f" the {len(suffix)}-token early-close suffix plus one answer token (needs {budget + len(suffix) + 1});"
-                " raise max_tokens or lower the thinking budget",
+                f" raise {limit} or lower the thinking budget",
                 code="thinking_budget_capacity_insufficient",
-                param="max_tokens",
+                param=limit,
             )
         return {
             "thinking_budget": budget,

@@ -88,6 +88,7 @@ def resolve_template_options(
     reasoning_effort: str | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
     defaults: ThinkingDefaults = ThinkingDefaults(),
+    fields: Mapping[str, str] | None = None,
 ) -> TemplateOptions:
     """Merge typed request fields, `chat_template_kwargs` and server defaults.
 
@@ -99,7 +100,8 @@ def resolve_template_options(
       effort "none", or False with low..max effort, is `conflicting_template_option`;
     - messages, tools, generation mode and special-token variables cannot be set through kwargs
       (`invalid_value`); wrongly typed options are `invalid_type` / `invalid_value`.
-    All errors are `ApiError` 400 naming the field.
+    All errors are `ApiError` 400 naming the field: the typed ones by their names in the
+    request's protocol (`fields`, e.g. {"reasoning_effort": "reasoning.effort"} for Responses).
     - request options override server defaults; the server's enable_thinking default is not
       applied when the request chose a reasoning effort.
     """
@@ -111,16 +113,18 @@ def resolve_template_options(
         "preserve_thinking": preserve_thinking,
         "reasoning_effort": reasoning_effort,
     }
+    field = {name: name for name in STANDARD_OPTIONS} | dict(fields or {})
     resolved: dict[str, Any] = {}
     for name in STANDARD_OPTIONS:
         a, b = typed[name], kwargs.get(name)
         if a is not None:
-            _check_option(name, name, a)
+            _check_option(name, field[name], a)
         if b is not None:
             _check_option(name, f"chat_template_kwargs.{name}", b)
         if a is not None and b is not None and a != b:
             raise errors.conflicting_template_option(
-                name, f"{name} is {_js(a)} in the request but {_js(b)} in chat_template_kwargs"
+                field[name],
+                f"{field[name]} is {_js(a)} in the request but {_js(b)} in chat_template_kwargs",
             )
         resolved[name] = a if a is not None else b
     extra: dict[str, Any] = {}
@@ -135,15 +139,17 @@ def resolve_template_options(
             )
         extra[key] = value
     think, effort = resolved["enable_thinking"], resolved["reasoning_effort"]
+    where = field["reasoning_effort"] if typed["reasoning_effort"] is not None else None
+    where = where or "chat_template_kwargs.reasoning_effort"
     if effort == "none":
         if think is True:
             raise errors.conflicting_template_option(
-                "reasoning_effort", 'enable_thinking true conflicts with reasoning_effort "none"'
+                where, f'enable_thinking true conflicts with {where} "none"'
             )
         think = False
     elif effort in _THINKING_EFFORTS and think is False:
         raise errors.conflicting_template_option(
-            "reasoning_effort", f'enable_thinking false conflicts with reasoning_effort "{effort}"'
+            where, f'enable_thinking false conflicts with {where} "{effort}"'
         )
     if think is None and effort is None:
         think = defaults.enable_thinking

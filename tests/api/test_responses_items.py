@@ -90,6 +90,8 @@ def test_assistant_string_content_becomes_output_text():
         ([{"role": "tool", "content": "x"}], "invalid_value", "input[0].role"),
         ([{"type": "reasoning", "summary": [{"type": "summary_text", "text": "s"}]}], "unsupported_value", "input[0].content"),
         ([{"type": "reasoning", "encrypted_content": "abc", "summary": []}], "unsupported_value", "input[0].content"),
+        ([{"type": "reasoning", "content": [], "summary": [{"type": "summary_text", "text": "s"}]}], "unsupported_value", "input[0].content"),
+        ([{"type": "reasoning", "content": [], "encrypted_content": "abc"}], "unsupported_value", "input[0].content"),
         ([call("c", status="in_progress")], "unsupported_value", "input[0].status"),
         ([call("c", args="[1]")], "invalid_value", "input[0].arguments"),
         ([call("c", args={"a": 1})], "invalid_type", "input[0].arguments"),

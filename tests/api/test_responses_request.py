@@ -99,6 +99,8 @@ def test_tools_namespaces_and_allowed_tools():
         ({"metadata": {"k": "v" * 513}}, "invalid_value", "metadata.k"),
         ({"metadata": {"k": 1}}, "invalid_type", "metadata.k"),
         ({"reasoning": {"effort": "huge"}}, "invalid_value", "reasoning.effort"),
+        ({"reasoning": {"summary": "detailed"}}, "unsupported_value", "reasoning.summary"),
+        ({"reasoning": {"generate_summary": "concise"}}, "unsupported_value", "reasoning.generate_summary"),
         ({"prompt_cache_options": {"prewarm": True}}, "unsupported_value", "prompt_cache_options.prewarm"),
         ({"tools": [{"type": "web_search"}]}, "unsupported_value", "tools[0].type"),
         ({"tools": [{"type": "mcp", "server_label": "x"}]}, "unsupported_value", "tools[0].type"),

@@ -213,6 +213,22 @@ def test_option_errors(fields: dict, code: str, param: str) -> None:
     assert (e.value.status, e.value.code, e.value.param) == (400, code, param)
 
 
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"reasoning_effort": "low", "chat_template_kwargs": {"reasoning_effort": "high"}}, "reasoning.effort"),
+        ({"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": True}}, "reasoning.effort"),
+        ({"reasoning_effort": "extreme"}, "reasoning.effort"),
+        ({"chat_template_kwargs": {"enable_thinking": True, "reasoning_effort": "none"}}, "chat_template_kwargs.reasoning_effort"),
+    ],
+)  # fmt: skip
+def test_option_errors_name_the_protocols_field(fields: dict, param: str) -> None:
+    """Responses carries the effort as reasoning.effort: its errors name that field."""
+    with pytest.raises(ApiError) as e:
+        resolve_template_options(**fields, fields={"reasoning_effort": "reasoning.effort"})
+    assert e.value.param == param
+
+
 def test_option_resolution() -> None:
     # duplicated and equal is fine; null standard kwargs mean unspecified
     o = resolve_template_options(

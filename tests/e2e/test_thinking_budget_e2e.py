@@ -121,6 +121,19 @@ def test_capacity_checks(chat, suffix_len):
     assert zero.usage.completion_tokens == 0
 
 
+def test_responses_capacity_error_names_max_output_tokens(chat, suffix_len):
+    p = PROMPTS["sum_think"]
+    with pytest.raises(openai.BadRequestError) as e:
+        chat.responses.create(
+            model="tiny-agent",
+            input=p["messages"],
+            max_output_tokens=BUDGET + suffix_len,
+            extra_body={"chat_template_kwargs": {"enable_thinking": True}},
+        )
+    assert e.value.body["code"] == "thinking_budget_capacity_insufficient"
+    assert e.value.body["param"] == "max_output_tokens"
+
+
 def anthropic_client(server) -> anthropic.Anthropic:
     return anthropic.Anthropic(
         base_url=server.base_url, api_key="unused", max_retries=0, timeout=120
