@@ -216,7 +216,9 @@ class PostProcessor:
             ),
             stop_sequence=self.stop_match,
             length_cause=length_cause if reason == "length" else None,
-            tool_parse=self.tools.stats.as_dict() if self.tools else {},
+            tool_parse=(
+                self.tools.stats if self.tools else toolcalls.unparsed_stats("".join(self.content))
+            ).as_dict(),
             generated_token_ids=token_ids,
             error=event.error,
         )

@@ -124,6 +124,14 @@ class ToolParseStats:
         return asdict(self)
 
 
+def unparsed_stats(content: str) -> ToolParseStats:
+    """The diagnostics of an output no parser read (no callable tool was declared, or
+    tool_choice none): a complete marker in it stayed text, its tool not callable."""
+    start = content.find(TOOL_OPEN)
+    seen = start >= 0 and content.find(TOOL_CLOSE, start + len(TOOL_OPEN)) >= 0
+    return ToolParseStats(marker_seen=seen, fallback_reason="undeclared_tool" if seen else "none")
+
+
 def _new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 

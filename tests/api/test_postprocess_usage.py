@@ -1,5 +1,6 @@
-"""Usage of a generation ended by a stop string: only the tokens up to the stop are output,
-even when the engine committed more before the finish reached it."""
+"""What a finished generation reports: usage of one ended by a stop string (only the tokens up
+to the stop, even when the engine committed more before the finish reached it), and the
+tool-call diagnostics of one that declared no tool."""
 
 from __future__ import annotations
 
@@ -48,3 +49,28 @@ def test_without_a_stop_match_usage_is_the_engines(qwen_tokenizer: Tokenizer) ->
     assert done.stop_sequence is None and text == TEXT
     assert done.usage.completion_tokens == len(ids) == post.kept_tokens
     assert done.generated_token_ids == ids
+
+
+def test_tool_diagnostics_without_tools(qwen_tokenizer: Tokenizer) -> None:
+    """No tool declared: nothing is parsed, and a complete marker in the text is reported as an
+    undeclared tool's (the request log's tool_call_parse, the warning in the operational log)."""
+    eos = qwen_tokenizer.token_to_id("<|im_end|>")
+    for text, seen in [
+        ("Let me check.\n<tool_call>\n<function=get_weather>\n</function>\n</tool_call>", True),
+        ("Numbers 0 1 2 <tool_call> 3", False),
+    ]:
+        ids = tuple(qwen_tokenizer.encode(text).ids) + (eos,)
+        post = PostProcessor(
+            GenerationRequest(messages=[{"role": "user", "content": "x"}]),
+            tokenizer=qwen_tokenizer,
+            eos_ids=frozenset({eos}),
+            prompt_len=5,
+            starts_in_thinking=False,
+            t_submit=0.0,
+        )
+        post.tokens(ids)
+        post.finish()
+        event = FinishEvent("stop", Usage(5, len(ids)), Timings(0.0, 0.1, 0.1, 0.2, 0.3), ids)
+        parse = post.finished(event, "max_tokens", prompt_only=False).tool_parse
+        assert parse["marker_seen"] is seen and parse["calls"] == 0
+        assert parse["fallback_reason"] == ("undeclared_tool" if seen else "none")
