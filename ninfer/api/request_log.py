@@ -193,18 +193,6 @@ class RequestLogSink(Sink):
         ev = rec.engine
         usage = ev.usage if ev is not None else None
         t = ev.timings if ev is not None else None
-        if usage is not None and usage.preemptions > 0:
-            self.log.write("request_scheduling", {
-                **_identity(rec),
-                "boundary": "terminal",
-                "preemption_index": usage.preemptions,
-                "route": _route(usage),
-                "steady_ns": None,  # decided on the consumer side, not on the engine worker
-                "elapsed_ns": int((t.total_s if t is not None else rec.total_s) * 1e9),
-                "progress": {"request": {"prefill_tokens": usage.prefill_tokens,
-                                         "decode_tokens": usage.completion_tokens,
-                                         "replayed_tokens": usage.replayed_tokens}},
-            })  # fmt: skip
         cached = usage.cached_tokens if usage is not None else 0
         self.log.write("request_done", {
             **_identity(rec),
@@ -294,17 +282,6 @@ def _options(rec: RequestRecord) -> dict[str, Any]:
         "requested_reasoning_effort": opts.requested_reasoning_effort,
         "preserve_thinking": opts.requested_preserve_thinking,
     }
-
-
-def _route(usage: Any) -> str | None:
-    """The saved representation the request's pauses used: snapshot or replay; null when no
-    restore happened yet or both routes were used (the per-cycle route is not published)."""
-    snap, replay = usage.snapshot_restores, usage.replay_restores
-    if snap and not replay:
-        return "snapshot"
-    if replay and not snap:
-        return "replay"
-    return None
 
 
 def _media_items(rec: RequestRecord) -> int:

@@ -263,10 +263,11 @@ class SchedulingEvent:
     progress: dict[str, dict[str, int]]
 
 
-# the order of one pause cycle; replay_complete only when it had positions to recompute
+# the order of one pause cycle; replay_complete only when it had positions to recompute; a
+# preempted request's last event is "terminal", at its finish (whichever cycle it is in)
 SCHEDULING_BOUNDARIES = (
     "pause_started", "paused", "restore_started", "restored", "replay_complete",
-    "recovery_complete",
+    "recovery_complete", "terminal",
 )  # fmt: skip
 
 

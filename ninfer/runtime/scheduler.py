@@ -303,14 +303,17 @@ class Scheduler(Residency):
             replaying, frontier = seq.replaying, seq.high_water
             if self._advance(seq, len(chunk.token_ids)):
                 self._progress(seq, now)
-            self._recovery(seq, replaying, seq.computed > frontier, now)  # before it may end
             self.retention.retain_full_pages(seq)
             self.retention.capture(seq, self._ops)
-            if token is not None and seq.known == seq.computed:
-                if seq.request.prompt_only:  # the prompt is processed: nothing to sample
+            fresh = seq.computed > frontier
+            if token is not None and seq.known == seq.computed and not seq.request.prompt_only:
+                self._commit_token(seq, token, now)
+                self._recovery(seq, replaying, fresh, now)  # counting that token, before any end
+                self._after_token(seq, token, now)
+            else:
+                self._recovery(seq, replaying, fresh, now)
+                if token is not None and seq.known == seq.computed:  # prompt_only: processed
                     self._finish(seq, "length", now)
-                else:
-                    self._append_token(seq, token, now)
         assert row == len(sampled), "one sampled token per logits row"
 
     def fail_step(self, plan: StepPlan, now: float, error: BaseException) -> None:
@@ -429,7 +432,7 @@ class Scheduler(Residency):
         event = PromptProgressEvent(total, seq.cached_tokens, done, now - seq.admitted_s)
         self._updates.append(SeqUpdate(seq, (), False, event))
 
-    def _append_token(self, seq: Sequence, token: int, now: float) -> None:
+    def _commit_token(self, seq: Sequence, token: int, now: float) -> None:
         seq.tokens.append(token)
         self.counters.generation_tokens += 1
         if seq.num_output > 1:
@@ -438,6 +441,10 @@ class Scheduler(Residency):
             seq.first_token_s = now
         seq.last_token_s = now
         self._updates.append(SeqUpdate(seq, (token,), False))
+
+    def _after_token(self, seq: Sequence, token: int, now: float) -> None:
+        """The stop conditions after a committed token: EOS, max_tokens, the context, and the
+        thinking budget."""
         if token in self.eos_ids and not seq.request.sampling.ignore_eos:
             self._finish(seq, "stop", now)
         elif seq.num_output >= seq.max_tokens or seq.known >= self.config.max_context:
@@ -474,6 +481,8 @@ class Scheduler(Residency):
             self.preemption.drop(seq)
             if seq.paused_since_s is not None:
                 seq.paused_s += now - seq.paused_since_s
+        if seq.preemptions:  # the pause cycle's terminal boundary, on the engine clock
+            self._transition(seq, "terminal", now)
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
         seq.error = error

@@ -54,6 +54,9 @@ def test_pause_cycles_are_logged_in_order(server_factory, tmp_path, route):
     for rid in paused:
         mine = [r for r in sched if r["request_id"] == rid]
         assert mine[-1]["boundary"] == "terminal" and mine[-1] is not mine[0]
+        # on the engine clock like the others, with the global counters too
+        assert mine[-1]["steady_ns"] >= mine[-2]["steady_ns"]
+        assert set(mine[-1]["progress"]) == {"global", "request"}
         cycles = done[rid]["generation"]["scheduling"]["preemptions"]
         assert mine[-1]["preemption_index"] == cycles
         snapshots = 0

@@ -387,6 +387,12 @@ def check_cycles(h: SchedulerHarness, seq) -> None:
     paused again (or ended) before its first fresh unit stops early; the last cycle of a
     request that ran to its end recovered."""
     events = [n for n in h.notices[seq.seq_id] if isinstance(n, SchedulingEvent)]
+    if seq.preemptions and seq.finish_reason is not None:  # then its terminal boundary, last
+        *events, terminal = events
+        assert (terminal.boundary, terminal.preemption_index) == ("terminal", seq.preemptions)
+        assert set(terminal.progress) == {"global", "request"}
+        assert not events or terminal.steady_ns >= events[-1].steady_ns
+    assert all(e.boundary != "terminal" for e in events)
     cycles = [[e for e in events if e.preemption_index == k] for k in range(1, seq.preemptions + 1)]
     assert sum(map(len, cycles)) == len(events)
     routes = []
@@ -394,7 +400,7 @@ def check_cycles(h: SchedulerHarness, seq) -> None:
         names = [e.boundary for e in cycle]
         route = cycle[1].route
         routes.append(route)
-        want = list(SCHEDULING_BOUNDARIES)  # replay_complete: whenever it recomputed anything
+        want = list(SCHEDULING_BOUNDARIES[:-1])  # replay_complete: if it recomputed anything
         tails = ([], want[4:-1], want[4:], want[-1:])  # cut short, (no) replay, recovered
         restored = names[2:4] == want[2:4] and names[4:] in tails
         assert names[:2] == want[:2] and (names[2:] == [] or restored), names
@@ -407,5 +413,11 @@ def check_cycles(h: SchedulerHarness, seq) -> None:
         )
         if k == len(cycles) and seq.finish_reason in ("stop", "length"):
             assert names[-1] == "recovery_complete", names
+            # its first fresh unit is in the progress it reports (a decode step: one token more
+            # than the frontier restored had)
+            first_fresh, rest = cycle[-1].progress["request"], cycle[3].progress["request"]
+            assert first_fresh["decode_tokens"] + first_fresh["prefill_tokens"] > (
+                rest["decode_tokens"] + rest["prefill_tokens"]
+            ), (first_fresh, rest)
     restores = ["snapshot"] * seq.snapshot_restores + ["replay"] * seq.replay_restores
     assert sorted(r for r, c in zip(routes, cycles) if len(c) > 2) == sorted(restores)
