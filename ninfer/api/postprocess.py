@@ -185,12 +185,11 @@ class PostProcessor:
         completion = 0 if prompt_only else u.completion_tokens
         token_ids = tuple(event.token_ids)
         if self.stop_match is not None:
+            reason = "stop"
             # the output ends at the stop string: tokens the engine committed after it (it may
             # have finished before our finish(keep_tokens) reached it) are not accepted output
             completion = min(completion, self.kept_tokens)
             token_ids = token_ids[: self.kept_tokens]
-        if self.stop_match is not None:
-            reason = "stop"
         elif event.reason == "length" or prompt_only:
             reason = "length"
         elif event.reason == "stop":

@@ -139,8 +139,11 @@ def resolve_template_options(
             )
         extra[key] = value
     think, effort = resolved["enable_thinking"], resolved["reasoning_effort"]
-    where = field["reasoning_effort"] if typed["reasoning_effort"] is not None else None
-    where = where or "chat_template_kwargs.reasoning_effort"
+    where = (  # the field that carried the effort
+        field["reasoning_effort"]
+        if typed["reasoning_effort"] is not None
+        else "chat_template_kwargs.reasoning_effort"
+    )
     if effort == "none":
         if think is True:
             raise errors.conflicting_template_option(
