@@ -20,7 +20,8 @@ is an Assistant prefill. Rules (spec/serving.md, "Anthropic Messages"):
 - images need --vision (400 vision_disabled); documents, search results, files, container
   uploads, redacted thinking and server-tool blocks are rejected naming the capability.
 - a final assistant turn of text only is a prefill to continue; one with thinking, tool calls
-  or media is refused; an empty final assistant turn is dropped.
+  or media, or text ending in whitespace (as Anthropic's API), is refused; an empty final
+  assistant turn is dropped. Any other message with empty content ("" or []) is refused.
 
 Cache breakpoints (`Breakpoint`) carry where the marked block ends (`CachePoint`): after its
 text or image inside the template message's content, after its tool call, or, for a tool_result
@@ -369,16 +370,18 @@ class _Lowering:
                     "tool_result blocks must answer tool_use blocks of the preceding assistant turn",
                 )
             return results
+        unknown = [i for i in by_id if i not in pending]
         missing = [i for i in pending if i not in by_id]
+        if unknown:
+            raise errors.invalid_value(
+                param,
+                f"tool_result for unknown tool_use id(s) {', '.join(unknown)}: the preceding "
+                f"assistant turn called {', '.join(pending)}",
+            )
         if missing:
             raise errors.invalid_value(
                 param,
                 f"the preceding assistant turn called tools without results: {', '.join(missing)}",
-            )
-        unknown = [i for i in by_id if i not in pending]
-        if unknown:
-            raise errors.invalid_value(
-                param, f"tool_result for unknown tool_use id(s): {', '.join(unknown)}"
             )
         return [by_id[i] for i in pending]
 
@@ -405,6 +408,11 @@ def _turns(
         if role == "system":
             turns.append(("system", [], param, content))
             continue
+        if content in ("", []) and not (role == "assistant" and i == len(raw_messages) - 1):
+            raise errors.invalid_value(
+                f"{param}.content",
+                "must be non-empty (only a final assistant message may be empty)",
+            )
         if isinstance(content, str):
             blocks = [({"type": "text", "text": content}, f"{param}.content")]
         elif isinstance(content, list):
@@ -481,5 +489,9 @@ def _final_assistant(low: _Lowering, blocks: list[tuple[dict[str, Any], str]], p
         for block, bparam in blocks:  # still validate the markers
             parse_cache_control(block, bparam)
         return
+    if text != text.rstrip():  # a template would trim it: the prompt could not end with it
+        raise errors.invalid_value(
+            f"{param}.content", "a final assistant message cannot end with trailing whitespace"
+        )
     low.assistant(blocks)
     low.out.prefill = True

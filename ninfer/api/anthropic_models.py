@@ -11,7 +11,10 @@ decoded /v1/messages (or, with `count_only=True`, /v1/messages/count_tokens) bod
 - `thinking`: disabled -> enable_thinking false; adaptive -> true; enabled -> true with
   `budget_tokens` (>= 1024 and < max_tokens) as the request's thinking budget;
   `display: "omitted"` is refused. `output_config.effort` becomes the template's
-  reasoning_effort; `preserve_thinking` and `chat_template_kwargs` are ninfer extensions.
+  reasoning_effort, with thinking disabled too (in Anthropic's API effort is not a thinking
+  switch); `preserve_thinking` and `chat_template_kwargs` are ninfer extensions.
+- `context_management` (server-side context editing) is refused, except the no-op edit
+  `clear_thinking_20251015` with `keep: "all"` that Claude Code sends.
 - tools: user-defined, non-strict, with an object `input_schema` (-> OpenAI-style function
   tools; `input_examples` kept as a member of the function). Server tools, toolsets, MCP,
   deferred tools, tools not callable directly, strict tools, forced/named tool choice and
@@ -130,6 +133,8 @@ def parse_messages_request(
         reasoning_effort=_parse_effort(body),
         chat_template_kwargs=get_object(body, "chat_template_kwargs"),
         defaults=thinking_defaults or ThinkingDefaults(),
+        fields={"enable_thinking": "thinking.type", "reasoning_effort": "output_config.effort"},
+        effort_enables_thinking=False,
     )
     cache_points = _cache_points(body, conv, tool_marks)
     return MessagesRequest(
@@ -160,8 +165,7 @@ def _reject_unsupported(body: dict[str, Any]) -> None:
         raise errors.unsupported_parameter("mcp_servers", "MCP servers (no MCP connector)")
     if body.get("container") is not None:
         raise errors.unsupported_parameter("container", "code-execution containers")
-    if body.get("context_management") is not None:
-        raise errors.unsupported_parameter("context_management", "server-side context editing")
+    _check_context_management(get_object(body, "context_management"))
     if body.get("output_format") is not None:
         raise errors.unsupported_parameter("output_format", STRUCTURED)
     cfg = get_object(body, "output_config")
@@ -304,6 +308,25 @@ def _parse_thinking(
             "thinking.budget_tokens", f"must be less than max_tokens ({max_tokens}), got {budget}"
         )
     return "enabled", budget
+
+
+def _check_context_management(cfg: dict[str, Any] | None) -> None:
+    """Server-side context editing is refused, except the edit that changes nothing: Claude Code
+    sends `clear_thinking_20251015` with `keep: "all"` (keep every thinking block)."""
+    if cfg is None:
+        return
+    for i, raw in enumerate(get_array(cfg, "edits", "context_management.edits") or []):
+        param = f"context_management.edits[{i}]"
+        edit = require_object(raw, param)
+        kind = get_str(edit, "type", f"{param}.type", required=True)
+        if kind != "clear_thinking_20251015":
+            raise errors.unsupported_value(f"{param}.type", kind, "server-side context editing")
+        if edit.get("keep") != "all":
+            raise errors.unsupported_value(
+                f"{param}.keep",
+                edit.get("keep"),
+                'server-side context editing; only keep "all", which edits nothing, is accepted',
+            )
 
 
 def _parse_effort(body: dict[str, Any]) -> str | None:

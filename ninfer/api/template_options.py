@@ -89,6 +89,7 @@ def resolve_template_options(
     chat_template_kwargs: Mapping[str, Any] | None = None,
     defaults: ThinkingDefaults = ThinkingDefaults(),
     fields: Mapping[str, str] | None = None,
+    effort_enables_thinking: bool = True,
 ) -> TemplateOptions:
     """Merge typed request fields, `chat_template_kwargs` and server defaults.
 
@@ -97,7 +98,9 @@ def resolve_template_options(
     - a standard option given both as a typed field and in kwargs must agree, else
       `conflicting_template_option`;
     - reasoning_effort "none" means enable_thinking False; explicit enable_thinking True with
-      effort "none", or False with low..max effort, is `conflicting_template_option`;
+      effort "none", or False with low..max effort, is `conflicting_template_option` (the
+      latter not when `effort_enables_thinking` is False: Anthropic's effort applies to the
+      whole output, thinking or not);
     - messages, tools, generation mode and special-token variables cannot be set through kwargs
       (`invalid_value`); wrongly typed options are `invalid_type` / `invalid_value`.
     All errors are `ApiError` 400 naming the field: the typed ones by their names in the
@@ -150,7 +153,7 @@ def resolve_template_options(
                 where, f'enable_thinking true conflicts with {where} "none"'
             )
         think = False
-    elif effort in _THINKING_EFFORTS and think is False:
+    elif effort in _THINKING_EFFORTS and think is False and effort_enables_thinking:
         raise errors.conflicting_template_option(
             where, f'enable_thinking false conflicts with {where} "{effort}"'
         )

@@ -107,7 +107,6 @@ def test_unsupported_values(body, param):
     [
         ({"mcp_servers": [{"type": "url", "url": "https://x", "name": "x"}]}, "mcp_servers"),
         ({"container": "cntr_1"}, "container"),
-        ({"context_management": {"edits": []}}, "context_management"),
         ({"output_format": {"type": "json_schema", "schema": {}}}, "output_format"),
         (
             {"output_config": {"format": {"type": "json_schema", "schema": {}}}},
@@ -217,10 +216,48 @@ def test_effort_reaches_the_template_and_conflicts_are_reported():
     assert req.template_options.reasoning_effort == "high"
     assert req.template_options.variables()["reasoning_effort"] == "high"
     refused({"output_config": {"effort": "extreme"}}, "invalid_value", "output_config.effort")
-    refused(
-        {"thinking": {"type": "disabled"}, "output_config": {"effort": "high"}},
+    # Anthropic's effort is not a thinking switch: it stays with thinking disabled
+    off = parse({"thinking": {"type": "disabled"}, "output_config": {"effort": "high"}})
+    assert off.template_options.enable_thinking is False
+    assert off.template_options.reasoning_effort == "high"
+    # conflicts name Anthropic's fields, not Chat's
+    err = refused(
+        {"thinking": {"type": "disabled"}, "chat_template_kwargs": {"enable_thinking": True}},
         "conflicting_template_option",
+        "thinking.type",
     )
+    assert "thinking.type" in err.message and "reasoning_effort" not in err.message
+    refused(
+        {"output_config": {"effort": "low"}, "chat_template_kwargs": {"reasoning_effort": "max"}},
+        "conflicting_template_option",
+        "output_config.effort",
+    )
+
+
+def test_context_management_only_the_no_op_edit_is_accepted():
+    keep_all = {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}
+    assert parse({"context_management": keep_all}).messages == parse({}).messages
+    parse({"context_management": {"edits": []}})
+    parse({"context_management": keep_all}, count_only=True)
+    err = refused(
+        {"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}},
+        "unsupported_value",
+        "context_management.edits[0].type",
+    )
+    assert "context editing" in err.message
+    refused(
+        {
+            "context_management": {
+                "edits": [
+                    {"type": "clear_thinking_20251015", "keep": "all"},
+                    {"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns"}},
+                ]
+            }
+        },
+        "unsupported_value",
+        "context_management.edits[1].keep",
+    )
+    refused({"context_management": "all"}, "invalid_type", "context_management")
 
 
 def test_count_only_ignores_output_fields():

@@ -231,6 +231,49 @@ def test_assistant_prefill_is_continued():
     assert not dropped.prefill and dropped.messages == ({"role": "user", "content": "Hi"},)
 
 
+@pytest.mark.parametrize("tail", [" ", "\n", " \n\n", "\t"])
+def test_a_prefill_ending_in_whitespace_is_refused(tail):
+    """The templates trim message text, so the prompt could not end with the prefill's bytes
+    (Anthropic's API refuses these too)."""
+    err = refused(
+        {"messages": [user("Capital of France?"), assistant([text("The capital" + tail)])]},
+        "invalid_value",
+        "messages[1].content",
+    )
+    assert "trailing whitespace" in err.message
+    # leading whitespace and whitespace inside stay
+    assert parse({"messages": [user("q"), assistant(" The  capital")]}).prefill
+
+
+@pytest.mark.parametrize("empty", ["", []])
+def test_only_a_final_assistant_message_may_be_empty(empty):
+    err = refused({"messages": [user(empty)]}, "invalid_value", "messages[0].content")
+    assert "non-empty" in err.message
+    refused(
+        {"messages": [user("q"), assistant(empty), user("again")]},
+        "invalid_value",
+        "messages[1].content",
+    )
+    assert parse({"messages": [user("q"), assistant(empty)]}).messages == (
+        {"role": "user", "content": "q"},
+    )
+
+
+def test_a_result_for_an_unknown_call_is_named():
+    err = refused(
+        {
+            "tools": [WEATHER],
+            "messages": [
+                user("q"),
+                assistant([tool_use("toolu_1")]),
+                user([{"type": "tool_result", "tool_use_id": "toolu_2", "content": "r"}]),
+            ],
+        },
+        "invalid_value",
+    )
+    assert "unknown tool_use id(s) toolu_2" in err.message and "called toolu_1" in err.message
+
+
 @pytest.mark.parametrize(
     "final, param",
     [

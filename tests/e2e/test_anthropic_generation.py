@@ -333,8 +333,8 @@ def test_context_exhaustion(live_server):
         ).input_tokens
 
     unit = " tomato"
-    base, ten = count(""), count(unit * 10)
-    n = (2046 - base) * 10 // (ten - base)
+    base, ten = count(unit), count(unit * 11)  # (empty content is refused)
+    n = (2046 - base) * 10 // (ten - base) + 1
     text = unit * n
     while count(text) > 2046:
         text = text[: -len(unit)]
