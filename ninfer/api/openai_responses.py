@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -47,7 +48,10 @@ from ninfer.api.responses_sse import STATUS, OutputBuilder, SseFramer
 from ninfer.api.responses_store import (
     StoredResponse,
     json_size,
+    list_page,
     make_record,
+    query_int,
+    query_truthy,
     response_not_found,
     response_store,
 )
@@ -140,7 +144,7 @@ def prepare(
     lowered = items_to_messages(
         items,
         req.tools,
-        instructions=req.instructions,
+        instructions=req.instructions or None,  # "" adds no developer turn (as vLLM)
         history=len(history),
     )
     if not req.store:
@@ -235,8 +239,9 @@ def response_object(
 
 def _store_result(state: ServerState, p: Prepared, obj: dict[str, Any]) -> None:
     """Store a terminal completed/incomplete Response (store:true); raises capacity_exceeded."""
-    if not p.req.store or obj["status"] not in ("completed", "incomplete"):
-        return
+    stored = obj["status"] in ("completed", "incomplete")
+    if not p.req.store or not stored or not response_store(state).end(p.response_id):
+        return  # not asked, not terminal, or deleted while it ran
     record = make_record(
         obj,
         p.req.input_items,
@@ -377,9 +382,11 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
         req = parse_create_request(body, model_id=state.model_id, vision=state.config.vision)
         p = prepare(state, req)
         _precheck_store(state, p, state.model_id)
-        service = _service(state)
+        if req.store:
+            response_store(state).begin(p.response_id)  # retrievable once it ends
+        ended = functools.partial(response_store(state).end, p.response_id)
         rid = getattr(request.state, "request_id", "")
-        events = service.generate(p.generation, request_id=rid, tracks=p.tracks)
+        events = _service(state).generate(p.generation, request_id=rid, tracks=p.tracks)
         if not req.stream:
 
             async def aggregate() -> dict[str, Any]:
@@ -390,15 +397,20 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
                 obj = await unless_disconnected(aggregate(), request, events)
             finally:
                 await events.aclose()
+                ended()
             if obj is None:  # the client went away; nobody reads this
                 return Response({}, status_code=CLIENT_CLOSED_STATUS)
             return Response(obj)
-        first_or_wait = await open_events(events)  # in-time errors are ordinary HTTP errors
+        try:
+            first_or_wait = await open_events(events)  # in-time errors are ordinary HTTP errors
+        except BaseException:
+            ended()
+            raise
         return Stream(
             with_keepalive(_create_sse(state, p, first_or_wait, events)),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
-            background=BackgroundTask(generation_closer(events, first_or_wait)),
+            background=BackgroundTask(generation_closer(events, first_or_wait, after=ended)),
         )
 
     @post("/v1/responses/input_tokens", status_code=200)
@@ -420,7 +432,7 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
     @get("/v1/responses/{response_id:str}", sync_to_thread=False)
     def retrieve(request: Request[Any, Any, Any], response_id: FromPath[str]) -> dict[str, Any]:
         q = request.query_params
-        if _truthy(q.get("stream")):
+        if query_truthy(q.get("stream")):
             raise errors.unsupported_value("stream", True, "stream recovery of a finished response")
         if q.get("starting_after") is not None:
             raise errors.unsupported_parameter(
@@ -441,7 +453,7 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
     def input_items(request: Request[Any, Any, Any], response_id: FromPath[str]) -> dict[str, Any]:
         q = request.query_params
         rec = response_store(state).require(response_id)
-        limit = _query_int(q.get("limit"), "limit", 20, 1, 100)
+        limit = query_int(q.get("limit"), "limit", 20, 1, 100)
         order = q.get("order") or "desc"
         if order not in ("asc", "desc"):
             raise errors.invalid_value("order", f"must be 'asc' or 'desc', got {order!r}")
@@ -461,40 +473,3 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
         )
 
     return [create, input_tokens, compact, retrieve, remove, input_items, cancel]
-
-
-def list_page(
-    items: list[dict[str, Any]], *, after: str | None, limit: int, order: str
-) -> dict[str, Any]:
-    """One cursor page of Items: `order` asc (input order) or desc, starting after the Item
-    whose id is `after`."""
-    seq = items if order == "asc" else items[::-1]
-    if after:
-        ids = [it["id"] for it in seq]
-        if after not in ids:
-            raise errors.invalid_value("after", f"no input Item with id {after!r} in this response")
-        seq = seq[ids.index(after) + 1 :]
-    page = seq[:limit]
-    return {
-        "object": "list",
-        "data": page,
-        "first_id": page[0]["id"] if page else None,
-        "last_id": page[-1]["id"] if page else None,
-        "has_more": len(seq) > limit,
-    }
-
-
-def _truthy(value: str | None) -> bool:
-    return value is not None and value.lower() in ("true", "1")
-
-
-def _query_int(raw: str | None, name: str, default: int, lo: int, hi: int) -> int:
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise errors.invalid_type(name, "an integer", raw) from None
-    if not lo <= value <= hi:
-        raise errors.invalid_value(name, f"must be in {lo}..{hi}, got {value}")
-    return value

@@ -17,6 +17,10 @@ envelope (the response without output) plus its whole context as JSON — a cons
 since contexts share Items. Inserting evicts least-recently-used records until both bounds hold;
 a record that alone exceeds a bound fails with `response_store_capacity_exceeded` (nothing is
 stored). `get` marks a record recently used. Single-threaded (the HTTP event loop) use only.
+
+A store:true Response is *running* from its create until it ends (`begin` / `end`): it is not
+retrievable yet (404 saying so, as the spec retrieves terminal objects only), and a DELETE then
+succeeds and means it is never stored: `end` tells the create whether to store its result.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ninfer.api import errors
 from ninfer.api.errors import ApiError
 
 MIB = 1024 * 1024
@@ -114,6 +119,7 @@ class ResponseStore:
         self.max_bytes = max_bytes
         self._records: OrderedDict[str, StoredResponse] = OrderedDict()
         self._bytes = 0
+        self._running: set[str] = set()
 
     @classmethod
     def from_config(cls, config: Any) -> ResponseStore:
@@ -145,9 +151,28 @@ class ResponseStore:
 
     def require(self, response_id: str, param: str | None = None) -> StoredResponse:
         rec = self.get(response_id)
+        if rec is None and response_id in self._running:
+            raise ApiError(
+                404,
+                f"response {response_id!r} is still in progress: only a finished response can be "
+                "retrieved or continued",
+                code="response_not_found",
+                param=param,
+            )
         if rec is None:
             raise response_not_found(response_id, param)
         return rec
+
+    def begin(self, response_id: str) -> None:
+        """A store:true Response starts generating (see the module docstring)."""
+        self._running.add(response_id)
+
+    def end(self, response_id: str) -> bool:
+        """It stopped generating: True when it may be stored (no DELETE came meanwhile)."""
+        if response_id not in self._running:
+            return False
+        self._running.discard(response_id)
+        return True
 
     def put(self, record: StoredResponse) -> list[str]:
         """Store `record` (replacing one with the same id), evicting least-recently-used records
@@ -167,7 +192,10 @@ class ResponseStore:
         return evicted
 
     def delete(self, response_id: str) -> bool:
-        """Remove a record; False when it was not stored."""
+        """Remove a record, or keep a running Response from being stored; False when neither."""
+        if response_id in self._running:
+            self._running.discard(response_id)
+            return True
         rec = self._records.pop(response_id, None)
         if rec is None:
             return False
@@ -185,3 +213,40 @@ def response_store(state: Any) -> ResponseStore:
     if store is None:
         store = state.extra[STORE_KEY] = ResponseStore.from_config(state.config)
     return store
+
+
+def list_page(
+    items: list[dict[str, Any]], *, after: str | None, limit: int, order: str
+) -> dict[str, Any]:
+    """One cursor page of Items: `order` asc (input order) or desc, starting after the Item
+    whose id is `after`."""
+    seq = items if order == "asc" else items[::-1]
+    if after:
+        ids = [it["id"] for it in seq]
+        if after not in ids:
+            raise errors.invalid_value("after", f"no input Item with id {after!r} in this response")
+        seq = seq[ids.index(after) + 1 :]
+    page = seq[:limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(seq) > limit,
+    }
+
+
+def query_truthy(value: str | None) -> bool:
+    return value is not None and value.lower() in ("true", "1")
+
+
+def query_int(raw: str | None, name: str, default: int, lo: int, hi: int) -> int:
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise errors.invalid_type(name, "an integer", raw) from None
+    if not lo <= value <= hi:
+        raise errors.invalid_value(name, f"must be in {lo}..{hi}, got {value}")
+    return value

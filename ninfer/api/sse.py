@@ -73,12 +73,13 @@ async def open_events(
 def generation_closer(
     events: AsyncIterator[GenerationEvent],
     first: GenerationEvent | asyncio.Task[GenerationEvent] | None = None,
+    after: Callable[[], object] | None = None,
 ) -> Callable[[], Awaitable[None]]:
     """The cleanup a streamed response runs when it ends, however it ends (the Stream's
     background task): the task still awaiting the first event cancelled, the generation closed,
     which cancels its engine request. The body's own `finally` does the same, but only once the
     body has started: a client gone before its first frame had its request wait in the queue
-    until admission, holding a capacity slot."""
+    until admission, holding a capacity slot. `after` runs last (the protocol's own cleanup)."""
 
     async def close() -> None:
         if isinstance(first, asyncio.Task) and not first.done():
@@ -89,5 +90,7 @@ def generation_closer(
         if aclose is not None:
             with contextlib.suppress(RuntimeError):  # already closed or closing
                 await aclose()
+        if after is not None:
+            after()
 
     return close

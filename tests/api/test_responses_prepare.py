@@ -61,6 +61,11 @@ def test_chain_replays_history_and_instructions_apply_once(state):
     assert not p3.generation.implicit_cache_point
 
 
+def test_empty_instructions_add_no_developer_turn(state):
+    p = turn(state, input="Hi", instructions="")
+    assert p.generation.messages == [{"role": "user", "content": "Hi"}]
+
+
 def test_children_inherit_preserve_thinking_unless_they_set_it(state):
     p1 = turn(state, input="Hi", preserve_thinking=True)
     p2 = turn(state, input="more", previous_response_id=p1.response_id)

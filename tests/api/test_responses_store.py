@@ -105,3 +105,23 @@ def test_from_config_uses_the_serve_flags():
         ServeConfig(response_store_max_records=7, response_store_max_mib=3)
     )
     assert (store.max_records, store.max_bytes) == (7, 3 * MIB)
+
+
+def test_a_running_response_is_not_retrievable_and_a_delete_keeps_it_unstored():
+    store = ResponseStore(max_records=10, max_bytes=MIB)
+    store.begin("a")
+    with pytest.raises(ApiError) as e:
+        store.require("a", "previous_response_id")
+    assert (e.value.status, e.value.code, e.value.param) == (
+        404,
+        "response_not_found",
+        "previous_response_id",
+    )
+    assert "still in progress" in e.value.message
+    assert store.end("a") and not store.end("a")  # finished undisturbed: store it (once)
+    store.begin("b")
+    assert store.delete("b") and not store.delete("b")  # deleted while running
+    assert not store.end("b")  # so its result is not stored
+    with pytest.raises(ApiError) as e:
+        store.require("b")
+    assert "still in progress" not in e.value.message

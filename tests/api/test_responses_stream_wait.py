@@ -65,3 +65,47 @@ def test_in_time_refusal_is_raised_before_the_stream():
         assert e.code == "request_queue_timeout"
     else:
         raise AssertionError("an in-time refusal must be an HTTP error")
+
+
+def test_a_response_deleted_while_streaming_is_never_stored():
+    """DELETE answers for a running store:true Response and keeps its result out of the store;
+    GET says it is still in progress until then (spec: GET returns terminal objects)."""
+    from ninfer.api.errors import ApiError
+    from ninfer.api.generation import ContentText, Finished, Timings, Usage
+    from ninfer.api.openai_responses import response_store
+
+    state = ServerState(config=ServeConfig(max_context=4096), model_id=MODEL)
+    store = response_store(state)
+
+    def finished() -> Finished:
+        usage = Usage(prompt_tokens=5, completion_tokens=1, cached_tokens=0, reasoning_tokens=0)
+        return Finished("stop", "Hello", "", (), usage, Timings(0, 5, 1.0, 1, 1.0))
+
+    async def source() -> AsyncIterator[GenerationEvent]:
+        yield ContentText("Hello")
+        yield finished()
+
+    async def stream(delete_midway: bool) -> str:
+        req = parse_create_request(
+            {"model": MODEL, "input": "Hi", "stream": True}, model_id=MODEL, vision=False
+        )
+        p = prepare(state, req)
+        store.begin(p.response_id)  # as the create handler does for store:true
+        events = source()
+        frames = _create_sse(state, p, await open_events(events), events)
+        async for frame in frames:
+            if frame.startswith(b"event: response.in_progress"):
+                try:
+                    store.require(p.response_id)
+                except ApiError as e:
+                    assert "still in progress" in e.message
+                else:
+                    raise AssertionError("a running response was retrievable")
+                if delete_midway:
+                    assert store.delete(p.response_id)
+        return p.response_id
+
+    kept = asyncio.run(stream(delete_midway=False))
+    assert store.require(kept).response["status"] == "completed"
+    gone = asyncio.run(stream(delete_midway=True))
+    assert gone not in store
