@@ -34,6 +34,7 @@ import numpy as np
 from ninfer.artifact.convert_hf import (
     EMBEDDING,
     LM_HEAD,
+    check_fits,
     check_quantize_lm_head,
     quantisable,
     untie,
@@ -457,6 +458,7 @@ def convert_gguf(
                         stored = _requantised(part_name, stored, weights, quantize_lm_head)
                     writer.add(part_name, stored)
                 bar.advance()
+            check_fits(src, arch, config, writer.tensors)
     finally:
         bar.done()
     return out

@@ -64,6 +64,45 @@ def check_quantize_lm_head(weights: str | None, quantize_lm_head: bool) -> None:
         )
 
 
+def _refuse_prequantised(src: Path, config: dict[str, Any]) -> None:
+    """A checkpoint whose weights are already quantised (FP8 blocks, AWQ, GPTQ, ModelOpt, ...)
+    would convert into a wrong model: its scales are not applied anywhere."""
+    qc = config.get("quantization_config")
+    if qc:
+        method = qc.get("quant_method", "?") if isinstance(qc, dict) else "?"
+        raise ConvertError(
+            f"{src}: pre-quantised checkpoint (quantization_config, quant_method {method!r}) is "
+            "not supported; convert the unquantised checkpoint (--weights fp8 or nvfp4 quantises "
+            "it)"
+        )
+
+
+def _head_differs(files: list[Path]) -> bool:
+    """A checkpoint marked tied that stores an lm_head different from its embedding."""
+    found: dict[str, Any] = {}
+    for path in files:
+        with _safe_open(path) as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                if normalise_name(name) in (EMBEDDING, LM_HEAD):
+                    found[normalise_name(name)] = f.get_tensor(name)
+    if len(found) < 2:
+        return False
+    emb, head = found[EMBEDDING], found[LM_HEAD]
+    return emb.shape != head.shape or not bool((emb == head).all())
+
+
+def check_fits(src: Path | str, arch: str, config: dict[str, Any], tensors: dict[str, Any]) -> None:
+    """The written tensors must build the model the config describes, as loading will build
+    it: a ConvertError (and no artifact) instead of a file that fails only when served."""
+    from ninfer.ir.models import build_graph
+
+    table = {n: (t["format"], tuple(t["shape"])) for n, t in tensors.items()}
+    try:
+        build_graph(arch, config, table)
+    except ArtifactError as e:
+        raise ConvertError(f"{src}: {e}") from None
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -142,6 +181,12 @@ def _iter_tensors(files: list[Path]) -> Iterator[tuple[str, np.ndarray, str]]:
                     yield name, t.contiguous().view(torch.int16).numpy().view(np.uint16), "bf16"
                 elif dtype in ("float32", "float16"):
                     yield name, t.numpy(), {"float32": "f32", "float16": "f16"}[dtype]
+                elif dtype.startswith(("float8", "float4")):
+                    raise ConvertError(
+                        f"{path}: tensor {name!r} is stored as {dtype}: pre-quantised checkpoints"
+                        " are not supported; convert the unquantised checkpoint (--weights fp8 or"
+                        " nvfp4 quantises it)"
+                    )
                 else:
                     yield name, t.float().numpy(), "f32"
 
@@ -263,6 +308,7 @@ def convert_hf(
     check_quantize_lm_head(weights, quantize_lm_head)
     raw_config = _read_json(src / "config.json")
     config = _normalise_keys(text_config(raw_config))
+    _refuse_prequantised(src, config)
     own_head = untie(config, weights, quantize_lm_head)
     model_type = raw_config.get("model_type") or config.get("model_type")
     arch = MODEL_TYPES.get(model_type)
@@ -301,6 +347,8 @@ def convert_hf(
     if not isinstance(header["metadata"]["name"], str) or "/" in header["metadata"]["name"]:
         header["metadata"]["name"] = name or src.name
     components = {"text"}
+    if not own_head and config.get("tie_word_embeddings") and _head_differs(files):
+        config["tie_word_embeddings"] = False  # as transformers: a distinct stored head is used
     total = sum(len(_safe_open(p).keys()) for p in files)
     bar = Progress("converting", total, enabled=progress)
     with ArtifactWriter(out, header) as writer:
@@ -317,7 +365,10 @@ def convert_hf(
                 if tname == LM_HEAD:
                     continue
             for n, a in _split_fused_experts(tname, arr):
+                if n in writer.tensors:
+                    raise ConvertError(f"{src}: tensor {n!r} appears more than once")
                 writer.add(n, _store(n, a, src_fmt, weights, quantize_lm_head))
         writer.header["components"] = sorted(components, key=["text", "mtp", "vision"].index)
+        check_fits(src, arch, config, writer.tensors)
     bar.done()
     return Path(out)

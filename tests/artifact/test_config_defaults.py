@@ -104,13 +104,10 @@ def test_convert_refuses_what_loading_would(tmp_path):
     assert not list(tmp_path.glob("out.ninfer*"))
 
 
-def test_weights_that_do_not_fit_the_config_are_an_artifact_error(tmp_path):
+def test_weights_that_do_not_fit_the_config_are_refused_at_conversion(tmp_path):
+    """The check loading makes (the graph builder's) runs before the artifact is kept."""
     from tokenizers import Tokenizer, models
     from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from ninfer.artifact import Artifact
-    from ninfer.passes.options import CompileOptions
-    from ninfer.passes.pipeline import graph_for_artifact
 
     torch.manual_seed(0)
     src = tmp_path / "qwen3"
@@ -119,6 +116,6 @@ def test_weights_that_do_not_fit_the_config_are_an_artifact_error(tmp_path):
     config = json.loads((src / "config.json").read_text())
     config["head_dim"] = 8  # the stored q/k norms and projections are for 16
     (src / "config.json").write_text(json.dumps(config))
-    out = convert_hf(src, tmp_path / "out.ninfer")
-    with pytest.raises(ArtifactError, match="the weights do not fit the config"):
-        graph_for_artifact(Artifact(out), CompileOptions())
+    with pytest.raises(ConvertError, match="the weights do not fit the config"):
+        convert_hf(src, tmp_path / "out.ninfer")
+    assert not list(tmp_path.glob("out.ninfer*"))

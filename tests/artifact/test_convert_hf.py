@@ -80,29 +80,36 @@ def test_weights_option_quantises_projections_only(hf_dir, tmp_path, fmt, tol):
 
 
 def test_fused_experts_are_split(tmp_path):
-    from safetensors.torch import save_file
-    from transformers import Qwen3_5MoeTextConfig
+    """A Hub checkpoint's fused experts (model.language_model.*, [E, 2I, H] and [E, H, I])."""
+    from safetensors.torch import load_file, save_file
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
     d = tmp_path / "moe"
-    d.mkdir()
     cfg = Qwen3_5MoeTextConfig(
         vocab_size=64,
         hidden_size=16,
         moe_intermediate_size=8,
+        shared_expert_intermediate_size=8,
         num_experts=3,
+        num_experts_per_tok=2,
         num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
         layer_types=["full_attention"],
     )
-    (d / "config.json").write_text(cfg.to_json_string())
+    Qwen3_5MoeForCausalLM(cfg).save_pretrained(d)
+    per_expert = load_file(d / "model.safetensors")
+    tensors = {
+        k.replace("model.", "model.language_model.", 1): v
+        for k, v in per_expert.items()
+        if ".experts." not in k
+    }
     gate_up = torch.randn(3, 16, 16)
     down = torch.randn(3, 16, 8)
-    save_file(
-        {
-            "model.language_model.layers.0.mlp.experts.gate_up_proj": gate_up,
-            "model.language_model.layers.0.mlp.experts.down_proj": down,
-        },
-        str(d / "model.safetensors"),
-    )
+    tensors["model.language_model.layers.0.mlp.experts.gate_up_proj"] = gate_up
+    tensors["model.language_model.layers.0.mlp.experts.down_proj"] = down
+    save_file(tensors, str(d / "model.safetensors"))
     (d / "tokenizer.json").write_text(_tiny_tokenizer_json())
     a = Artifact(convert_hf(d, tmp_path / "m.ninfer"))
     assert a.architecture == "qwen3_5_moe"

@@ -84,6 +84,8 @@ def _rope(cfg: dict[str, Any]) -> dict[str, Any]:
         raise ArtifactError(
             f"rope type {rtype!r} is not supported (supported: {', '.join(ROPE_TYPES)})"
         )
+    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not theta > 0:
+        raise ArtifactError(f"rope_theta must be a positive number, got {theta!r}")
     rope: dict[str, Any] = {"type": rtype, "theta": float(theta)}
     if rtype == "linear":
         rope["factor"] = float(params["factor"])

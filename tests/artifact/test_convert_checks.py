@@ -1,0 +1,93 @@
+"""What `convert` refuses before it writes an artifact, and a tied checkpoint that stores a
+distinct head: each check against a real checkpoint saved by transformers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from ninfer.artifact.convert_hf import convert_hf
+from ninfer.errors import ConvertError
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+CFG = {
+    "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 96,
+}  # fmt: skip
+
+
+def _llama(path: Path, **overrides) -> Path:
+    from tokenizers import Tokenizer, models
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**{**CFG, **overrides})).save_pretrained(path)
+    (path / "tokenizer.json").write_text(Tokenizer(models.BPE()).to_str())
+    return path
+
+
+def _edit_config(src: Path, **changes) -> None:
+    config = json.loads((src / "config.json").read_text())
+    config.update(changes)
+    (src / "config.json").write_text(json.dumps(config))
+
+
+def _refused(src: Path, out_dir: Path, match: str) -> None:
+    with pytest.raises(ConvertError, match=match):
+        convert_hf(src, out_dir / "out.ninfer")
+    assert not list(out_dir.glob("out.ninfer*"))
+
+
+def test_a_pre_quantised_checkpoint_is_refused(tmp_path):
+    src = _llama(tmp_path / "m")
+    _edit_config(src, quantization_config={"quant_method": "fp8", "weight_block_size": [16, 16]})
+    _refused(src, tmp_path, "pre-quantised checkpoint .*quant_method 'fp8'")
+
+
+def test_fp8_tensors_without_a_quantization_config_are_refused(tmp_path):
+    src = _llama(tmp_path / "m")
+    tensors = load_file(src / "model.safetensors")
+    name = "model.layers.0.mlp.down_proj.weight"
+    tensors[name] = tensors[name].to(torch.float8_e4m3fn)
+    save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
+    _refused(src, tmp_path, f"tensor '{name}' is stored as float8_e4m3fn")
+
+
+def test_a_tensor_stored_twice_is_a_one_line_error(tmp_path):
+    src = _llama(tmp_path / "m")
+    tensors = load_file(src / "model.safetensors")
+    extra = {"model.embed_tokens.weight": tensors["model.embed_tokens.weight"].clone()}
+    save_file(extra, src / "model-extra.safetensors", metadata={"format": "pt"})
+    _refused(src, tmp_path, "tensor 'model.embed_tokens.weight' appears more than once")
+
+
+def test_a_non_positive_rope_theta_is_refused(tmp_path):
+    src = _llama(tmp_path / "m")
+    config = json.loads((src / "config.json").read_text())
+    config.get("rope_parameters", {}).pop("rope_theta", None)
+    config["rope_theta"] = 0.0
+    (src / "config.json").write_text(json.dumps(config))
+    _refused(src, tmp_path, "rope_theta must be a positive number, got 0.0")
+
+
+def test_a_tied_checkpoint_storing_a_distinct_head_uses_that_head(tmp_path):
+    """transformers does not tie an embedding and a stored lm_head that differ; nor do we."""
+    from transformers import LlamaForCausalLM
+
+    from ninfer import LLM
+
+    src = _llama(tmp_path / "m", tie_word_embeddings=False)
+    _edit_config(src, tie_word_embeddings=True)
+    ref = LlamaForCausalLM.from_pretrained(src, dtype=torch.float32)
+    assert not torch.equal(ref.lm_head.weight, ref.model.embed_tokens.weight)
+    out = convert_hf(src, tmp_path / "out.ninfer")
+    ids = [5, 17, 3, 42, 8]
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0]
+    got = torch.as_tensor(LLM(str(out), device="cpu", dtype="float32").logits(ids))
+    assert torch.allclose(got, want, atol=1e-3), (got - want).abs().max()
