@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ninfer.ir.graph import Graph, Op, Weight
-from ninfer.ir.ops import infer
+from ninfer.ir.ops import SignatureError, infer
 from ninfer.ir.types import TensorType
 
 # name -> (storage format, logical shape) of every artifact tensor
@@ -42,6 +42,13 @@ class GraphBuilder:
             self.graph.weights[tensor] = Weight(
                 tensor, TensorType(self.dtype, shape), fmt, (tensor,)
             )
+        return tensor
+
+    def sized(self, tensor: str, rows: int, what: str) -> str:
+        """`weight(tensor)`, whose first dimension must be the config's `what` (`rows`)."""
+        shape = self.graph.weights[self.weight(tensor)].type.shape
+        if shape[0] != rows:
+            raise SignatureError(f"{tensor} has {shape[0]} rows but the config's {what} is {rows}")
         return tensor
 
     def stacked(self, name: str, sources: list[str]) -> str:

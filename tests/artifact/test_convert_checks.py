@@ -91,3 +91,17 @@ def test_a_tied_checkpoint_storing_a_distinct_head_uses_that_head(tmp_path):
         want = ref(torch.tensor([ids])).logits[0]
     got = torch.as_tensor(LLM(str(out), device="cpu", dtype="float32").logits(ids))
     assert torch.allclose(got, want, atol=1e-3), (got - want).abs().max()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"intermediate_size": 96}, "gate_proj.weight has 128 rows but the config's intermediate_size is 96"),
+        ({"vocab_size": 100}, "embed_tokens.weight has 96 rows but the config's vocab_size is 100"),
+    ],
+)  # fmt: skip
+def test_sizes_the_config_names_must_be_the_weights(tmp_path, change, message):
+    """transformers refuses to load these; the graph would run on the weights' sizes."""
+    src = _llama(tmp_path / "m")
+    _edit_config(src, **change)
+    _refused(src, tmp_path, message)

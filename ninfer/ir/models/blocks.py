@@ -74,8 +74,12 @@ def attention(
     return linear(b, o, f"{p}.o_proj", f"{n}.attn_out", f"{n}.attn_out", "o", s.attention_bias)
 
 
-def mlp(b: GraphBuilder, s: ModelSpec, prefix: str, name: str, h: str, bias: bool = False) -> str:
-    """SwiGLU MLP: down(silu(gate h) * up h)."""
+def mlp(
+    b: GraphBuilder, s: ModelSpec, prefix: str, name: str, h: str, bias: bool = False, **inter: int
+) -> str:
+    """SwiGLU MLP: down(silu(gate h) * up h). `inter`: {config key: size} of the gate."""
+    for key, size in inter.items():
+        b.sized(f"{prefix}.gate_proj.weight", size, key)
     g = f"{name}.mlp_in"
     gate = linear(b, h, f"{prefix}.gate_proj", f"{name}.mlp_gate", g, "gate", bias)
     up = linear(b, h, f"{prefix}.up_proj", f"{name}.mlp_up", g, "up", bias)
@@ -108,7 +112,9 @@ def moe(b: GraphBuilder, s: ModelSpec, i: int, h: str, *, shared: bool) -> str:
     )
     if not shared:
         return y
-    sh = mlp(b, s, f"{p}.shared_expert", f"{n}.shared", h)
+    sh = mlp(
+        b, s, f"{p}.shared_expert", f"{n}.shared", h, shared_expert_intermediate_size=s.shared_inter
+    )
     sg = b.op1(
         "linear",
         [h, b.weight(f"{p}.shared_expert_gate.weight")],

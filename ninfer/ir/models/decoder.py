@@ -35,7 +35,8 @@ def build_decoder(
     b.input("positions", TensorType("i32", ("T",)))
     rows = b.input("logit_rows", TensorType("i32", ("R",)))
     nattr = {"eps": s.eps, "zero_centered": zero_centered}
-    x = b.op1("embed", [tokens, b.weight("model.embed_tokens.weight")], {"dtype": dtype}, "x")
+    embedding = b.sized("model.embed_tokens.weight", s.vocab, "vocab_size")
+    x = b.op1("embed", [tokens, embedding], {"dtype": dtype}, "x")
     for i in range(s.layers):
         p = f"model.layers.{i}"
         h = b.op1("rmsnorm", [x, b.weight(f"{p}.input_layernorm.weight")], nattr, f"L{i}.h")

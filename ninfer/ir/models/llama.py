@@ -14,7 +14,9 @@ def _mixer(b: GraphBuilder, s: ModelSpec, i: int, h: str) -> str:
 
 
 def _ffn(b: GraphBuilder, s: ModelSpec, i: int, h: str) -> str:
-    return blocks.mlp(b, s, f"model.layers.{i}.mlp", f"L{i}", h, s.mlp_bias)
+    return blocks.mlp(
+        b, s, f"model.layers.{i}.mlp", f"L{i}", h, s.mlp_bias, intermediate_size=s.inter
+    )
 
 
 def build(s: ModelSpec, tensors: TensorTable, dtype: str) -> Graph:

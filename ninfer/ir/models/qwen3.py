@@ -17,7 +17,7 @@ def _mixer(b: GraphBuilder, s: ModelSpec, i: int, h: str) -> str:
 def _ffn(b: GraphBuilder, s: ModelSpec, i: int, h: str) -> str:
     if s.experts and s.sparse_layers[i]:
         return blocks.moe(b, s, i, h, shared=False)
-    return blocks.mlp(b, s, f"model.layers.{i}.mlp", f"L{i}", h)
+    return blocks.mlp(b, s, f"model.layers.{i}.mlp", f"L{i}", h, intermediate_size=s.inter)
 
 
 def build(s: ModelSpec, tensors: TensorTable, dtype: str) -> Graph:
