@@ -9,6 +9,7 @@ asks for a storage format.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,8 @@ from ninfer.artifact.progress import Progress
 from ninfer.artifact.quant import WEIGHT_FORMATS, bf16_encode, plain, quantize
 from ninfer.errors import ArtifactError, ConvertError
 from ninfer.ir.models.spec import model_spec
+
+log = logging.getLogger("ninfer.convert")
 
 MODEL_TYPES = {
     "llama": "llama",
@@ -350,6 +353,7 @@ def convert_hf(
     if not own_head and config.get("tie_word_embeddings") and _head_differs(files):
         config["tie_word_embeddings"] = False  # as transformers: a distinct stored head is used
     total = sum(len(_safe_open(p).keys()) for p in files)
+    kept = 0  # projections --weights could not quantise (nvfp4 needs K % 16 == 0)
     bar = Progress("converting", total, enabled=progress)
     with ArtifactWriter(out, header) as writer:
         for src_name, arr, src_fmt in _iter_tensors(files):
@@ -367,8 +371,17 @@ def convert_hf(
             for n, a in _split_fused_experts(tname, arr):
                 if n in writer.tensors:
                     raise ConvertError(f"{src}: tensor {n!r} appears more than once")
-                writer.add(n, _store(n, a, src_fmt, weights, quantize_lm_head))
+                stored = _store(n, a, src_fmt, weights, quantize_lm_head)
+                if weights in ("fp8", "nvfp4") and a.ndim == 2 and stored.format == "bf16":
+                    kept += quantisable(n, quantize_lm_head)
+                writer.add(n, stored)
         writer.header["components"] = sorted(components, key=["text", "mtp", "vision"].index)
         check_fits(src, arch, config, writer.tensors)
     bar.done()
+    if kept:
+        log.warning(
+            "%d projection(s) stay bf16: --weights %s needs an input size that is a multiple of 16",
+            kept,
+            weights,
+        )
     return Path(out)

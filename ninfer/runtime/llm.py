@@ -126,7 +126,7 @@ class LLM:
     ) -> list[GenerationResult]:
         """One result per prompt, in order. Prompts are strings (encoded with the artifact's
         tokenizer) or lists of token ids. Stops on EOS (unless ignore_eos), a stop string, or
-        max_tokens (default: whatever fits in max_context)."""
+        max_tokens (default: whatever fits in max_context and the KV cache)."""
         if isinstance(prompts, (str, bytes)) or (prompts and isinstance(prompts[0], int)):
             raise TypeError("generate takes a list of prompts: ['text'] or [[1, 2, 3]]")
         plist = (
@@ -137,6 +137,7 @@ class LLM:
         if len(plist) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
         seqs = []
+        cache_tokens = self.executor.num_pages * self.executor.page_size
         for i, (p, sp) in enumerate(zip(prompts, plist)):
             ids = self._check_ids(self.tokenizer.encode(p) if isinstance(p, str) else list(p))
             room = self.options.max_context - len(ids)
@@ -144,7 +145,8 @@ class LLM:
                 raise RequestError(
                     f"prompt {i} has {len(ids)} tokens, max_context is {self.options.max_context}"
                 )
-            seqs.append(_Seq(i, ids, sp, min(sp.max_tokens or room, room)))
+            default = min(room, max(cache_tokens - len(ids), 1))  # too long: _loop says so
+            seqs.append(_Seq(i, ids, sp, min(sp.max_tokens or default, room)))
         self._loop(seqs)
         return [GenerationResult(s.prompt, s.output, s.text, s.finish or "length") for s in seqs]
 

@@ -105,3 +105,14 @@ def test_sizes_the_config_names_must_be_the_weights(tmp_path, change, message):
     src = _llama(tmp_path / "m")
     _edit_config(src, **change)
     _refused(src, tmp_path, message)
+
+
+def test_projections_nvfp4_cannot_hold_are_reported(tmp_path, caplog):
+    src = _llama(tmp_path / "m", hidden_size=72, num_attention_heads=4, num_key_value_heads=2)
+    out = convert_hf(src, tmp_path / "out.ninfer", weights="nvfp4")
+    from ninfer.artifact import Artifact
+
+    formats = {n: t.format for n, t in Artifact(out).tensors.items() if n.endswith("proj.weight")}
+    assert formats["model.layers.0.mlp.down_proj.weight"] == "nvfp4"  # K = 128
+    assert formats["model.layers.0.mlp.up_proj.weight"] == "bf16"  # K = 72
+    assert "12 projection(s) stay bf16: --weights nvfp4 needs" in caplog.text

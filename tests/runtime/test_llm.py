@@ -106,3 +106,13 @@ def test_errors_are_one_line_user_errors(fixture_artifacts) -> None:
         LLM(path, max_concurrency=9)
     with pytest.raises(ConfigError, match="unknown engine option"):
         LLM(path, max_banana=3)
+
+
+def test_the_default_budget_is_what_fits_the_kv_cache(fixture_artifacts) -> None:
+    """kv_capacity below max_context: without max_tokens a prompt generates until the cache is
+    full (it was refused: the default budget was max_context's)."""
+    llm = LLM(str(fixture_artifacts("llama")), kv_capacity=64, max_concurrency=1)
+    cache = llm.executor.num_pages * llm.executor.page_size
+    assert cache < llm.options.max_context
+    out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0.0, ignore_eos=True))[0]
+    assert len(out.token_ids) == cache - 3 and out.finish_reason == "length"
