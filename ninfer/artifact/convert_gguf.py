@@ -210,6 +210,27 @@ class _Source:
     data: np.ndarray  # F32/F16: values; BF16: uint16; blocks: uint8 [rows..., row bytes]
 
 
+NUMBER_KEYS = (
+    "embedding_length", "block_count", "context_length", "vocab_size", "feed_forward_length",
+    "attention.head_count", "attention.head_count_kv", "attention.key_length",
+    "attention.layer_norm_rms_epsilon", "expert_count", "expert_used_count",
+    "expert_feed_forward_length", "rope.dimension_count", "rope.freq_base", "rope.scale_linear",
+    "rope.scaling.factor", "rope.scaling.original_context_length",
+)  # fmt: skip
+
+
+def _check_numbers(meta: dict[str, Any], gguf_arch: str) -> None:
+    """The architecture keys ninfer reads hold single numbers (a string, or an array such as
+    per-layer head counts, is refused by name)."""
+    for name in NUMBER_KEYS:
+        key = f"{gguf_arch}.{name}"
+        value = meta.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ConvertError(
+                f"the GGUF metadata's {key} is {str(value)[:40]!r}: ninfer reads it as one number"
+            )
+
+
 def _config(meta: dict[str, Any], gguf_arch: str, tie: bool, vocab_size: int) -> dict[str, Any]:
     arch, model_type, cls = ARCHITECTURES[gguf_arch]
 
@@ -224,6 +245,7 @@ def _config(meta: dict[str, Any], gguf_arch: str, tie: bool, vocab_size: int) ->
     for key in needed:
         if get(key) is None:
             raise ConvertError(f"the GGUF metadata lacks {gguf_arch}.{key}")
+    _check_numbers(meta, gguf_arch)
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
     head_dim = get("attention.key_length") or get("rope.dimension_count") or hidden // heads
     rotary = get("rope.dimension_count")

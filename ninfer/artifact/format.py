@@ -167,7 +167,11 @@ class ArtifactWriter:
         os.fsync(self._f.fileno())
         self._f.close()
         os.chmod(self._tmp, 0o644)  # mkstemp creates 0600; artifacts are ordinary readable files
-        os.replace(self._tmp, self.path)
+        try:
+            os.replace(self._tmp, self.path)
+        except OSError:
+            self._tmp.unlink(missing_ok=True)  # nothing is left behind
+            raise
         return self.path
 
     def abort(self) -> None:

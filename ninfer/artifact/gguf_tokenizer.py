@@ -183,19 +183,25 @@ def _added(token_id: int, content: str, *, special: bool) -> dict[str, Any]:
 
 
 def _post_processor(meta: Mapping[str, Any], tokens: list[str], add_bos: bool) -> dict[str, Any]:
-    """BOS is prepended by the tokenizer itself exactly when the file asks for it."""
-    bos_id = meta.get("tokenizer.ggml.bos_token_id")
-    single: list[dict[str, Any]] = [{"Sequence": {"id": "A", "type_id": 0}}]
-    pair: list[dict[str, Any]] = [
-        {"Sequence": {"id": "A", "type_id": 0}},
-        {"Sequence": {"id": "B", "type_id": 1}},
-    ]
-    specials: dict[str, Any] = {}
-    if add_bos and bos_id is not None and 0 <= bos_id < len(tokens):
-        bos = tokens[bos_id]
-        single = [{"SpecialToken": {"id": bos, "type_id": 0}}, *single]
-        pair = [single[0], pair[0], {"SpecialToken": {"id": bos, "type_id": 1}}, pair[1]]
-        specials = {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}}
+    """BOS is prepended (and EOS appended) by the tokenizer itself exactly when the file asks
+    for it (add_bos as the caller resolved it, tokenizer.ggml.add_eos_token)."""
+
+    def special(key: str, wanted: Any) -> tuple[int, str] | None:
+        i = meta.get(f"tokenizer.ggml.{key}")
+        return (i, tokens[i]) if wanted and isinstance(i, int) and 0 <= i < len(tokens) else None
+
+    def wrap(seq: str, type_id: int) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = [{"Sequence": {"id": seq, "type_id": type_id}}]
+        if bos is not None:
+            out.insert(0, {"SpecialToken": {"id": bos[1], "type_id": type_id}})
+        if eos is not None:
+            out.append({"SpecialToken": {"id": eos[1], "type_id": type_id}})
+        return out
+
+    bos = special("bos_token_id", add_bos)
+    eos = special("eos_token_id", meta.get("tokenizer.ggml.add_eos_token"))
+    single, pair = wrap("A", 0), wrap("A", 0) + wrap("B", 1)
+    specials = {t: {"id": t, "ids": [i], "tokens": [t]} for i, t in filter(None, (bos, eos))}
     return {
         "type": "TemplateProcessing",
         "single": single,

@@ -53,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConvertError(f"--chat-template {args.chat_template}: {e}") from None
     if not src.exists():
         raise ConvertError(f"{src}: no such file or directory")
+    if Path(out).is_dir():
+        raise ConvertError(f"-o {out}: is a directory; name the .ninfer file to write")
     options = {
         "weights": args.weights,
         "name": args.name,

@@ -8,13 +8,15 @@ from tokenizers import Tokenizer as _HFTokenizer
 
 
 class Tokenizer:
-    """Wraps a `tokenizers` JSON. `encode` adds the BOS token when the artifact says so
-    (`special_tokens.add_bos`); `decode` drops special tokens unless asked not to."""
+    """Wraps a `tokenizers` JSON. `encode` adds special tokens as transformers does: the
+    tokenizer's own post-processor decides (e.g. Llama 3's BOS template; a GGUF's add_bos /
+    add_eos are written into it at conversion), and a text that already starts with the BOS
+    token's text gets a second BOS, as in transformers and llama.cpp. `decode` drops special
+    tokens unless asked not to."""
 
     def __init__(self, tokenizer_json: str, special_tokens: dict[str, Any]):
         self._tok = _HFTokenizer.from_str(tokenizer_json)
         self.bos_token_id: int | None = special_tokens.get("bos_token_id")
-        self.add_bos = bool(special_tokens.get("add_bos")) and self.bos_token_id is not None
         self.eos_token_ids: tuple[int, ...] = tuple(special_tokens.get("eos_token_ids") or ())
 
     @property
@@ -22,10 +24,7 @@ class Tokenizer:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=False).ids
-        if add_special_tokens and self.add_bos and (not ids or ids[0] != self.bos_token_id):
-            ids = [self.bos_token_id, *ids]  # type: ignore[list-item]
-        return ids
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

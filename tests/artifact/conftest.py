@@ -104,6 +104,10 @@ def _write_gguf(
         full = f"{arch}.{key}"
         if isinstance(value, float):
             w.add_float32(full, value)
+        elif isinstance(value, str):
+            w.add_string(full, value)
+        elif isinstance(value, list):
+            w.add_array(full, value)
         else:
             w.add_uint32(full, value)
     w.add_name("tiny-test")

@@ -339,6 +339,43 @@ def test_tensor_shape_disagreeing_with_metadata(tmp_path, write_gguf):
     assert_nothing_left(tmp_path, out)
 
 
+@pytest.mark.parametrize(
+    "hparams, key",
+    [
+        ({"block_count": "two"}, "llama.block_count"),
+        ({"attention.head_count": [4, 4]}, "llama.attention.head_count"),
+        ({"rope.freq_base": "1e4"}, "llama.rope.freq_base"),
+    ],
+)
+def test_metadata_of_the_wrong_type_is_named(tmp_path, write_gguf, hparams, key):
+    tensors = f32_llama(64, 4, 16, 32)
+    hp = {"feed_forward_length": 32, "attention.head_count_kv": 4, **hparams}
+    src = write_gguf(tmp_path / "t.gguf", tensors, hparams=hp)
+    out = tmp_path / "o.ninfer"
+    with pytest.raises(ConvertError) as e:
+        convert_gguf(src, out)
+    assert f"the GGUF metadata's {key} is" in one_line(e)
+    assert_nothing_left(tmp_path, out)
+
+
+def test_cli_refuses_a_directory_as_output(tmp_path, write_gguf):
+    src = write_gguf(tmp_path / "m.gguf", f32_llama(64, 4, 16, 32), hparams={
+        "feed_forward_length": 32, "attention.head_count_kv": 4})  # fmt: skip
+    (tmp_path / "outdir").mkdir()
+    r = subprocess.run(
+        [sys.executable, "-m", "ninfer.cli", "convert", str(src), "-o", str(tmp_path / "outdir")],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == (
+        f"ninfer convert: error: -o {tmp_path / 'outdir'}: is a directory; name the .ninfer file "
+        "to write"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf", "outdir"]
+
+
 def test_cli_reports_one_line(tmp_path, write_gguf):
     src = write_gguf(
         tmp_path / "f.gguf",

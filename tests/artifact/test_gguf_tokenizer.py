@@ -34,7 +34,7 @@ def reference(path):
     return transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 
 
-def write_spm_gguf(path, *, scores_from_file: bool = True):
+def write_spm_gguf(path, *, scores_from_file: bool = True, add_eos: bool = False):
     """A tiny llama SentencePiece vocabulary: <unk> <s> </s>, 256 byte tokens, scored pieces."""
     import gguf
 
@@ -53,6 +53,8 @@ def write_spm_gguf(path, *, scores_from_file: bool = True):
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
+    if add_eos:
+        w.add_add_eos_token(True)
     w.add_uint32("llama.block_count", 1)
     w.add_tensor("output_norm.weight", np.ones(8, np.float32))
     w.write_header_to_file()
@@ -94,6 +96,14 @@ def test_sentencepiece_equals_transformers(tmp_path):
     ids = tok.encode("hello world").ids
     assert ids[0] == 1  # BOS added by default for SentencePiece files
     assert tok.decode(ids) == "hello world"
+
+
+def test_a_file_that_adds_eos_gets_it_appended(tmp_path):
+    path = write_spm_gguf(tmp_path / "model.gguf", add_eos=True)
+    tok, ref = ours(path), reference(path)
+    for text in [*TEXTS, "<s>hello"]:  # BOS text at the start: a second BOS, as transformers
+        assert tok.encode(text).ids == ref(text)["input_ids"], text
+    assert tok.encode("hello").ids[-1] == 2
 
 
 def test_spm_merges_order():
