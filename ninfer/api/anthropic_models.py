@@ -79,6 +79,7 @@ class MessagesRequest:
     tool_choice: Literal["auto", "none"] = "auto"
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
     max_tokens: int = 8192
+    max_tokens_given: bool = True  # False: the server default (logged as not requested)
     stop: tuple[str, ...] = ()
     stream: bool = False
     thinking: ThinkingMode | None = None
@@ -95,7 +96,7 @@ class MessagesRequest:
             parse_tools=bool(self.tools) and self.tool_choice == "auto",
             template_options=self.template_options,
             sampling=self.sampling,
-            max_tokens=self.max_tokens,
+            max_tokens=self.max_tokens if self.max_tokens_given else None,
             stop=self.stop,
             continue_final_message=self.prefill,
             thinking_budget=self.thinking_budget,
@@ -144,6 +145,7 @@ def parse_messages_request(
         tool_choice=tool_choice,
         sampling=SamplingOptions() if count_only else _parse_sampling(body),
         max_tokens=max_tokens,
+        max_tokens_given=body.get("max_tokens") is not None,
         stop=() if count_only else _parse_stop(body),
         stream=False if count_only else bool(get_bool(body, "stream")),
         thinking=thinking,

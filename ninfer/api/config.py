@@ -151,11 +151,7 @@ class ServeConfig:
         if self.host_context_mib is not None:
             _int("host_context_mib", self.host_context_mib, 0, 1 << 30)
         _float("temperature", self.temperature, 0.0, 2.0)
-        p = self.top_p
-        if p is not None and (
-            isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1
-        ):
-            raise ConfigError(f"--top-p must be a number in (0, 1], got {p!r}")  # nan fails 0 < p
+        _float("top_p", self.top_p, 0.0, 1.0)  # 0 is argmax, as in a request (api/sampling.py)
         if self.top_k is not None:
             _int(
                 "top_k",
@@ -168,7 +164,7 @@ class ServeConfig:
         _float("presence_penalty", self.presence_penalty, -2.0, 2.0)
         _float("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         if self.seed is not None:
-            _int("seed", self.seed, -(1 << 63), (1 << 64) - 1, what="an integer")
+            _int("seed", self.seed, -(1 << 63), (1 << 63) - 1, what="a signed 64-bit integer")
         for name in (
             "lm_head_draft",
             "vision",

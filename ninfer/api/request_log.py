@@ -415,7 +415,8 @@ def _sampling(rec: RequestRecord) -> dict[str, Any] | None:
 
 def _output_budget(rec: RequestRecord) -> dict[str, Any]:
     r = rec.engine_request
-    return {"requested": rec.request.max_tokens, "effective": r.sampling.max_tokens if r else None}
+    effective = None if r is None else 0 if r.prompt_only else r.sampling.max_tokens
+    return {"requested": rec.request.max_tokens, "effective": effective}
 
 
 def _error(err: ApiError) -> dict[str, Any]:

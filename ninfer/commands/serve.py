@@ -318,7 +318,8 @@ def run(args: argparse.Namespace) -> int:
 
     app = create_app(state, extra_handlers=metrics.route_handlers(state))
     listen(sock)
-    url = f"http://{config.host}:{sock.getsockname()[1]}"
+    host = f"[{config.host}]" if ":" in config.host else config.host  # an IPv6 literal
+    url = f"http://{host}:{sock.getsockname()[1]}"
     log.info("serving %s as %r on %s", artifact.path, state.model_id, url)
     app.on_startup.append(lambda: observability.ready(url))
     signal.signal(signal.SIGTERM, _terminated)

@@ -83,9 +83,14 @@ class CompileOptions:
         return self.max_concurrency + extra
 
     @property
+    def chunk_tokens(self) -> int:
+        """Prefill tokens per step: the chunk, at most one sequence's whole context."""
+        return min(self.prefill_chunk, self.max_context)
+
+    @property
     def step_tokens(self) -> int:
         """Most tokens one step computes: a full prefill chunk plus a decode row per other lane."""
-        return self.prefill_chunk + self.max_concurrency - 1
+        return self.chunk_tokens + self.max_concurrency - 1
 
 
 def parse_kv_capacity(text: str | int | None) -> int | str | None:

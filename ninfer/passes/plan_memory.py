@@ -109,6 +109,13 @@ def _run(graph: Graph, options: CompileOptions) -> Graph:
         if room < need:
             copies = 0
     fixed = weights + copies + workspace + state_total
+    if fixed > budget:  # before any KV: name what takes the memory
+        raise ConfigError(
+            f"the plan needs {gib(fixed)} before any KV (weights {gib(weights + copies)}, "
+            f"workspace {gib(workspace)} for {options.step_tokens}-token steps, state "
+            f"{gib(state_total)}) but the budget is {gib(budget)}; lower --prefill-chunk or "
+            "--max-concurrency"
+        )
     if options.kv_capacity == "auto":
         free = budget - HEADROOM - fixed
         if per_token == 0:

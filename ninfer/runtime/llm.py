@@ -181,7 +181,7 @@ class LLM:
                 s.pages = [free_pages.popleft() for _ in range(need)]
                 s.slot = free_slots.popleft()
                 active.append(s)
-            chunks, budget = [], self.options.prefill_chunk
+            chunks, budget = [], self.options.chunk_tokens
             for s in active:
                 todo = s.tokens[s.computed :]
                 if len(todo) > 1 and budget <= 0:

@@ -275,7 +275,8 @@ class Residency:
         progress = {
             "global": {"prefill_tokens": c.prefill_tokens, "decode_tokens": c.decode_tokens,
                        "replayed_tokens": c.replayed_tokens},
-            "request": {"prefill_tokens": seq.prefill_tokens, "decode_tokens": seq.num_output,
+            "request": {"prefill_tokens": seq.prefill_tokens,  # decode: as the global one,
+                        "decode_tokens": max(seq.num_output - 1, 0),  # not the first token
                         "replayed_tokens": seq.replayed_tokens},
         }  # fmt: skip
         event = SchedulingEvent(

@@ -379,7 +379,7 @@ class Scheduler(Residency):
 
     def _plan_units(self, now: float) -> list[tuple[Sequence, int]]:
         """Oldest first: how many tokens each resident computes this step, pages reserved."""
-        budget = self.config.prefill_chunk
+        budget = min(self.config.prefill_chunk, self.config.max_context)  # as the workspace
         units: list[tuple[Sequence, int]] = []
         for seq in list(self.running):
             if seq.status is not SeqStatus.RUNNING:  # paused for an older one this step

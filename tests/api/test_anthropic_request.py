@@ -79,7 +79,9 @@ def test_minimal_request_defaults():
     assert req.messages == ({"role": "user", "content": "Hi"},)
     assert req.max_tokens == DEFAULT_MAX and not req.stream and not req.prefill
     gen = req.generation_request()
-    assert gen.protocol == "anthropic" and gen.tools is None and gen.max_tokens == DEFAULT_MAX
+    # omitted: the service applies --default-max-tokens (logged as not requested)
+    assert gen.protocol == "anthropic" and gen.tools is None and gen.max_tokens is None
+    assert parse({"max_tokens": 7}).generation_request().max_tokens == 7
     assert gen.thinking_budget is None and gen.cache_points == () and not gen.continue_final_message
 
 

@@ -356,3 +356,22 @@ def test_responses_semantic_change_flag_marks_a_changed_preserve_thinking(served
     assert all(r["protocol"] == "responses" and r["media"]["items"] == 0 for r in starts)
     done = [r for r in read_log(path)[n0:] if r["event"] == "request_done"]
     assert all(r["thinking_budget"]["forced_close"] is False for r in done)
+
+
+def test_output_budget_records_what_was_asked_and_what_runs(served):
+    """max_tokens 0 runs no output; an Anthropic request without max_tokens asked for none
+    (the server default is what runs), as Chat's omitted limit is logged."""
+    client, path = served
+    n0 = len(read_log(path))
+    zero = client.post("/v1/chat/completions", headers=AUTH, json={
+        "model": "tiny-agent", "messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 0})  # fmt: skip
+    assert zero.status_code == 200 and zero.json()["usage"]["completion_tokens"] == 0
+    omitted = client.post("/v1/messages", headers=AUTH, json={
+        "model": "m", "messages": [{"role": "user", "content": "Hi!"}], "temperature": 0})  # fmt: skip
+    assert omitted.status_code == 200, omitted.text
+    starts = [r for r in read_log(path)[n0:] if r["event"] == "request_start"]
+    assert [r["output_budget"] for r in starts] == [
+        {"requested": 0, "effective": 0},
+        {"requested": None, "effective": starts[1]["output_budget"]["effective"]},
+    ]
+    assert starts[1]["output_budget"]["effective"] > 0

@@ -70,3 +70,10 @@ def test_architectures_without_presets_use_generation_config():
         == 0.0
     )
     assert SamplerPolicy("llama").resolve(False, NONE)["temperature"] == 1.0
+
+
+def test_a_process_top_p_of_zero_is_argmax_like_a_request_one():
+    p = SamplerPolicy("llama", overrides={"top_p": 0.0, "temperature": 0.8})
+    r = p.resolve(False, NONE)
+    assert (r["temperature"], r["top_p"]) == (0.0, 1.0)
+    assert p.resolve(False, dict(NONE, top_p=0.5))["top_p"] == 0.5  # the request's wins

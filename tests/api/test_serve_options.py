@@ -215,8 +215,9 @@ def test_compile_options_follow_the_flags():
         (["--lm-head-draft"], "--lm-head-draft"),  # requires --spec
         (["--temperature", "-0.1"], "--temperature"),
         (["--temperature", "nan"], "--temperature"),
-        (["--top-p", "0"], "--top-p must be a number in (0, 1]"),
-        (["--top-p", "1.5"], "--top-p must be a number in (0, 1]"),  # one range for both sides
+        (["--top-p", "-0.1"], "--top-p must be a number in [0, 1]"),
+        (["--top-p", "1.5"], "--top-p must be a number in [0, 1]"),  # a request's range
+        (["--seed", str(1 << 63)], "--seed must be a signed 64-bit integer"),
         (["--top-k", "21"], "--top-k"),
         (["--top-k", "-1"], "--top-k"),
         (["--min-p", "1.5"], "--min-p"),

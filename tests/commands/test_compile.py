@@ -58,12 +58,30 @@ def test_compile_json_round_trips(fixture_artifacts, capsys) -> None:
             ["--memory-gib", "0.5", "--kv-capacity", "auto"],
             "--kv-capacity auto: no memory left for KV",
         ),
+        (
+            ["--max-context", "4000000", "--prefill-chunk", "4000000", "--memory-gib", "1"],
+            "before any KV (weights 0.00 GiB, workspace",
+        ),
     ],
 )
 def test_impossible_configurations_are_refused(argv, message, fixture_artifacts, capsys) -> None:
     rc, out, err = compile_out(capsys, str(fixture_artifacts("llama")), *argv)
     assert rc == 2 and out == ""
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_prefill_chunk_beyond_the_context_sizes_the_workspace_by_the_context(
+    fixture_artifacts, capsys
+) -> None:
+    """A chunk never holds more than one sequence's context: a huge --prefill-chunk is the
+    context (it was sized as asked, and refused naming --max-context)."""
+    path = str(fixture_artifacts("llama"))
+    rc, capped, _ = compile_out(capsys, path, "--max-context", "2048", "--prefill-chunk", "9999999")
+    rc2, exact, _ = compile_out(capsys, path, "--max-context", "2048", "--prefill-chunk", "2048")
+    assert rc == rc2 == 0
+    assert [ln for ln in capped.splitlines() if "workspace" in ln] == [
+        ln for ln in exact.splitlines() if "workspace" in ln
+    ]
 
 
 def test_auto_capacity_fills_the_budget_on_cuda(fixture_artifacts, capsys) -> None:

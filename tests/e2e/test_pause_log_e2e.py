@@ -57,6 +57,8 @@ def test_pause_cycles_are_logged_in_order(server_factory, tmp_path, route):
         # on the engine clock like the others, with the global counters too
         assert mine[-1]["steady_ns"] >= mine[-2]["steady_ns"]
         assert set(mine[-1]["progress"]) == {"global", "request"}
+        # the request's decode counter is the global one's kind: outputs but the first
+        assert mine[-1]["progress"]["request"]["decode_tokens"] == 48 - 1
         cycles = done[rid]["generation"]["scheduling"]["preemptions"]
         assert mine[-1]["preemption_index"] == cycles
         snapshots = 0
