@@ -29,7 +29,8 @@ log = logging.getLogger("ninfer.serve")
 def model_labels(state: ServerState, artifact: Any) -> dict[str, str]:
     """The fixed labels of ninfer_model_info."""
     cfg = state.config
-    kv_dtype = cfg.kv_dtype or ("bf16" if cfg.device_type == "cuda" else cfg.dtype)
+    memory = state.extra.get("memory") or {}  # as server_start: the plan's resolved KV dtype
+    kv_dtype = (memory.get("kv") or {}).get("dtype") or cfg.kv_dtype or "unknown"
     return {
         "model": state.model_id,
         "architecture": str(getattr(artifact, "architecture", "unknown")),

@@ -96,6 +96,8 @@ def test_every_family_is_present_and_counters_start_after_warmup(server):
     assert m.value("ninfer_engine_ready") == 1
     assert m.value("ninfer_max_context_tokens") == 512
     assert m.value("ninfer_model_info", model="tiny-agent", architecture="qwen3", device="cpu") == 1
+    kv = state.extra["memory"]["kv"]["dtype"]  # the label is the resolved KV dtype (server_start's)
+    assert m.value("ninfer_model_info", kv_dtype=kv) == 1 and kv == "f32"
     assert (
         m.value("ninfer_device_kv_capacity_pages") == state.engine.snapshot().kv_pages_capacity > 0
     )
