@@ -298,6 +298,10 @@ def _parse_thinking(
         raise errors.invalid_value(
             "thinking.display", f"must be 'summarized' or 'omitted', got {display!r}"
         )
+    if kind == "adaptive" and cfg.get("budget_tokens") is not None:  # as Anthropic's API
+        raise errors.invalid_value(
+            "thinking.budget_tokens", "is not permitted with thinking type 'adaptive'"
+        )
     if kind != "enabled":
         return kind, None  # type: ignore[return-value]
     budget = get_int(cfg, "budget_tokens", "thinking.budget_tokens", required=True)

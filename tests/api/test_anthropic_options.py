@@ -209,6 +209,12 @@ def test_thinking_modes():
         "thinking.budget_tokens",
     )
     refused({"thinking": {"type": "sometimes"}}, "invalid_value", "thinking.type")
+    err = refused(
+        {"thinking": {"type": "adaptive", "budget_tokens": 2048}, "max_tokens": 4000},
+        "invalid_value",
+        "thinking.budget_tokens",
+    )
+    assert "adaptive" in err.message  # it was accepted and the budget silently ignored
 
 
 def test_effort_reaches_the_template_and_conflicts_are_reported():
