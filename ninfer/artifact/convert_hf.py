@@ -270,10 +270,10 @@ def special_tokens(
         )
 
     eos_ids: list[int] = []
+    model_eos = gen.get("eos_token_id")  # as transformers: config.json's only without it
     for source in (
-        gen.get("eos_token_id"),
-        config.get("eos_token_id"),
-        tid(token_text(tok_cfg.get("eos_token"))),
+        config.get("eos_token_id") if model_eos is None else model_eos,
+        tid(token_text(tok_cfg.get("eos_token"))),  # and the tokenizer's (as vLLM)
     ):
         for v in source if isinstance(source, list) else [source]:
             if isinstance(v, int) and v not in eos_ids:

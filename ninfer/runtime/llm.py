@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -104,6 +105,7 @@ class LLM:
         self.tokenizer = Tokenizer(self.artifact.tokenizer_json, self.artifact.special_tokens)
         self.eos_token_ids = set(self.tokenizer.eos_token_ids)
         self._sampler = Sampler()
+        self._lock = threading.Lock()  # one call at a time: calls share the KV pages and RNGs
 
     # -- logits ------------------------------------------------------------------------------
     def logits(self, token_ids: Sequence[int]) -> torch.Tensor:
@@ -116,7 +118,8 @@ class LLM:
             )
         slot = 0 if self.executor.is_hybrid else None
         chunk = SeqChunk(0, tuple(ids), 0, tuple(range(pages)), slot)
-        return self.executor.run(StepBatch((chunk,)), all_logits=True)
+        with self._lock:
+            return self.executor.run(StepBatch((chunk,)), all_logits=True)
 
     # -- generate ----------------------------------------------------------------------------
     def generate(
@@ -147,13 +150,18 @@ class LLM:
                 )
             default = min(room, max(cache_tokens - len(ids), 1))  # too long: _loop says so
             seqs.append(_Seq(i, ids, sp, min(sp.max_tokens or default, room)))
-        self._loop(seqs)
+        with self._lock:
+            self._sampler = Sampler()  # a call's seeds never see a failed call's generators
+            self._loop(seqs)
         return [GenerationResult(s.prompt, s.output, s.text, s.finish or "length") for s in seqs]
 
     def _check_ids(self, ids: list[int]) -> list[int]:
         if not ids:
             raise RequestError("empty prompt")
         vocab = self.executor.vocab_size
+        kinds = [t for t in ids if isinstance(t, bool) or not isinstance(t, int)]
+        if kinds:
+            raise RequestError(f"token ids must be integers, got {kinds[0]!r}")
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise RequestError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")

@@ -76,21 +76,35 @@ class SamplingParams:
             raise RequestError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         _check_float("temperature", self.temperature, 0.0, 100.0)
         _check_float("top_p", self.top_p, 0.0, 1.0)
-        if self.top_p <= 0.0:
-            raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_p == 0.0:  # keeps only the most likely token: argmax, as over HTTP
+            object.__setattr__(self, "temperature", 0.0)
+            object.__setattr__(self, "top_p", 1.0)
         _check_float("min_p", self.min_p, 0.0, 1.0)
         _check_float("presence_penalty", self.presence_penalty, -2.0, 2.0)
         _check_float("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
-            raise RequestError(f"top_k must be an integer, got {self.top_k!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
+            raise RequestError(f"top_k must be an integer >= 0 (0 or -1: off), got {self.top_k!r}")
         if self.seed is not None and (
-            isinstance(self.seed, bool) or not isinstance(self.seed, int)
+            isinstance(self.seed, bool)
+            or not isinstance(self.seed, int)
+            or not -(1 << 63) <= self.seed < 1 << 63
         ):
-            raise RequestError(f"seed must be an integer, got {self.seed!r}")
-        if isinstance(self.stop, str):  # a lone string is one stop sequence, not characters
-            object.__setattr__(self, "stop", (self.stop,))
-        else:
-            object.__setattr__(self, "stop", tuple(self.stop))
+            raise RequestError(f"seed must be a signed 64-bit integer, got {self.seed!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise RequestError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+        stop = (
+            () if self.stop is None else (self.stop,) if isinstance(self.stop, str) else self.stop
+        )
+        try:  # a lone string is one stop sequence, not characters
+            stop = tuple(stop)
+        except TypeError:
+            raise RequestError(
+                f"stop must be a string or a list of strings, got {stop!r}"
+            ) from None
+        for s in stop:
+            if not isinstance(s, str) or not s:
+                raise RequestError(f"stop strings must be non-empty strings, got {s!r}")
+        object.__setattr__(self, "stop", stop)
 
     @property
     def greedy(self) -> bool:

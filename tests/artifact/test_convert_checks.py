@@ -116,3 +116,17 @@ def test_projections_nvfp4_cannot_hold_are_reported(tmp_path, caplog):
     assert formats["model.layers.0.mlp.down_proj.weight"] == "nvfp4"  # K = 128
     assert formats["model.layers.0.mlp.up_proj.weight"] == "bf16"  # K = 72
     assert "12 projection(s) stay bf16: --weights nvfp4 needs" in caplog.text
+
+
+def test_generation_config_eos_replaces_config_eos(tmp_path):
+    """transformers stops on generation_config's ids (config.json's only without them); the
+    tokenizer's eos_token joins them, as in vLLM."""
+    from ninfer.artifact import Artifact
+
+    src = _llama(tmp_path / "m", eos_token_id=50)
+    (src / "generation_config.json").write_text(json.dumps({"eos_token_id": [40, 41]}))
+    eos = Artifact(convert_hf(src, tmp_path / "out.ninfer")).special_tokens["eos_token_ids"]
+    assert eos == [40, 41]
+    (src / "generation_config.json").write_text(json.dumps({"temperature": 0.7}))
+    eos = Artifact(convert_hf(src, tmp_path / "out2.ninfer")).special_tokens["eos_token_ids"]
+    assert eos == [50]

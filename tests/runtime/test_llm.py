@@ -116,3 +116,69 @@ def test_the_default_budget_is_what_fits_the_kv_cache(fixture_artifacts) -> None
     assert cache < llm.options.max_context
     out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0.0, ignore_eos=True))[0]
     assert len(out.token_ids) == cache - 3 and out.finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"stop": [""]}, "stop strings must be non-empty strings"),
+        ({"stop": [1]}, "stop strings must be non-empty strings"),
+        ({"seed": 1 << 63}, "seed must be a signed 64-bit integer"),
+        ({"ignore_eos": "no"}, "ignore_eos must be true or false"),
+        ({"top_k": -5}, "top_k must be an integer >= 0"),
+    ],
+)
+def test_sampling_params_are_checked_like_the_http_fields(kw, message) -> None:
+    with pytest.raises(RequestError, match=message):
+        SamplingParams(**kw)
+
+
+def test_top_p_zero_is_argmax_and_stop_none_is_no_stop(fixture_artifacts) -> None:
+    llm = _llm(str(fixture_artifacts("llama")))
+    p = SamplingParams(max_tokens=8, temperature=1.0, top_p=0.0, seed=3, stop=None)
+    assert p.stop == () and p.greedy
+    assert (
+        llm.generate(["Hello"], p)[0].token_ids == llm.generate(["Hello"], GREEDY)[0].token_ids[:8]
+    )
+    with pytest.raises(RequestError, match="token ids must be integers"):
+        llm.generate([[1.0, 2.0]], GREEDY)
+
+
+def test_a_failed_call_leaves_no_sampler_state(fixture_artifacts, monkeypatch) -> None:
+    """A call interrupted midway (here: an exception after three sampled tokens, as Ctrl-C
+    would be) must not leave its seeded generators to the next call."""
+    llm = _llm(str(fixture_artifacts("llama")))
+    seeded = SamplingParams(max_tokens=10, temperature=1.0, seed=42, ignore_eos=True)
+    before = llm.generate(["Hello"], seeded)[0].token_ids
+    decode, calls = llm.tokenizer.decode, []
+
+    def interrupted(ids, *a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return decode(ids, *a, **kw)
+
+    monkeypatch.setattr(llm.tokenizer, "decode", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(["Hello"], seeded)
+    monkeypatch.setattr(llm.tokenizer, "decode", decode)
+    assert llm.generate(["Hello"], seeded)[0].token_ids == before
+
+
+def test_calls_from_two_threads_are_serialised(fixture_artifacts) -> None:
+    import threading
+
+    llm = _llm(str(fixture_artifacts("llama")))
+    prompts = [["Hello there", "x"], ["A much longer prompt that needs chunks", "Hi"]]
+    want = [[r.token_ids for r in llm.generate(p, GREEDY)] for p in prompts]
+    got: dict[int, list] = {}
+
+    def run(i: int) -> None:
+        got[i] = [r.token_ids for r in llm.generate(prompts[i], GREEDY)]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [got[0], got[1]] == want

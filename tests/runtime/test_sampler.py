@@ -109,7 +109,7 @@ def test_forget_restarts_the_request_stream():
     "bad",
     [
         {"temperature": -1.0},
-        {"top_p": 0.0},
+        {"top_p": -0.1},
         {"min_p": 1.5},
         {"max_tokens": 0},
         {"presence_penalty": 3.0},
