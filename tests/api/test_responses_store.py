@@ -81,19 +81,25 @@ def test_a_record_larger_than_the_store_is_refused_not_stored():
     assert "stores no responses (--response-store-max-records 0)" in e.value.message
 
 
+def not_found(store: ResponseStore, rid: str) -> ApiError:
+    """The error of continuing from `rid`, which must be a 404 naming the field."""
+    with pytest.raises(ApiError) as e:
+        store.require(rid, "previous_response_id")
+    assert (e.value.status, e.value.code, e.value.param) == (
+        404,
+        "response_not_found",
+        "previous_response_id",
+    )
+    return e.value
+
+
 def test_deleting_a_parent_keeps_the_child_context():
     store = ResponseStore(max_records=10, max_bytes=MIB)
     a = record("a")
     store.put(a)
     store.put(record("b", store.require("a")))
     store.delete("a")
-    with pytest.raises(ApiError) as e:
-        store.require("a", "previous_response_id")
-    assert (e.value.status, e.value.code, e.value.param) == (
-        404,
-        "response_not_found",
-        "previous_response_id",
-    )
+    not_found(store, "a")
     c = record("c", store.require("b"))
     assert [i["id"] for i in c.context][:2] == ["in_a", "msg_a"]
 
@@ -110,14 +116,7 @@ def test_from_config_uses_the_serve_flags():
 def test_a_running_response_is_not_retrievable_and_a_delete_keeps_it_unstored():
     store = ResponseStore(max_records=10, max_bytes=MIB)
     store.begin("a")
-    with pytest.raises(ApiError) as e:
-        store.require("a", "previous_response_id")
-    assert (e.value.status, e.value.code, e.value.param) == (
-        404,
-        "response_not_found",
-        "previous_response_id",
-    )
-    assert "still in progress" in e.value.message
+    assert "still in progress" in not_found(store, "a").message
     assert store.end("a") and not store.end("a")  # finished undisturbed: store it (once)
     store.begin("b")
     assert store.delete("b") and not store.delete("b")  # deleted while running
