@@ -15,6 +15,7 @@ engine's Sampler, so seeds mean the same thing as over HTTP.
 from __future__ import annotations
 
 import math
+import operator
 import os
 import threading
 from collections import deque
@@ -159,9 +160,12 @@ class LLM:
         if not ids:
             raise RequestError("empty prompt")
         vocab = self.executor.vocab_size
-        kinds = [t for t in ids if isinstance(t, bool) or not isinstance(t, int)]
-        if kinds:
-            raise RequestError(f"token ids must be integers, got {kinds[0]!r}")
+        try:  # numpy / torch integers too, as plain ints; no floats or bools
+            if any(isinstance(t, bool) for t in ids):
+                raise TypeError
+            ids = [operator.index(t) for t in ids]
+        except TypeError:
+            raise RequestError(f"token ids must be integers, got {ids!r:.80}") from None
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise RequestError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")

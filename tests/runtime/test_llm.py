@@ -142,6 +142,9 @@ def test_top_p_zero_is_argmax_and_stop_none_is_no_stop(fixture_artifacts) -> Non
     )
     with pytest.raises(RequestError, match="token ids must be integers"):
         llm.generate([[1.0, 2.0]], GREEDY)
+    ids = torch.tensor([5, 17, 3])  # integer elements of numpy / torch are plain ints
+    assert llm.generate([list(ids)], GREEDY)[0].prompt_token_ids == [5, 17, 3]
+    assert all(type(t) is int for t in llm.generate([list(ids)], GREEDY)[0].prompt_token_ids)
 
 
 def test_a_failed_call_leaves_no_sampler_state(fixture_artifacts, monkeypatch) -> None:
