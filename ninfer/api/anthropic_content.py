@@ -3,7 +3,7 @@
 `lower_conversation(system, messages, vision=...)` validates the wire conversation and returns
 a `Conversation`: the template-form messages (the dicts `GenerationRequest.messages` holds) in
 input order, the block-level cache breakpoints found on the way, and whether the last message
-is an Assistant prefill. Rules (spec/serving.md, "Anthropic Messages"):
+is an Assistant prefill. Rules (docs/serving.md, "Anthropic Messages"):
 
 - top-level `system`: a string, or text blocks joined without separators, becomes the first
   system message. When it is an array whose *first* block is a text block starting exactly with

@@ -10,7 +10,7 @@ Every error on an Anthropic endpoint (/v1/messages...) — a handler's `ApiError
 
 `details.error_code` is where the official client reads a stable machine code
 (`APIStatusError.error_code`); it carries ninfer's `ApiError.code`. The status and category
-follow the spec ("Anthropic Messages"): admission overload is HTTP 529 overloaded_error,
+follow docs/serving.md ("Anthropic Messages"): admission overload is HTTP 529 overloaded_error,
 queue and media timeouts HTTP 504 timeout_error, internal failures 500 api_error.
 """
 

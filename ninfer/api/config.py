@@ -1,7 +1,7 @@
 """`ninfer serve` options, read once into one frozen, validated object.
 
 Fields are named like the flags (`--max-concurrency` -> `max_concurrency`) and default to the
-executable defaults of spec/serving.md, "Server options". Construction validates every value and
+executable defaults of docs/serving.md, "Server options". Construction validates every value and
 every combination that can be judged without the artifact, raising `ConfigError` with a
 one-line message naming the flag; `check_capabilities` judges the rest once the artifact's
 components are known. `model_context_warning` and `kv_pool_warning` word what startup logs
@@ -38,7 +38,7 @@ _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 class ServeConfig:
     """Every `ninfer serve` option. Units: `*_ms` milliseconds, `*_mib` MiB, contexts tokens.
 
-    `device` is resolved: "cpu" or "cuda:N". `kv_dtype` None is the spec default bf16 on cuda
+    `device` is resolved: "cpu" or "cuda:N". `kv_dtype` None is the default: bf16 on cuda
     and the compute dtype on cpu (where bf16 KV would only lose precision against the
     float32 reference), as `CompileOptions` resolves it. `kv_capacity` is tokens, "auto" (fill the device
     memory left after weights and workspaces, keeping 1 GiB headroom; resolved by the engine
@@ -274,7 +274,7 @@ def check_capabilities(config: ServeConfig, components: list[str] | tuple[str, .
 
 def kv_pool_warning(config: ServeConfig, kv_tokens: int) -> str | None:
     """What startup logs when the KV pool (`kv_tokens`, as the engine resolved --kv-capacity)
-    cannot hold one --max-context sequence: the spec lets the two be set apart, and a prompt
+    cannot hold one --max-context sequence: docs/serving.md lets the two be set apart, and a prompt
     longer than the pool is then refused per request (400, naming --kv-capacity); vLLM refuses
     such a pool at startup instead. None when the pool holds one."""
     if kv_tokens >= config.max_context:
@@ -316,7 +316,7 @@ def model_context_warning(config: ServeConfig, model_config: Mapping[str, Any]) 
     """What startup logs when --max-context exceeds the model's trained context
     (`trained_context` of the artifact's config), as llama.cpp's server warns when its context
     exceeds n_ctx_train: positions the model never saw are served, and their output degrades.
-    Not refused: the spec's default (8192) is fixed, whatever the model. None when within."""
+    Not refused: the default (8192) is fixed, whatever the model. None when within."""
     limit = trained_context(model_config)
     if limit is None or config.max_context <= limit:
         return None

@@ -51,7 +51,7 @@ class SamplingOptions:
 @dataclass(frozen=True)
 class CachePoint:
     """An explicit prompt-cache breakpoint: the engine should keep a prefix checkpoint where the
-    marked part ends in the rendered prompt (spec/serving.md, "OpenAI prompt caching" and the
+    marked part ends in the rendered prompt (docs/serving.md, "Prompt caching hints", and the
     Anthropic cache_control rules). Exactly one form:
 
     - `CachePoint(message=i, offset=k)`: after the first k content units of template message i,
@@ -149,7 +149,7 @@ class PromptProgress:
 
 @dataclass(frozen=True)
 class Timings:
-    """llama.cpp-compatible timings (milliseconds), as the serving spec defines them."""
+    """llama.cpp-compatible timings (milliseconds), as docs/serving.md ("Timings and progress") defines them."""
 
     cache_n: int
     prompt_n: int

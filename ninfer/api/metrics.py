@@ -1,5 +1,5 @@
 """GET /metrics: Prometheus text format 0.0.4 from published engine snapshots plus API-side
-request observations (spec/serving.md, "Live metrics").
+request observations (docs/serving.md, "Live metrics").
 
     engine worker ──publishes──▶ EngineStats snapshot ◀──reads── EngineCollector.collect()
     ModelService ──RequestTrack──▶ ServerMetrics (Sink): requests_total{outcome}, histograms
@@ -10,7 +10,7 @@ never resets anything. Engine counters are reported relative to the snapshot tak
 `ServerMetrics` is built (after the startup warm-up), so they start at zero for clients. After an
 engine failure the last snapshot stays readable and `ninfer_engine_ready` is 0.
 
-Every family of the spec is always present. Host-work phases (ninfer.runtime.host_work), host
+Every family docs/serving.md lists is always present. Host-work phases (ninfer.runtime.host_work), host
 context bytes and snapshot transfers come from the engine. Families this engine has nothing to
 count for read optional snapshot attributes and stay 0: speculative decoding (no --spec backend
 runs here) and `materializing` (no context is materialized outside binding):

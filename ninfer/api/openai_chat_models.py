@@ -1,7 +1,7 @@
 """The OpenAI Chat Completions request: parsing, validation and the normalized form.
 
 `parse_chat_request(body, model_id=..., vision=...)` turns a decoded JSON body into a frozen
-`ChatRequest` or raises a field-specific `ApiError` (spec/serving.md, "OpenAI Chat
+`ChatRequest` or raises a field-specific `ApiError` (docs/serving.md, "OpenAI Chat
 Completions"). It needs no engine, tokenizer or template: it decides only what the request
 *says*. Later stages resolve it against the server:
 

@@ -1,4 +1,4 @@
-"""OpenAI Responses Core over the model service (spec/serving.md, "OpenAI Responses Core").
+"""OpenAI Responses Core over the model service (docs/serving.md, "OpenAI Responses").
 
 Routes:
 

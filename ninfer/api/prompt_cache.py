@@ -1,7 +1,7 @@
 """Prompt-cache write candidates: where in the prompt's token ids the engine keeps checkpoints.
 
 `prompt_checkpoints(...)` maps a request's semantic cache boundaries to exact token frontiers
-of its already encoded prompt (spec/serving.md, "OpenAI prompt caching" and the Anthropic
+of its already encoded prompt (docs/serving.md, "Prompt caching hints", and the Anthropic
 cache_control rules):
 
 - the end of the conversation before the generation prompt (what a follow-up turn shares);

@@ -1,5 +1,5 @@
-"""--request-log-jsonl FILE: the machine-readable measurement log (spec/serving.md, "Structured
-request log"; the schema is documented in docs/request-log.md).
+"""--request-log-jsonl FILE: the machine-readable measurement log (docs/serving.md, "Request
+log and stderr records"; the schema is documented in docs/request-log.md).
 
 One JSON object per line, appended and flushed per event, every one carrying
 
@@ -34,7 +34,7 @@ from ninfer.errors import ConfigError
 from ninfer.runtime.request import FIRST_OUTPUT_PARTS
 
 SCHEMA = "ninfer_serve_request_log"
-SCHEMA_VERSION = 24  # spec/serving.md: "one ninfer_serve_request_log schema-v24 JSON object"
+SCHEMA_VERSION = 24  # docs/request-log.md: schema_version 24
 HOST_PHASES = (
     "engine_boundary",
     "program_submit",

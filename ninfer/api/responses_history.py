@@ -2,7 +2,7 @@
 
 `items_to_messages(items, tools, ...)` takes the stored chain's Items followed by the new input
 (all canonical, see responses_items) and returns template-form messages plus prefix-cache write
-points (spec/serving.md, "Input Item contract" and "OpenAI prompt caching"):
+points (docs/serving.md, "Responses input Items" and "Prompt caching hints"):
 
     reasoning* -> message(assistant)* -> function_call*   one assistant turn
     function_call_output+                               tool results, reordered to call order

@@ -1,6 +1,6 @@
 """Responses input Items: validation of the wire `input` into canonical Items.
 
-Two steps (spec/serving.md, "Input Item contract"):
+Two steps (docs/serving.md, "Responses input Items"):
 
 1. `parse_input(value, "input", vision=...)` validates the wire `input` (a string or an Item
    array) into canonical Items: JSON-ready dicts in client order, each with an `id` (kept when

@@ -4,7 +4,7 @@
 body into a frozen `ResponsesRequest`; `parse_count_request` does the same for
 `POST /v1/responses/input_tokens`, which accepts only the prompt-shaping fields. Both need no
 engine and no store: resolving `previous_response_id` and rendering happen later
-(`openai_responses.py`). Contract: spec/serving.md, "OpenAI Responses Core", "Create request
+(`openai_responses.py`). Contract: docs/serving.md, "OpenAI Responses", "Responses create
 fields" and "Responses input token count".
 
 - Unknown top-level fields fail with 400 `unknown_parameter`.
@@ -153,8 +153,8 @@ def _parse(
                 raise unknown_parameter(f"reasoning.{key}")
         effort = get_enum(reasoning, "effort", REASONING_EFFORTS, "reasoning.effort")
         # "auto" asks for the best summary the model has: none here, and the reasoning Items
-        # carry summary []; "concise" / "detailed" ask for one NInfer cannot write (spec:
-        # recognized but unsupported features are a field-specific 400)
+        # carry summary []; "concise" / "detailed" ask for one NInfer cannot write (docs/serving.md:
+        # recognised but unsupported features are a field-specific 400)
         for key in ("summary", "generate_summary"):
             value = get_enum(reasoning, key, ("auto", "concise", "detailed"), f"reasoning.{key}")
             if value in ("concise", "detailed"):

@@ -1,7 +1,7 @@
 """The local Response store: a bounded LRU of terminal Responses and their conversation state.
 
-Stored Responses live only in this process (spec/serving.md, "Local response state and
-resources"). A `StoredResponse` holds:
+Stored Responses live only in this process (docs/serving.md, "Stored
+Responses"). A `StoredResponse` holds:
 
     response      the terminal wire object (what GET /v1/responses/{id} returns)
     input_items   the canonical input Items supplied to that request (GET .../input_items)
@@ -19,7 +19,7 @@ a record that alone exceeds a bound fails with `response_store_capacity_exceeded
 stored). `get` marks a record recently used. Single-threaded (the HTTP event loop) use only.
 
 A store:true Response is *running* from its create until it ends (`begin` / `end`): it is not
-retrievable yet (404 saying so, as the spec retrieves terminal objects only), and a DELETE then
+retrievable yet (404 saying so, as GET retrieves terminal objects only), and a DELETE then
 succeeds and means it is never stored: `end` tells the create whether to store its result.
 """
 

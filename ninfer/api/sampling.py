@@ -1,6 +1,6 @@
 """Sampler defaults: registered per-architecture presets by thinking mode, process flags, request.
 
-Resolution order (serving spec, "Server options"): the registered preset of the loaded
+Resolution order (docs/serving.md, "Sampling defaults"): the registered preset of the loaded
 architecture for the request's resolved thinking mode (or, for an architecture without one, the
 artifact's generation_config), then process flags (--temperature ...), then request fields;
 --greedy finally forces temperature 0. A top_p of 0 (valid on every protocol) keeps only the

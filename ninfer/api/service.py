@@ -130,8 +130,8 @@ class ModelService:
         )
         self.default_thinking_budget = default_thinking_budget
         # generations alive from entry (before preparation) until their response is released:
-        # the lifetime capacity is max_concurrency + max_pending_requests (spec, "Execution
-        # behavior"); beyond it a new one gets 429 server_overloaded at once
+        # the lifetime capacity is max_concurrency + max_pending_requests (docs/serving.md,
+        # "Execution and capacity"); beyond it a new one gets 429 server_overloaded at once
         config = getattr(engine, "config", None)
         self.capacity: int | None = (
             config.max_concurrency + config.max_pending_requests if config is not None else None
@@ -287,7 +287,7 @@ class ModelService:
     async def _generate(
         self, req: GenerationRequest, track: RequestTrack
     ) -> AsyncIterator[GenerationEvent]:
-        t_prepare = time.monotonic()  # the pending timeout counts from here (spec)
+        t_prepare = time.monotonic()  # the pending timeout counts from here
         prepared = await asyncio.to_thread(self.prepare, req)
         prompt_len = len(prepared.prompt_ids)
         room = self.max_context - prompt_len

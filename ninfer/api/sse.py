@@ -62,8 +62,8 @@ async def open_events(
 ) -> GenerationEvent | asyncio.Task[GenerationEvent]:
     """The first event of a stream, or, when none came within `wait_s` (a request waiting for
     admission), the task still awaiting it: the stream then opens and keep-alive comments
-    heartbeat the waiting client, so that a vanished one is noticed (spec: "including while the
-    request is waiting"). Errors that arrive in time raise here, before any byte, as real HTTP
+    heartbeat the waiting client, so that a vanished one is noticed (docs/serving.md, "Streams
+    and status codes"). Errors that arrive in time raise here, before any byte, as real HTTP
     statuses (429/503/400)."""
     task = asyncio.ensure_future(first_event(events))
     done, _ = await asyncio.wait({task}, timeout=KEEPALIVE_AFTER_S if wait_s is None else wait_s)

@@ -93,7 +93,7 @@ def resolve_template_options(
 ) -> TemplateOptions:
     """Merge typed request fields, `chat_template_kwargs` and server defaults.
 
-    Rules (spec "OpenAI Chat Completions"):
+    Rules (docs/serving.md, "Thinking and template options"):
     - a null standard option means unspecified; other null kwargs stay None;
     - a standard option given both as a typed field and in kwargs must agree, else
       `conflicting_template_option`;

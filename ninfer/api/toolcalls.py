@@ -11,7 +11,7 @@ Wire format written by the model (and by `templates/qwen_xml.jinja` for history)
     </function>
     </tool_call>
 
-Contract of `ToolCallParser` (spec "OpenAI Chat Completions", "tool-call parse diagnostics"):
+Contract of `ToolCallParser` (docs/serving.md, "Tool calls"; docs/request-log.md, tool_call_parse):
 
 - Text before the first `<tool_call>` is content and streams at once; only a suffix that may be
   the start of `<tool_call>` is held back.

@@ -8,7 +8,7 @@ pool smaller than --max-context logged as a warning, warm-up run), then listen. 
 answers only once the engine is ready: the port is bound before the engine is built (a busy
 port fails at once) but listens only after warm-up.
 
-Options and defaults: spec/serving.md, "Server options".
+Options and defaults: docs/serving.md, "Server options".
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 # fmt: off
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Every option of spec/serving.md "Server options", plus --chat-template and --dtype."""
+    """Every option of docs/serving.md, "Server options"."""
     p.formatter_class = _HelpFormatter
     p.add_argument("artifact", nargs="?", metavar="ARTIFACT",
                    help=".ninfer file to serve; omitted: the embedded SmolLM2-135M-Instruct demo model")

@@ -1,7 +1,7 @@
 """The engine's options, read once into one frozen, validated object.
 
 Fields are named like the `ninfer serve` flags (`--max-concurrency` -> `max_concurrency`) and
-have the same defaults (spec/serving.md, "Server options"). Loading from argv or keywords
+have the same defaults (docs/serving.md, "Server options"). Loading from argv or keywords
 happens elsewhere; this file only states what a valid combination is.
 
 No torch import: the scheduler and its tests build this object on any machine.

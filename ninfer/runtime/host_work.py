@@ -1,6 +1,6 @@
-"""Engine worker wall time, split into mutually exclusive segments (spec/serving.md, "Live
-metrics": ninfer_host_work_seconds_total{phase}, ninfer_device_wait_seconds_total; "Structured
-request log": throughput.host_work).
+"""Engine worker wall time, split into mutually exclusive segments (docs/serving.md, "Live
+metrics": ninfer_host_work_seconds_total{phase}, ninfer_device_wait_seconds_total; and
+docs/request-log.md: throughput.host_work).
 
 The worker calls `start()` when it wakes and `lap(segment)` at the end of every segment: the time
 since the previous mark goes to that segment, so each wall-time interval is counted once,

@@ -1,4 +1,4 @@
-"""`ninfer.LLM`: the offline Python API (DESIGN.md "Python").
+"""`ninfer.LLM`: the offline Python API (docs/design.md, "Python API").
 
     llm = LLM("model.ninfer", device="cpu", dtype="float32", max_concurrency=8, kv_capacity=4096)
     out = llm.generate(["Hello"], SamplingParams(max_tokens=16, temperature=0.0))

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from ninfer.runtime.sequence import Sequence
 
 PauseRoute = Literal["snapshot", "replay"]
-# ninfer_context_transfer_bytes_total labels (spec/serving.md, "Live metrics")
+# ninfer_context_transfer_bytes_total labels (docs/serving.md, "Live metrics")
 KV, STATE = "main_kv", "state"
 D2H, H2D = "device_to_host", "host_to_device"
 

@@ -29,7 +29,7 @@ QWEN_MARKUP = (
     "</tool_response>",
 )
 
-# The metric families the serving spec requires, by Prometheus type, as
+# The metric families docs/serving.md lists, by Prometheus type, as
 # prometheus_client's parser names them (counters without _total). Shared with the e2e suite.
 METRIC_FAMILIES: dict[str, set[str]] = {
     "gauge": {

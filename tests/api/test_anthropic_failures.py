@@ -1,6 +1,6 @@
 """A Messages generation that fails after it started maps its engine cause to the Anthropic
-status the spec's error rows give (overload 529, queue timeout 504, otherwise 500
-engine_error), the same in the aggregate response and in the SSE error event."""
+status docs/serving.md gives ("Anthropic Messages": overload 529, queue timeout 504, otherwise
+500 engine_error), the same in the aggregate response and in the SSE error event."""
 
 from __future__ import annotations
 

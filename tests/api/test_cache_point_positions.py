@@ -1,5 +1,5 @@
-"""Where explicit prompt-cache breakpoints put their checkpoints (spec/serving.md, "OpenAI
-prompt caching" and the Anthropic cache_control rows): at the end of the marked part itself -
+"""Where explicit prompt-cache breakpoints put their checkpoints (docs/serving.md, "Prompt
+caching hints", and the Anthropic cache_control rules): at the end of the marked part itself -
 a content part, a system block, a tool definition, a tool call, a tool result - never after the
 rest of its message or its closing tokens. Real tokenizer and template; preparation stops
 before the engine. A boundary inside a token is ignored, and locating boundaries never encodes

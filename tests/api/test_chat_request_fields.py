@@ -78,7 +78,7 @@ def test_minimal_request_defaults():
             {"stream": True, "stream_options": {"include_usage": False}},
             lambda r: r.stream and not r.include_usage,
         ),
-        # stream options without a stream are semantically neutral (spec: accepted), though
+        # stream options without a stream are semantically neutral (accepted, docs/serving.md), though
         # OpenAI and vLLM refuse them
         ({"stream": False, "stream_options": {"include_usage": True}}, lambda r: not r.stream),
         (

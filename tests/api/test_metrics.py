@@ -1,4 +1,4 @@
-"""GET /metrics on the real in-process server (tiny trained agent, CPU): every family of the spec,
+"""GET /metrics on the real in-process server (tiny trained agent, CPU): every family docs/serving.md lists,
 counters that move by exactly a request's tokens, histogram counts, authentication, and
 readability after the engine stopped."""
 

@@ -1,7 +1,7 @@
 """A streamed Response whose request waits for admission: the stream opens at once with
 response.created / response.in_progress, keep-alive comments cover the wait, and a refusal that
-arrives after the stream started ends it in response.failed (spec: "All three generation SSE
-endpoints emit ... keep-alive ... including while the request is waiting"). The event source
+arrives after the stream started ends it in response.failed (docs/serving.md, "Streams and
+status codes"). The event source
 stands in for a queued engine request; the real queue is exercised by the e2e overload tests."""
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def test_in_time_refusal_is_raised_before_the_stream():
 
 def test_a_response_deleted_while_streaming_is_never_stored():
     """DELETE answers for a running store:true Response and keeps its result out of the store;
-    GET says it is still in progress until then (spec: GET returns terminal objects)."""
+    GET says it is still in progress until then (GET returns terminal objects)."""
     from ninfer.api.errors import ApiError
     from ninfer.api.generation import ContentText, Finished, Timings, Usage
     from ninfer.api.openai_responses import response_store

@@ -1,5 +1,5 @@
 """Context limits `ninfer serve` serves but cannot fully honour start with a warning, not a
-refusal (the spec fixes --max-context's default at 8192 and lets --kv-capacity be set apart
+refusal (--max-context's default is fixed at 8192 and lets --kv-capacity be set apart
 from it): a KV pool smaller than one --max-context sequence (prompts longer than the pool are
 then refused per request, naming --kv-capacity), and a --max-context beyond the model's trained
 context (logged as llama.cpp's server does)."""
@@ -100,7 +100,7 @@ def test_max_context_beyond_the_trained_context_starts_with_a_warning(tiny_agent
     ]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="ninfer.serve"):
-        serve.open_artifact(parse(str(tiny_agent)))  # the spec's default 8192 is served too
+        serve.open_artifact(parse(str(tiny_agent)))  # the default 8192 is served too
         assert "--max-context 8192 exceeds" in caplog.text
         caplog.clear()
         serve.open_artifact(parse(str(tiny_agent), "--max-context", "2048"))

@@ -1,4 +1,4 @@
-"""`ninfer serve` options: every flag of the spec's table, its default, its validation, and the
+"""`ninfer serve` options: every flag of docs/serving.md's "Server options", its default, its validation, and the
 refusal of capabilities the artifact lacks."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def help_text() -> str:
     return p.format_help()
 
 
-# The spec's "Server options" table: flag -> (ServeConfig field, executable default).
+# The "Server options" table of docs/serving.md: flag -> (ServeConfig field, executable default).
 SPEC_DEFAULTS = {
     "--host": ("host", "127.0.0.1"),
     "--port": ("port", 8080),

@@ -1,4 +1,4 @@
-"""The lifetime capacity of generations (spec, "Execution behavior"): max_concurrency +
+"""The lifetime capacity of generations (docs/serving.md, "Execution and capacity"): max_concurrency +
 max_pending_requests counts a generation from its entry, before preparation, until its response
 is released, not only while the engine holds it. Beyond it a new one gets 429 server_overloaded
 at once, and a released response makes room again."""

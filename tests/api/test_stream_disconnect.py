@@ -1,7 +1,7 @@
 """A streamed request whose client is gone by the time the stream opens (it waited for
 admission longer than the keep-alive interval) is cancelled then, not when the engine admits it
-(spec: "a dead or unacknowledging peer is normally cancelled within about 20 seconds, including
-while the request is waiting"): the whole app over ASGI, with a service whose generation waits
+(docs/serving.md, "Streams and status codes": a dead peer is cancelled within about 20 s,
+even while its request waits): the whole app over ASGI, with a service whose generation waits
 for an admission that never comes."""
 
 from __future__ import annotations

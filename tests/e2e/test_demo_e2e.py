@@ -1,5 +1,5 @@
 """`ninfer serve` with no artifact serves the embedded demo model (SmolLM2-135M-Instruct);
-the spec's curl-style requests work against it through the official `openai` client."""
+docs/serving.md's curl-style requests work against it through the official `openai` client."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def test_serves_the_demo_model_by_its_name(client):
 
 
 def test_spec_curl_example(demo_server):
-    # the spec's first curl example, with this server's model id
+    # docs/serving.md's first curl example, with this server's model id
     r = httpx.post(
         demo_server.base_url + "/v1/chat/completions",
         timeout=120,

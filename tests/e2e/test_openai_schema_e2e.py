@@ -31,7 +31,7 @@ MODEL = "tiny-agent"
 STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
 TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 # Fields outside the SDK schema, as `Model.field`. Chat: the documented reasoning_content and
-# llama.cpp-compatible timings extensions (spec/serving.md). Responses: the API reference's
+# llama.cpp-compatible timings extensions (docs/serving.md). Responses: the API reference's
 # Response object carries `store` and its function_call_arguments.done event the call's `name`;
 # this SDK version's models declare neither.
 CHAT_EXTENSIONS = {
@@ -62,7 +62,7 @@ def _extra_in(value: Any) -> set[str]:
 def with_cache_writes(data: Any) -> Any:
     """`data` with `cache_write_tokens` added where the SDK's ResponseUsage requires it.
 
-    The spec's checkpoint-native usage reports `input_tokens_details.cached_tokens` only:
+    ninfer's checkpoint-native usage reports `input_tokens_details.cached_tokens` only:
     ninfer proves reused prefixes but does not account cache writes, so the field is absent
     and is the one schema difference tolerated here."""
     if isinstance(data, dict):
