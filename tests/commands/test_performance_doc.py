@@ -46,3 +46,25 @@ def test_quoted_figures_match_their_reports() -> None:
         assert any(abs(f - value) <= 0.01 for f in found), (report, column, value, found)
         checked += 1
     assert checked >= 6
+
+
+def test_results_keep_stable_names_and_one_history() -> None:
+    """bench/results holds the newest report of each configuration under a stable name (no
+    per-session copies such as `-s13`), each as Markdown and JSON; every earlier report is a
+    row of HISTORY.md, so each report docs/performance-log.md names is current or there."""
+    reports = {p.stem for p in RESULTS.glob("*.md")} - {"HISTORY"}
+    per_session = sorted(n for n in reports if re.search(r"-s\d+[a-z]?$", n))
+    assert not per_session, f"per-session reports in bench/results: {per_session}"
+    for name in reports:
+        assert (RESULTS / f"{name}.json").exists(), f"bench/results/{name}.json"
+    history = (RESULTS / "HISTORY.md").read_text()
+    retired = set(re.findall(r"^\| [\d-]+ \| [0-9a-f]{7,} \| `([\w.-]+)`", history, re.MULTILINE))
+    assert len(retired) >= 50
+    renamed = dict(re.findall(r"^\| `([\w.-]+)` \| `([\w.-]+)` \|", history, re.MULTILINE))
+    assert set(renamed) <= reports, "HISTORY.md lists a current report that does not exist"
+    retired |= set(renamed.values())
+    log = (ROOT / "docs" / "performance-log.md").read_text()
+    named = set(re.findall(r"`(qwen3[\w.-]*)`", log))
+    assert named
+    unknown = sorted(named - reports - retired)
+    assert not unknown, f"docs/performance-log.md names reports found nowhere: {unknown}"
