@@ -86,3 +86,34 @@ def test_no_committed_file_points_outside_the_repository() -> None:
     assert len(files) > 100, f"found only {len(files)} files under {ROOT}"
     report = [f"{p.relative_to(ROOT)} {o}" for p in files for o in offences(p)]
     assert not report, "\n".join(report)
+
+
+# A section reference: docs/serving.md or docs/design.md followed by quoted headings (also split
+# over comment lines, or several joined by "and"); each must be a heading of that document.
+SECTION_REFERENCE = re.compile(
+    r"docs/(serving|design)\.md(?:'s)?,?[\s#]*\(?((?:[\s#]*(?:,|and)?[\s#]*\"[A-Z][^\"]{2,60}\")+)"
+)
+
+
+def test_section_references_name_real_headings() -> None:
+    headings = {
+        doc: {
+            " ".join(h.split())
+            for h in re.findall(
+                r"^#+ (.+)$", (ROOT / "docs" / f"{doc}.md").read_text(), re.MULTILINE
+            )
+        }
+        for doc in ("serving", "design")
+    }
+    checked, wrong = 0, []
+    for path in tracked_files():
+        if path.suffix not in (".py", ".md", ".toml") or not path.is_file():
+            continue
+        for m in SECTION_REFERENCE.finditer(path.read_text(encoding="utf-8", errors="replace")):
+            for name in re.findall(r"\"([^\"]+)\"", m.group(2)):
+                name = " ".join(name.replace("#", " ").split())
+                checked += 1
+                if name not in headings[m.group(1)]:
+                    wrong.append(f"{path.relative_to(ROOT)}: docs/{m.group(1)}.md has no {name!r}")
+    assert checked >= 20, checked
+    assert not wrong, "\n".join(wrong)
