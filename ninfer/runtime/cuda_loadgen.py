@@ -157,9 +157,10 @@ def _read_stream(resp: Any, rec: RequestTiming) -> None:
             err = chunk["error"]
             rec.error = f"stream error {err.get('code') or err.get('type')}: {err.get('message')}"
             return
-        if chunk.get("usage"):
-            usage, end = chunk["usage"], now
         timings = chunk.get("timings") or timings
+        if chunk.get("usage"):  # the final chunk: its totals are placed below
+            usage, end = chunk["usage"], now
+            continue
         seen = (chunk.get("timings") or {}).get("predicted_n")
         if seen is None:  # a server without per-token timings: one token per text delta
             for choice in chunk.get("choices", []):

@@ -111,3 +111,35 @@ def test_failed_requests_say_why(url):
     assert reason.startswith("HTTP 400 context_length_exceeded: the prompt has")
     printed = bench.format_report({"mode": "serve", "input_len": 20, "results": [row]})
     assert f"failed at batch 2: 1 x {reason}" in printed
+
+
+def test_a_stream_without_text_is_counted_from_usage_and_timings():
+    """Random weights can sample tokens that never form text: the stream then has no content
+    chunk, only the finish and usage chunks (the server's format, as the real-server tests
+    above exercise it). The request counts its usage tokens, placed over the server's decode
+    time, instead of failing."""
+    from ninfer.runtime.cuda_loadgen import RequestTiming, _read_stream
+
+    def sse(obj: dict) -> bytes:
+        return b"data: " + json.dumps(obj).encode() + b"\n"
+
+    choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+    timings = {"prompt_n": 40, "prompt_ms": 12.0, "predicted_n": 5, "predicted_ms": 80.0}
+    body = [
+        sse({"object": "chat.completion.chunk", "choices": [choice]}), b"\n",
+        sse({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}),
+        sse({"object": "chat.completion.chunk", "choices": [], "timings": timings,
+             "usage": {"prompt_tokens": 40, "completion_tokens": 5, "total_tokens": 45}}),
+        b"data: [DONE]\n",
+    ]  # fmt: skip
+    rec = RequestTiming(time.perf_counter())
+    _read_stream(iter(body), rec)
+    assert rec.error is None and rec.estimated and rec.output_tokens == 5
+    assert rec.prompt_tokens == 40
+    assert rec.tpot() == pytest.approx(0.080 / 4)  # the server's decode time over 4 gaps
+    row = summarise([rec])
+    assert (row["failed"], row["output_tokens"], row["estimated_timings"]) == (0, 5, 1)
+    printed = bench.format_report(
+        {"mode": "serve", "input_len": 40, "results": [{"batch": 1, **row}]}
+    )
+    assert "batch 1: 1 requests streamed no text" in printed
