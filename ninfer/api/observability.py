@@ -19,7 +19,7 @@ from ninfer.api.metrics import ServerMetrics
 from ninfer.api.observe import Observer, Sink
 from ninfer.api.oplog import OpLogSink
 from ninfer.api.request_log import RequestLog, RequestLogSink
-from ninfer.api.server_start import server_start_fields
+from ninfer.api.server_start import resolve_context_cost, server_start_fields
 from ninfer.api.state import ServerState
 from ninfer.api.throughput import ThroughputReporter
 
@@ -62,6 +62,8 @@ class Observability:
         """Install metrics (state.extra["metrics"]), the service's observer and the throughput
         reporter; write server_start to `request_log`. `argv` defaults to sys.argv."""
         cfg = state.config
+        # resolved once, before serving; the operational record names each part's source
+        log.info(resolve_context_cost(state, artifact).summary())
         metrics = ServerMetrics(state, model_labels(state, artifact))
         state.extra["metrics"] = metrics
         sinks: list[Sink] = [metrics, OpLogSink()]

@@ -204,6 +204,9 @@ def _call_name(fn: dict[str, Any], param: str) -> str:
 
 
 def _arguments(fn: dict[str, Any], param: str) -> str:
+    """The call's arguments as JSON text of an object. Text that is not (`"{"`, `"[1]"`) is
+    refused here, as Responses refuses a function_call Item's: the template could not render it
+    as parameters, and silently dropping or rewriting it would change the model's history."""
     args = fn.get("arguments")
     if args is None:
         return "{}"
@@ -211,6 +214,12 @@ def _arguments(fn: dict[str, Any], param: str) -> str:
         return json.dumps(args, ensure_ascii=False)
     if not isinstance(args, str):
         raise errors.invalid_type(f"{param}.arguments", "a JSON string", args)
+    try:
+        parsed = json.loads(args)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise errors.invalid_value(f"{param}.arguments", "must be the JSON text of an object")
     return args
 
 

@@ -65,9 +65,11 @@ __all__ = [
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 TOP_K_MAX = 20
 MAX_CACHE_WRITES = 4  # prompt-cache write candidates per request
-# Known constrained-decoding aliases from other servers: rejected explicitly, never ignored.
+# Known constrained-decoding aliases from other servers (llama.cpp's grammar and json_schema,
+# vLLM's structured_outputs and guided_*): rejected explicitly, never ignored.
 CONSTRAINED_ALIASES = (
-    "grammar", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+    "grammar", "json_schema", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+    "guided_grammar",
 )  # fmt: skip
 CONSTRAINED = "constrained (grammar/JSON-schema) decoding"
 

@@ -11,7 +11,7 @@ Routes:
     POST   /v1/responses/compact              fails: compaction_not_supported
 
 A create request is validated (`responses_request`), its parent chain fetched from the local
-store, the chain's Items plus the new input lowered to template messages (`responses_items`),
+store, the chain's Items plus the new input lowered to template messages (`responses_prepare`),
 and the resulting `GenerationRequest` run by `ModelService`. `OutputBuilder` turns the event
 stream into output Items for both the JSON body and the SSE stream. Preparation and admission
 errors are ordinary HTTP errors: the stream starts only after the first event. A stored root
@@ -26,7 +26,6 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from litestar import Request, Response, delete, get, post
@@ -39,14 +38,18 @@ from ninfer.api import errors
 from ninfer.api.disconnect import unless_disconnected
 from ninfer.api.errors import CLIENT_CLOSED_STATUS, ApiError
 from ninfer.api.fields import parse_json_object
-from ninfer.api.generation import Finished, GenerationEvent, GenerationRequest, SamplingOptions
-from ninfer.api.observe import RequestTrack
-from ninfer.api.responses_history import has_user_message, items_to_messages
-from ninfer.api.responses_items import check_unique_ids, new_id
-from ninfer.api.responses_request import ResponsesRequest, parse_count_request, parse_create_request
+from ninfer.api.generation import Finished, GenerationEvent
+from ninfer.api.responses_prepare import (
+    SESSION_PREFIX,
+    Prepared,
+    envelope_size,
+    prepare,
+    response_object,
+    usage_dict,
+)
+from ninfer.api.responses_request import parse_count_request, parse_create_request
 from ninfer.api.responses_sse import STATUS, OutputBuilder, SseFramer
 from ninfer.api.responses_store import (
-    StoredResponse,
     json_size,
     list_page,
     make_record,
@@ -57,15 +60,20 @@ from ninfer.api.responses_store import (
 )
 from ninfer.api.sse import first_event, generation_closer, open_events, with_keepalive
 from ninfer.api.state import ServerState
-from ninfer.api.template_options import (
-    TemplateOptions,
-    ThinkingDefaults,
-    resolve_template_options,
-)
 
 log = logging.getLogger("ninfer.api.responses")
 
-SESSION_PREFIX = "resp:"
+__all__ = [  # the preparation half lives in responses_prepare; tests import it from here too
+    "SESSION_PREFIX",
+    "Prepared",
+    "envelope_size",
+    "list_page",
+    "prepare",
+    "response_object",
+    "response_store",
+    "route_handlers",
+    "usage_dict",
+]
 
 
 def _service(state: ServerState) -> Any:
@@ -73,168 +81,6 @@ def _service(state: ServerState) -> Any:
     if service is None:
         raise errors.engine_unavailable()
     return service
-
-
-# -----------------------------------------------------------------------------------------------
-# Preparation: request + stored chain -> GenerationRequest
-# -----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """Everything a create needs after validation: the generation, the parent record and the
-    chain state to store with the result."""
-
-    response_id: str
-    req: ResponsesRequest
-    parent: StoredResponse | None
-    generation: GenerationRequest
-    options: TemplateOptions
-    session_key: str | None
-    tracks: list[RequestTrack] = field(default_factory=list)  # told when storing fails
-
-
-def prepare(
-    state: ServerState, req: ResponsesRequest, *, response_id: str | None = None
-) -> Prepared:
-    """Resolve `previous_response_id`, lower the conversation and build the GenerationRequest.
-    Raises ApiError (404 response_not_found, 400 for history and template-option errors)."""
-    rid = response_id or new_id("resp_")
-    store = response_store(state)
-    parent = (
-        store.require(req.previous_response_id, "previous_response_id")
-        if req.previous_response_id
-        else None
-    )
-    history = parent.context if parent is not None else ()
-    if not req.input_items and not (parent is not None and has_user_message(history)):
-        # omitted or empty input only continues a chain that already holds a user query
-        if not req.input_given:
-            raise errors.missing("input")
-        raise ApiError(
-            400,
-            "'input' is empty: it may be empty only when previous_response_id names a stored"
-            " Response whose conversation already has a user message",
-            code="missing_required_parameter",
-            param="input",
-        )
-    items = (*history, *req.input_items)
-    check_unique_ids(items, "input", offset=len(history))
-    preserve = req.preserve_thinking
-    kwargs = req.chat_template_kwargs or {}
-    if preserve is None and kwargs.get("preserve_thinking") is None and parent is not None:
-        preserve = parent.preserve_thinking  # children inherit the chain's resolved value
-    cfg = state.config
-    options = resolve_template_options(
-        preserve_thinking=preserve,
-        reasoning_effort=req.reasoning_effort,
-        chat_template_kwargs=req.chat_template_kwargs,
-        defaults=ThinkingDefaults.from_flags(cfg.thinking, cfg.preserve_thinking),
-        fields={"reasoning_effort": "reasoning.effort"},
-    )
-    explicit = req.preserve_thinking
-    if explicit is None:
-        explicit = kwargs.get("preserve_thinking")
-    # the chain's thinking history renders differently from the parent's (request_start flag)
-    semantic_change = (
-        parent is not None
-        and explicit is not None
-        and bool(options.preserve_thinking) != bool(parent.preserve_thinking)
-    )
-    lowered = items_to_messages(
-        items,
-        req.tools,
-        instructions=req.instructions or None,  # "" adds no developer turn (as vLLM)
-        history=len(history),
-    )
-    if not req.store:
-        session = None  # store:false stays anonymous and never moves the chain's endpoint
-    elif parent is not None and parent.session_key is not None:
-        session = parent.session_key
-    else:
-        session = SESSION_PREFIX + rid
-    generation = GenerationRequest(
-        messages=lowered.messages,
-        # Every declared function is rendered: allowed_tools restricts which calls become
-        # function_call Items, never the prompt (as OpenAI keeps the tools list for caching).
-        tools=req.tools.template_tools(),
-        parse_tools=bool(req.callable_functions),
-        callable_tools=None if req.allowed is None else req.tools.template_tools(req.allowed),
-        template_options=options,
-        sampling=SamplingOptions(temperature=req.temperature, top_p=req.top_p),
-        max_tokens=req.max_output_tokens,
-        cache_points=lowered.cache_points,
-        implicit_cache_point=req.prompt_cache_mode == "implicit",
-        session_key=session,
-        protocol="responses",
-        stream=req.stream,
-        semantic_change=semantic_change,
-    )
-    return Prepared(rid, req, parent, generation, options, session)
-
-
-# -----------------------------------------------------------------------------------------------
-# The Response object
-# -----------------------------------------------------------------------------------------------
-
-
-def usage_dict(fin: Finished) -> dict[str, Any]:
-    u = fin.usage
-    return {
-        "input_tokens": u.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": u.cached_tokens},
-        "output_tokens": u.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
-        "total_tokens": u.total_tokens,
-    }
-
-
-def response_object(
-    p: Prepared,
-    created_at: int,
-    status: str,
-    output: list[dict[str, Any]],
-    *,
-    usage: dict[str, Any] | None = None,
-    error: dict[str, Any] | None = None,
-    model: str,
-) -> dict[str, Any]:
-    """The wire Response. `completed_at` only for completed; incomplete carries
-    incomplete_details.reason max_output_tokens."""
-    req = p.req
-    return {
-        "id": p.response_id,
-        "object": "response",
-        "created_at": created_at,
-        "status": status,
-        "background": False,
-        "completed_at": int(time.time()) if status == "completed" else None,
-        "error": error,
-        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-        "instructions": req.instructions,
-        "max_output_tokens": req.max_output_tokens,
-        "max_tool_calls": req.max_tool_calls,
-        "model": model,
-        "output": output,
-        "parallel_tool_calls": req.parallel_tool_calls,
-        "previous_response_id": req.previous_response_id,
-        "prompt_cache_key": req.prompt_cache_key,
-        "prompt_cache_retention": req.prompt_cache_retention,
-        "reasoning": {"effort": req.reasoning_effort, "summary": req.reasoning_summary},
-        "safety_identifier": req.safety_identifier,
-        "service_tier": "default",
-        "store": req.store,
-        "temperature": req.temperature,
-        "text": {"format": {"type": "text"}},
-        "tool_choice": req.tool_choice_wire,
-        "tools": list(req.tools.wire),
-        "top_logprobs": 0,
-        "top_p": req.top_p,
-        "truncation": "disabled",
-        "usage": usage,
-        "user": req.user,
-        "metadata": dict(req.metadata),
-    }
 
 
 def _store_result(state: ServerState, p: Prepared, obj: dict[str, Any]) -> None:
@@ -262,7 +108,7 @@ def _precheck_store(state: ServerState, p: Prepared, model: str) -> None:
     if not p.req.store:
         return
     base = p.parent.context_bytes if p.parent is not None else 0
-    envelope = json_size(response_object(p, 0, "completed", [], model=model))
+    envelope = envelope_size(p, model)
     response_store(state).check_fits(base + envelope + sum(json_size(i) for i in p.req.input_items))
 
 
@@ -311,12 +157,20 @@ async def _create_sse(
     created = int(time.time())
     framer = SseFramer()
     builder = OutputBuilder(p.req.tools)
+    waiting = first if isinstance(first, asyncio.Task) else None
+    if waiting is not None and not p.sampled.is_set():
+        # still in preparation: response.created echoes the sampler, so it waits for it (the
+        # transport's keep-alive comments cover the wait)
+        error = await _await_sampling(p, waiting, state.config.pending_timeout_ms)
+        if error is not None:
+            await events.aclose()
+            yield framer.frame(error)
+            return
     start = response_object(p, created, "in_progress", [], model=state.model_id)
     yield framer.frame({"type": "response.created", "response": start})
     yield framer.frame({"type": "response.in_progress", "response": start})
     fin: Finished | None = None
     failure: ApiError | None = None
-    waiting = first if isinstance(first, asyncio.Task) else None
     try:
         if waiting is not None:
             first = await waiting
@@ -362,6 +216,31 @@ async def _create_sse(
     yield framer.frame({"type": "response.failed", "response": obj})
 
 
+async def _await_sampling(
+    p: Prepared, waiting: asyncio.Task[GenerationEvent], pending_timeout_ms: int
+) -> dict[str, Any] | None:
+    """Wait until the service has resolved `p`'s sampler, or the first event task ends first.
+    None when the sampler is known; else the stream-level `error` event of a request that
+    failed in preparation after the stream had opened (no Response exists to report it in)."""
+    sampled = asyncio.ensure_future(p.sampled.wait())
+    try:
+        await asyncio.wait({sampled, waiting}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        sampled.cancel()
+    if p.sampled.is_set():
+        return None
+    exc = waiting.exception()
+    if exc is None:  # an event without a resolved sampler: the service broke its contract
+        raise RuntimeError("a generation event arrived before the sampler was resolved")
+    failure = exc if isinstance(exc, ApiError) else _failure(None, exc, pending_timeout_ms)
+    return {
+        "type": "error",
+        "code": failure.code or "server_error",
+        "message": failure.message,
+        "param": failure.param,
+    }
+
+
 async def _chain(
     first: GenerationEvent, rest: AsyncIterator[GenerationEvent]
 ) -> AsyncIterator[GenerationEvent]:
@@ -386,7 +265,9 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
             response_store(state).begin(p.response_id)  # retrievable once it ends
         ended = functools.partial(response_store(state).end, p.response_id)
         rid = getattr(request.state, "request_id", "")
-        events = _service(state).generate(p.generation, request_id=rid, tracks=p.tracks)
+        events = _service(state).generate(
+            p.generation, request_id=rid, tracks=p.tracks, on_sampling=p.record_sampling
+        )
         if not req.stream:
 
             async def aggregate() -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The server_start record of the request log (ninfer.api.request_log; fields documented in
-docs/request-log.md): the artifact served, the engine's resolved configuration, host-context
-budget and the environment (package versions, redacted argv)."""
+docs/request-log.md): the artifact served with its prefill signature, the context-cost
+coefficients and their sources (ninfer.api.context_cost), the engine's resolved
+configuration, host-context budget and the environment (package versions, redacted argv)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,42 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from ninfer.api import context_cost
 from ninfer.api.request_log import redact_argv
+
+CONTEXT_COST_KEY = "context_cost"  # state.extra: the ContextCost resolved at startup
+
+
+def resolve_context_cost(state: Any, artifact: Any) -> context_cost.ContextCost:
+    """Resolve the context-cost coefficients once (after the plan is built: the signature uses
+    its resolved KV dtype) and keep them in state.extra. Raises ConfigError for a malformed
+    --context-cost-presets file."""
+    cfg = state.config
+    presets = (
+        context_cost.load_presets(cfg.context_cost_presets)
+        if cfg.context_cost_presets is not None
+        else None
+    )
+    inputs = _signature_inputs(state, artifact)
+    cost = context_cost.resolve(
+        context_cost.hardware_name(cfg.device), context_cost.prefill_signature(inputs), presets
+    )
+    state.extra[CONTEXT_COST_KEY] = cost
+    return cost
+
+
+def _signature_inputs(state: Any, artifact: Any) -> dict[str, Any]:
+    cfg = state.config
+    memory = state.extra.get("memory") or {}
+    return context_cost.signature_inputs(
+        artifact,
+        device=cfg.device,
+        dtype=cfg.dtype,
+        kv_dtype=(memory.get("kv") or {}).get("dtype") or cfg.kv_dtype,
+        prefill_chunk=cfg.prefill_chunk,
+        vision=cfg.vision,
+        spec=cfg.spec,
+    )
 
 
 def server_start_fields(state: Any, artifact: Any, argv: list[str] | None = None) -> dict[str, Any]:
@@ -23,6 +59,7 @@ def server_start_fields(state: Any, artifact: Any, argv: list[str] | None = None
     service = state.extra.get("service")
     tensors = getattr(artifact, "tensors", {}) or {}
     memory = state.extra.get("memory") or {}
+    cost = state.extra.get(CONTEXT_COST_KEY) or resolve_context_cost(state, artifact)
     return {
         "artifact": {
             "path": str(Path(artifact.path).resolve()),
@@ -30,7 +67,10 @@ def server_start_fields(state: Any, artifact: Any, argv: list[str] | None = None
             "name": artifact.name,
             "components": list(artifact.components),
             "formats": sorted({info.format for info in tensors.values()}),
+            "prefill_signature": cost.signature,
+            "prefill_signature_inputs": _signature_inputs(state, artifact),
         },
+        "context_cost": cost.record(),
         "public_model_id": state.model_id,
         "engine": {
             "device": cfg.device,

@@ -14,7 +14,7 @@ import asyncio
 import functools
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -256,13 +256,16 @@ class ModelService:
         *,
         request_id: str = "",
         tracks: list[RequestTrack] | None = None,
+        on_sampling: Callable[[SamplingParams], object] | None = None,
     ) -> AsyncIterator[GenerationEvent]:
         """Run one generation. Preparation and admission failures raise ApiError before the first
         event; once `Admitted` is yielded, failures end the stream with Finished(reason=error).
         With an `observer`, the request's lifecycle is reported to it (ninfer.api.observe);
         closing this generator early cancels the generation. `tracks` receives the request's
         track, through which a handler reports a failure after the outcome (`RequestTrack.raised`:
-        rendering, storage)."""
+        rendering, storage). `on_sampling` is called once, on the event loop, with the effective
+        sampler as soon as preparation has resolved it (before submission), so that a protocol
+        can echo the values actually used (Responses' temperature, top_p and penalties)."""
         track = self.observer.track(req, request_id) if self.observer is not None else NO_TRACK
         if tracks is not None:
             tracks.append(track)
@@ -271,7 +274,7 @@ class ModelService:
             track.raised(full)
             raise full
         self.alive += 1  # on the event loop: no other thread counts
-        events = self._generate(req, track)
+        events = self._generate(req, track, on_sampling)
         try:
             async for event in events:
                 if isinstance(event, Finished):
@@ -285,7 +288,10 @@ class ModelService:
             await events.aclose()
 
     async def _generate(
-        self, req: GenerationRequest, track: RequestTrack
+        self,
+        req: GenerationRequest,
+        track: RequestTrack,
+        on_sampling: Callable[[SamplingParams], object] | None = None,
     ) -> AsyncIterator[GenerationEvent]:
         t_prepare = time.monotonic()  # the pending timeout counts from here
         prepared = await asyncio.to_thread(self.prepare, req)
@@ -297,9 +303,12 @@ class ModelService:
         length_cause = "max_tokens" if wanted <= room else "context"
         thinking = {} if prompt_only else self.thinking_fields(req, prepared, max_tokens)
         try:
+            sampling = self.sampling_params(req, max_tokens, prepared.starts_in_thinking)
+            if on_sampling is not None:
+                on_sampling(sampling)
             request = Request(
                 tuple(prepared.prompt_ids),
-                self.sampling_params(req, max_tokens, prepared.starts_in_thinking),
+                sampling,
                 checkpoint_positions=prepared.checkpoint_positions,
                 session_key=req.session_key,
                 arrival_s=time.monotonic(),

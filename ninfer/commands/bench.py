@@ -6,10 +6,11 @@
 
 engine: the in-process engine (scheduler, executor, sampler: everything but HTTP) runs b
 requests submitted together for each batch size b. serve: a load generator against a running
-`ninfer serve` over streaming Chat Completions (like `vllm bench serve`). Both report TTFT, TPOT
+`ninfer serve` over streaming Chat Completions (like `vllm bench serve`; distinct prompts of
+exactly --input-len tokens: ninfer.commands.bench_serve). Both report TTFT, TPOT
 and ITL percentiles and output tok/s (ninfer.runtime.cuda_loadgen), the ratio to the limit
-(decode: bytes read per step ÷ copy bandwidth; prefill: FLOPs ÷ bf16 matmul rate, both
-measured on the device in the same run: ninfer.runtime.cuda_limits), and in engine mode the host
+(decode: bytes read per step ÷ copy bandwidth; prefill: FLOPs ÷ the matmul rate in the plan's
+compute dtype, both measured on the device in the same run: ninfer.runtime.cuda_limits), and in engine mode the host
 time per decode step and, with `--peer transformers`, the same workload through transformers
 on the same weights. `--json PATH` / `--md PATH` write the report.
 """
@@ -130,7 +131,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.input_len < 1 or args.output_len < 2:
         raise ConfigError("--input-len must be >= 1 and --output-len >= 2")
-    report = run_engine(args) if args.mode == "engine" else run_serve(args)
+    if args.mode == "engine":
+        report = run_engine(args)
+    else:
+        from ninfer.commands.bench_serve import run_serve
+
+        report = run_serve(args)
     report["command"] = (
         "ninfer bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
         if len(sys.argv) > 2
@@ -239,7 +245,6 @@ def run_engine(args: argparse.Namespace) -> dict[str, Any]:
     if max(args.batch_sizes) > 8:
         raise ConfigError("--batch-sizes: at most 8 (the engine's --max-concurrency range)")
     device = _default_device(args.device)
-    ceilings = measure_ceilings(device)
     hf = None
     t0 = time.perf_counter()
     if args.synthetic:
@@ -280,6 +285,7 @@ def run_engine(args: argparse.Namespace) -> dict[str, Any]:
         cuda_graphs=not args.no_cuda_graph,
     )  # fmt: skip
     plan = compile_artifact(source, options)
+    ceilings = measure_ceilings(device, plan.dtype)  # the matmul rate of the dtype that runs
     kwargs = {"collect_timings": True} if options.device == "cuda" else {}
     ex = make_executor(plan, source, device, **kwargs)
     if hf is None or args.peer is None:
@@ -332,6 +338,7 @@ def run_engine(args: argparse.Namespace) -> dict[str, Any]:
         "weight_bytes": sum(weight_bytes.values()),
         "copy_gb_per_s": ceilings.copy_bytes_per_s / 1e9,
         "matmul_tflops": ceilings.matmul_flops_per_s / 1e12,
+        "matmul_dtype": ceilings.matmul_dtype,
         "load_s": load_s,
         "warmup_s": warm_s,
         "results": results,
@@ -370,62 +377,20 @@ def _run_peer(
             row["vs_peer_decode"] = row["decode_tok_per_s"] / peer["decode_tok_per_s"]
 
 
-def run_serve(args: argparse.Namespace) -> dict[str, Any]:
-    from ninfer.runtime.cuda_loadgen import server_load, summarise
-
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    model = args.model or _first_model(args.url, headers)
-    prompt = " ".join(["hello"] * args.input_len)
-    work = ceilings = None
-    if args.artifact:
-        from ninfer.artifact import Artifact
-        from ninfer.passes.options import CompileOptions
-        from ninfer.passes.pipeline import compile_artifact
-        from ninfer.runtime.cuda_limits import measure_ceilings, plan_weight_bytes, work_model
-
-        device = _default_device(args.device)
-        plan = compile_artifact(Artifact(args.artifact), CompileOptions(
-            device="cuda" if device.startswith("cuda") else "cpu", max_concurrency=args.max_concurrency or max(args.concurrency)))  # fmt: skip
-        work, ceilings = work_model(plan, plan_weight_bytes(plan)), measure_ceilings(device)
-    server_load(args.url, model, prompt, 1, 1, 2, headers)  # warm-up
-    results = []
-    for c in args.concurrency:
-        n = args.num_requests or c
-        row: dict[str, Any] = {
-            "batch": c,
-            **summarise(server_load(args.url, model, prompt, c, n, args.output_len, headers)),
-        }
-        if work is not None:
-            row.update(limit_figures(row, work, ceilings, c, args.input_len, args.output_len))
-        results.append(row)
-    report: dict[str, Any] = {"mode": "serve", "url": args.url, "model": model, "input_len": args.input_len,
-                              "output_len": args.output_len, "results": results}  # fmt: skip
-    if ceilings is not None:
-        report.update(device=ceilings.device, copy_gb_per_s=ceilings.copy_bytes_per_s / 1e9,
-                      matmul_tflops=ceilings.matmul_flops_per_s / 1e12)  # fmt: skip
-    else:
-        report["limit"] = (
-            "not computed: pass --artifact (the served model) to compare with the device limit"
-        )
-    return report
-
-
-def _first_model(url: str, headers: dict[str, str]) -> str:
-    import urllib.request
-
-    req = urllib.request.Request(url.rstrip("/") + "/v1/models", headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return json.loads(resp.read())["data"][0]["id"]
-    except OSError as e:
-        raise ConfigError(f"--url {url}: cannot list models ({e})") from None
-
-
 # -- report ------------------------------------------------------------------------------------
 
 
 def _f(v: Any, fmt: str = "{:.2f}") -> str:
     return "-" if v is None else fmt.format(v)
+
+
+def _rate(value: float, unit: str) -> str:
+    """`value` per second with an SI prefix that keeps 3 significant digits (a CPU's 90
+    GFLOP/s is not "0 TFLOP/s")."""
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= scale:
+            return f"{value / scale:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
 
 
 def _pct(d: dict[str, Any] | None) -> str:
@@ -469,11 +434,34 @@ def _header(report: dict[str, Any]) -> list[str]:
     if report.get("fusions"):
         lines.append("fusions: " + " ".join(f"{k}={v}" for k, v in report["fusions"].items()))
     if "copy_gb_per_s" in report:
-        lines.append(f"limits measured here: copy {report['copy_gb_per_s']:.0f} GB/s (read+write), "
-                     f"bf16 matmul {report['matmul_tflops']:.0f} TFLOP/s")  # fmt: skip
+        dtype = report.get("matmul_dtype", "bfloat16")
+        lines.append(f"limits measured here: copy {_rate(report['copy_gb_per_s'] * 1e9, 'B/s')} "
+                     f"(read+write), {dtype} matmul {_rate(report['matmul_tflops'] * 1e12, 'FLOP/s')}")  # fmt: skip
     if "limit" in report:
         lines.append(report["limit"])
     return lines
+
+
+def _notes(report: dict[str, Any]) -> list[str]:
+    """Lines under the table: ratios the limit cannot explain, and why requests failed."""
+    out = []
+    ratios = ("decode_ratio", "steady_decode_ratio", "prefill_ratio")
+    if any((r.get(k) or 0) > 1.0 for r in report["results"] for k in ratios):
+        out.append("note: a ratio above 100% means the run beat the limit measured here, so that "
+                   "measurement was disturbed (a busy machine); rerun on an idle one")  # fmt: skip
+    for r in report["results"]:
+        b, prompt = r["batch"], r.get("prompt_tokens")
+        if prompt and prompt["min"] == prompt["max"] == report.get("input_len"):
+            out.append(f"batch {b}: every prompt was {prompt['min']} tokens as the server counted")
+        elif prompt:
+            out.append(f"batch {b}: the server counted {prompt['min']}..{prompt['max']} prompt "
+                       f"tokens (asked for {report.get('input_len')})")  # fmt: skip
+        if r.get("estimated_timings"):
+            out.append(f"batch {b}: {r['estimated_timings']} requests streamed no text (tokens that "
+                       "decode to none); their token times are spread over the server's decode time")  # fmt: skip
+        for reason, count in (r.get("errors") or {}).items():
+            out.append(f"failed at batch {b}: {count} x {reason}")
+    return out
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -481,7 +469,7 @@ def format_report(report: dict[str, Any]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     out = _header(report)
     out += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
-    return "\n".join(out)
+    return "\n".join(out + _notes(report))
 
 
 def format_markdown(report: dict[str, Any]) -> str:
@@ -493,4 +481,5 @@ def format_markdown(report: dict[str, Any]) -> str:
     out.append("| " + " | ".join(COLUMNS) + " |")
     out.append("|" + "---|" * len(COLUMNS))
     out += ["| " + " | ".join(_cells(r)) + " |" for r in report["results"]]
-    return "\n".join(out) + "\n"
+    notes = _notes(report)
+    return "\n".join(out + ([""] + [f"{n}  " for n in notes] if notes else [])) + "\n"

@@ -14,7 +14,6 @@ Options and defaults: docs/serving.md, "Server options".
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import signal
 import socket
@@ -207,15 +206,9 @@ def check_files(config: ServeConfig, artifact_path: Path) -> None:
         if not path.is_file():
             raise ConfigError(f"--chat-template {path}: no such file")
     if config.context_cost_presets is not None:
-        path = Path(config.context_cost_presets)
-        try:
-            json.loads(path.read_text(encoding="utf-8"))
-        except OSError as e:
-            raise ConfigError(
-                f"--context-cost-presets {path}: cannot read ({e.strerror})"
-            ) from None
-        except ValueError as e:
-            raise ConfigError(f"--context-cost-presets {path}: not valid JSON ({e})") from None
+        from ninfer.api.context_cost import load_presets
+
+        load_presets(config.context_cost_presets)  # malformed: abort before loading the model
     if config.request_log_jsonl is not None:
         path = Path(config.request_log_jsonl)
         if not path.parent.resolve().is_dir():

@@ -8,8 +8,9 @@
     workspace   peak bytes of live activations over one step of `step_tokens` tokens
                 (values freed after their last use, in op order)
     kv_cache    num_pages * bytes_per_page; num_pages covers --kv-capacity tokens
-                (N; auto = what the budget leaves after the rest and 1 GiB headroom, on cpu
-                capped at max_concurrency * max_context; omitted = max_context)
+                (N; auto = what the budget leaves after the rest and 1 GiB headroom, capped
+                at what the lanes can use, max_concurrency * max_context rounded up to pages;
+                omitted = max_context)
     state       state_slots * bytes_per_slot (hybrid models)
 
 A plan that does not fit `options.memory_budget` is refused with a one-line ConfigError.
@@ -126,9 +127,9 @@ def _run(graph: Graph, options: CompileOptions) -> Graph:
                     f"--kv-capacity auto: no memory left for KV ({gib(fixed)} of weights, workspace and state, "
                     f"budget {gib(budget)})"
                 )
-            tokens = free // per_token // page * page
-            if options.device == "cpu":
-                tokens = min(tokens, -(-lane_tokens // page) * page)
+            # capped at what the lanes can hold: a small model on a large GPU would otherwise
+            # ask for more tokens than any engine addresses (and pages nothing can use)
+            tokens = min(free // per_token // page * page, -(-lane_tokens // page) * page)
     else:
         tokens = options.max_context if options.kv_capacity is None else int(options.kv_capacity)
     num_pages = -(-tokens // page)

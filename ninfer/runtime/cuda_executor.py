@@ -15,7 +15,7 @@ What happens once, at construction:
   - weights are uploaded (cuda_weights: fp8/nvfp4 GEMM weights stay packed, the rest in the
     compute dtype), the KV pool and state slots are allocated (cuda_kv); with
     kv_capacity="auto" the pool takes the free memory left after weights, the planned
-    workspace and state, minus 1 GiB.
+    workspace and state, minus 1 GiB, capped at the plan's pool (what the lanes can use).
 
 Per step:
   - host metadata (tokens, positions, KV slots, block tables, sequence lengths, chunk
@@ -180,7 +180,9 @@ class CudaExecutor(PlanExecutorBase):
         if per_page == 0:
             return int(self.plan.kv.get("num_pages") or 0)
         avail = free - HEADROOM - entries.get("workspace", 0) - entries.get("state_slots", 0)
-        pages = avail // per_page - 1  # one scratch page
+        # one scratch page; never more than the plan's pool, which auto caps at what the lanes
+        # can use (a small model's whole GPU was more tokens than the engine addresses)
+        pages = min(avail // per_page - 1, int(self.plan.kv.get("num_pages") or 0))
         if pages < 1:
             from ninfer.errors import ConfigError
 

@@ -128,7 +128,7 @@ def test_minimal_request_defaults():
         ({"repetition_penalty": 1}, lambda r: True),
         ({"mm_processor_kwargs": {}}, lambda r: True),
         ({"mm_processor_kwargs": {"fps": None}}, lambda r: True),
-        ({"grammar": None, "guided_json": None}, lambda r: True),
+        ({"grammar": None, "guided_json": None, "json_schema": None}, lambda r: True),
         ({"web_search_options": None, "moderation": False}, lambda r: True),
         ({"some_future_field": {"x": 1}, "ignore_eos": True}, lambda r: True),  # unknown: ignored
         (
@@ -228,6 +228,9 @@ def test_accepted_fields(fields, check):
         ({"functions": [{"name": "f"}]}, 400, "unsupported_parameter", "functions"),
         ({"function_call": {"name": "f"}}, 400, "unsupported_value", "function_call"),
         ({"grammar": "root ::= x"}, 400, "unsupported_parameter", "grammar"),
+        # llama.cpp's top-level schema field (it was ignored: 200 and free text)
+        ({"json_schema": {"type": "object"}}, 400, "unsupported_parameter", "json_schema"),
+        ({"json_schema": {}}, 400, "unsupported_parameter", "json_schema"),
         ({"structured_outputs": {"json": {}}}, 400, "unsupported_parameter", "structured_outputs"),
         ({"guided_json": {"type": "object"}}, 400, "unsupported_parameter", "guided_json"),
         ({"guided_regex": "a+"}, 400, "unsupported_parameter", "guided_regex"),
@@ -253,6 +256,7 @@ def test_rejections(fields, status, code, param):
         ({"logprobs": True}, "log probabilities"),
         ({"tools": [WEATHER], "tool_choice": "required"}, "forced tool call"),
         ({"grammar": "g"}, "constrained"),
+        ({"json_schema": {"type": "object"}}, "constrained"),
         ({"store": True}, "stored"),
         ({"modalities": ["audio"]}, "audio output"),
     ],

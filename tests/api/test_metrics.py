@@ -17,7 +17,7 @@ from ninfer.api.app import create_app
 from ninfer.api.config import ServeConfig
 from ninfer.api.metrics import Histogram
 from ninfer.api.observability import Observability
-from ninfer.api.openai_responses import prepare, response_object
+from ninfer.api.openai_responses import envelope_size, prepare
 from ninfer.api.responses_request import parse_create_request
 from ninfer.api.responses_store import STORE_KEY, ResponseStore, json_size
 from ninfer.api.state import ServerState
@@ -190,7 +190,7 @@ def test_a_store_failure_after_the_outcome_is_a_response_failure(server, stream)
     body = {"model": "tiny-agent", "input": "Hi!", "max_output_tokens": 4, "stream": stream,
             "reasoning": {"effort": "none"}}  # fmt: skip
     p = prepare(state, parse_create_request(body, model_id="tiny-agent", vision=False))
-    envelope = json_size(response_object(p, 0, "completed", [], model="tiny-agent"))
+    envelope = envelope_size(p, "tiny-agent")
     room = envelope + sum(json_size(i) for i in p.req.input_items)
     state.extra[STORE_KEY] = ResponseStore(100, room + 1)  # fits the check, not the result
     before = scrape(client)

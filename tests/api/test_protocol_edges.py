@@ -58,7 +58,8 @@ def test_top_p_zero_is_argmax_on_every_protocol(client):
     body = resp.json()
     assert body["status"] == "completed"
     assert body["output"][-1]["content"][0]["text"] == ANSWER
-    assert body["top_p"] == 0  # the response echoes the request's value
+    # the response echoes the sampler used: top_p 0 is argmax (temperature 0, no nucleus cut)
+    assert (body["temperature"], body["top_p"]) == (0.0, 1.0)
 
     msg = client.post(
         "/v1/messages",

@@ -14,6 +14,7 @@ from ninfer.api.openai_responses import list_page, prepare, response_object, res
 from ninfer.api.responses_request import parse_count_request, parse_create_request
 from ninfer.api.responses_store import make_record
 from ninfer.api.state import ServerState
+from ninfer.runtime.request import SamplingParams
 
 MODEL = "tiny-model"
 
@@ -27,6 +28,7 @@ def turn(state: ServerState, answer: str = "A", **fields: Any):
     """Prepare a create and store its (hand-made) completed result, as the handler does."""
     req = parse_create_request({"model": MODEL, **fields}, model_id=MODEL, vision=False)
     p = prepare(state, req)
+    p.record_sampling(SamplingParams())  # as the service does once it has prepared the prompt
     out = [{"id": "msg_out_" + p.response_id, "type": "message", "role": "assistant", "status": "completed",
             "content": [{"type": "output_text", "text": answer, "annotations": []}]}]  # fmt: skip
     obj = response_object(p, 0, "completed", out, model=MODEL)

@@ -217,3 +217,36 @@ def test_responses_call_without_output_is_refused(client, path):
     openai_error(respond_items(client, later, path), "invalid_tool_history", "input[1]")
     # calls answered by the last Items are an ordinary tool-result turn
     assert respond_items(client, [USER, FC, FC_OUT], path).status_code == 200
+
+
+@pytest.mark.parametrize("arguments", ["{", "[1]", ""])
+def test_tool_call_arguments_that_are_not_a_json_object_are_refused_as_in_responses(
+    client, arguments
+):
+    """An assistant call whose arguments are not the JSON text of an object, answered by a tool
+    result: Chat refuses it with the same 400 as Responses gives the same history, naming the
+    field (it was accepted and rendered as garbage)."""
+    bad = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}  # fmt: skip
+    messages = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "tool_calls": [bad]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ]
+    message = openai_error(
+        chat(client, messages), "invalid_value", "messages[1].tool_calls[0].function.arguments"
+    )
+    items = [
+        {"role": "user", "content": "Weather?"},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": arguments},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+    ]
+    body = {"model": MODEL, "input": items, "max_output_tokens": 1, "tools": [
+        {"type": "function", "name": "get_weather", "parameters": SCHEMA}]}  # fmt: skip
+    responses = openai_error(
+        client.post("/v1/responses", json=body), "invalid_value", "input[1].arguments"
+    )
+    assert (
+        message.split(": ", 1)[1]
+        == responses.split(": ", 1)[1]
+        == "must be the JSON text of an object"
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 import pytest
 
@@ -93,10 +94,20 @@ def test_engine_bench_on_a_fixture(fixture_artifacts, fixture_hf_dir, tmp_path, 
         assert 0 < r["decode_ratio"] and 0 < r["prefill_ratio"]
         assert r["peer"]["output_tokens"] == 6 * r["batch"] and r["vs_peer_output_tok_per_s"] > 0
     assert report["copy_gb_per_s"] > 0 and report["matmul_tflops"] > 0
+    # the limit is measured for the dtype the plan runs (float32 on cpu), so the prefill ratio
+    # is a fraction of it: a bf16 rate on cpu read "0 TFLOP/s" and "prefill/matmul 1256.2%"
+    assert report["matmul_dtype"] == "float32" and report["dtype"] == "f32"
+    assert all(r["prefill_ratio"] < 1.0 for r in report["results"])
     assert report["fusions"]["fuse_qkv"] == 2 and "fuse_norm_linear" not in report["fusions"]
     assert "| 2 |" in md.read_text()
     printed = capsys.readouterr().out
     assert "decode/limit" in printed and "fusions: fuse_qkv=2" in printed
+    limits = re.search(
+        r"copy ([\d.]+) ([GMk])B/s \(read\+write\), float32 matmul ([\d.]+) ([TGM])FLOP/s", printed
+    )
+    assert limits, printed
+    assert float(limits.group(1)) > 0 and float(limits.group(3)) > 0  # never "0 TFLOP/s"
+    assert "bf16" not in printed and "note: a ratio above 100%" not in printed
 
 
 def test_synthetic_needs_a_known_name():
@@ -125,3 +136,11 @@ def test_steady_decode_leaves_out_other_requests_prefill() -> None:
     assert out["decode_steps"] == 6 and out["steady_decode_steps"] == 4
     assert out["steady_decode_tok_per_s"] == pytest.approx(2 / 0.005)
     assert out["steady_decode_ratio"] == pytest.approx(0.5)
+
+
+def test_the_report_says_when_a_ratio_beats_the_measured_limit():
+    """A ratio above 100% is not a result: the printed report says the limit measurement was
+    disturbed instead of leaving a nonsense figure unexplained."""
+    row = {"batch": 1, "prefill_ratio": 12.562, "decode_ratio": 0.5, "errors": {}}
+    printed = bench.format_report({"mode": "engine", "results": [row]})
+    assert "1256.2%" in printed and "note: a ratio above 100% means" in printed

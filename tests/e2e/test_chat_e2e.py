@@ -238,6 +238,7 @@ def test_rejections_name_the_field(client):
         ({"response_format": {"type": "json_object"}}, "response_format.type", unsupported),
         ({"tool_choice": "required", "tools": by_name("weather_paris")["tools"]}, "tool_choice", unsupported),
         ({"extra_body": {"guided_json": {"type": "object"}}}, "guided_json", "unsupported_parameter"),
+        ({"extra_body": {"json_schema": {"type": "object"}}}, "json_schema", "unsupported_parameter"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop", invalid),
         ({"temperature": -1}, "temperature", invalid),
         ({"max_completion_tokens": -1}, "max_completion_tokens", invalid),

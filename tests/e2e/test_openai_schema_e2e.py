@@ -33,14 +33,20 @@ TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 # Fields outside the SDK schema, as `Model.field`. Chat: the documented reasoning_content and
 # llama.cpp-compatible timings extensions (docs/serving.md). Responses: the API reference's
 # Response object carries `store` and its function_call_arguments.done event the call's `name`;
-# this SDK version's models declare neither.
+# the OpenResponses Response object also echoes the presence and frequency penalties used; this
+# SDK version's models declare none of them.
 CHAT_EXTENSIONS = {
     "ChatCompletion.timings",
     "ChatCompletionMessage.reasoning_content",
     "ChatCompletionChunk.timings",
     "ChoiceDelta.reasoning_content",
 }
-RESPONSE_EXTENSIONS = {"Response.store", "ResponseFunctionCallArgumentsDoneEvent.name"}
+RESPONSE_EXTENSIONS = {
+    "Response.store",
+    "Response.presence_penalty",
+    "Response.frequency_penalty",
+    "ResponseFunctionCallArgumentsDoneEvent.name",
+}
 
 
 def extra_fields(model: BaseModel) -> set[str]:

@@ -18,6 +18,7 @@ from ninfer.passes.options import CompileOptions
 from ninfer.passes.pipeline import build_pipeline, compile_artifact, graph_for_artifact, run_passes
 from ninfer.passes.plan_memory import PLAN_MEMORY
 from ninfer.passes.verify import VERIFY
+from ninfer.runtime.config import EngineConfig
 
 ARCHS = ("llama", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe")
 CPU = CompileOptions(device="cpu")
@@ -200,12 +201,32 @@ def test_plan_memory_budgets_the_nvfp4_copies(fixture_hf_dir, tmp_path, monkeypa
 
 
 def test_plan_memory_auto_and_refusal(fixture_artifacts) -> None:
+    """--kv-capacity auto on cuda takes what the budget leaves, capped at what the lanes can
+    use: a small model on an H200-sized budget (141 GiB) used to plan 1.4 billion tokens, which
+    the engine refused at startup (kv_capacity must be in 16..1073741824)."""
     gib = 1 << 30
     opts = CompileOptions(device="cuda", kv_capacity="auto", device_memory=2 * gib)
     g = ASSIGN_KERNELS(CHOOSE_KV(graph(fixture_artifacts, "llama", opts), opts), opts)
     out = PLAN_MEMORY(g, opts)
     assert 0 < out.meta["ledger"]["total"] <= gib  # 1 GiB headroom left
-    assert out.meta["kv"]["capacity_tokens"] > 1_000_000
+    lanes = opts.max_concurrency * opts.max_context
+    assert out.meta["kv"]["capacity_tokens"] == -(-lanes // opts.page_size) * opts.page_size
+    for lanes_of in ((1, 8192), (8, 32768), (3, 1000)):
+        h200 = CompileOptions(
+            device="cuda", kv_capacity="auto", device_memory=141 * gib,
+            max_concurrency=lanes_of[0], max_context=lanes_of[1],
+        )  # fmt: skip
+        planned = PLAN_MEMORY(g, h200).meta["kv"]
+        want = -(-lanes_of[0] * lanes_of[1] // h200.page_size) * h200.page_size
+        assert planned["capacity_tokens"] == want and planned["num_pages"] * h200.page_size == want
+        EngineConfig(
+            max_concurrency=lanes_of[0], max_context=lanes_of[1],
+            page_size=h200.page_size, kv_capacity=want,
+        )  # fmt: skip  # the engine takes the planned pool (it refused the uncapped one)
+    fixed = out.meta["ledger"]["total"] - out.meta["ledger"]["entries"][2]["bytes"]  # no KV
+    half = fixed + gib + lanes // 2 * out.meta["kv"]["bytes_per_token"]  # KV for half the lanes
+    tight = CompileOptions(device="cuda", kv_capacity="auto", device_memory=half)
+    assert PLAN_MEMORY(g, tight).meta["kv"]["capacity_tokens"] <= lanes // 2  # the budget rules
     big = CompileOptions(device="cuda", kv_capacity=10_000_000, device_memory=2 * gib)
     with pytest.raises(ConfigError, match="--kv-capacity 10000000: KV needs"):
         PLAN_MEMORY(g, big)

@@ -5,7 +5,8 @@ tokens equal the CPU float32 reference's, decode replayed from CUDA Graphs inclu
 the logits stay within BF16_TOL (relative to the largest logit) of the bf16 reference at every
 step of a teacher-forced continuation, and the first greedy token agrees up to a near-tie; fp8 / nvfp4 weights
 (packed, dequantised in the GEMM kernel) match the reference that dequantises at load; fp8 KV
-stays within tolerance; graph replay equals eager; `kv_capacity="auto"` fills free memory.
+stays within tolerance; graph replay equals eager; `kv_capacity="auto"` takes free memory up
+to what the lanes can use.
 
 On CPU, the same executor code runs its Triton kernels under the interpreter (no graphs) and
 must match the reference to float32 rounding.
@@ -367,15 +368,14 @@ def test_graph_replay_equals_eager(fixture_artifacts, arch):
 
 
 @gpu
-def test_kv_capacity_auto_fills_free_memory(fixture_artifacts):
+def test_kv_capacity_auto_takes_what_the_lanes_can_use(fixture_artifacts):
+    """A tiny model on a large GPU: the pool is capped at max_concurrency x max_context (the
+    uncapped pool was more tokens than the engine accepts, and startup failed)."""
     path = fixture_artifacts("qwen3")
-    free_before, _ = torch.cuda.mem_get_info()
-    ex = make_executor(
-        _plan(path, "cuda", "bfloat16", kv_capacity="auto", device_memory=1 << 34), Artifact(path)
-    )
+    plan = _plan(path, "cuda", "bfloat16", kv_capacity="auto", device_memory=1 << 34)
+    ex = make_executor(plan, Artifact(path))
     assert isinstance(ex, CudaExecutor)
-    used = ex.num_pages * ex.plan.kv["bytes_per_page"]
-    assert used > 0.5 * (free_before - (2 << 30)), (used, free_before)
+    assert ex.num_pages == -(-4 * 256 // ex.page_size)  # _plan: 4 lanes of 256 tokens
     del ex
     torch.cuda.empty_cache()
 
