@@ -76,7 +76,7 @@ class LoopbackServer:
         self.server = Server((host, 0), Handler)
         self.host = host
         self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()
 
     def url(self, path: str, host: str | None = None) -> str:
