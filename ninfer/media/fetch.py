@@ -133,6 +133,7 @@ class HttpFetcher:
     """Fetches http(s) URLs under a `FetchPolicy` and `FetchLimits` (see the module docstring).
 
     resolver: host, port -> addresses (tests inject a stub; the default asks the system).
+    ssl_context: the trust store for https (default: certifi's CA bundle, as httpx uses).
     Safe to share between concurrent requests; `stats` accumulates over all of them.
     """
 
@@ -141,12 +142,13 @@ class HttpFetcher:
         policy: FetchPolicy | None = None,
         limits: FetchLimits | None = None,
         resolver: Resolver | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ):
         self.policy = policy or FetchPolicy()
         self.limits = limits or FetchLimits()
         self.resolver: Resolver = resolver or system_resolver
         self.stats = FetchStats()
-        self._ssl: ssl.SSLContext | None = None
+        self._ssl = ssl_context
 
     async def fetch(self, url: str) -> Fetched:
         """The body of `url`, or a `MediaError` (see the module docstring for which code)."""
@@ -249,7 +251,7 @@ class HttpFetcher:
             try:
                 response = await client.send(request, stream=True)
             except (httpx.ConnectError, httpx.ConnectTimeout):
-                raise
+                raise  # _hop tries the next vetted address
             except httpx.TimeoutException as e:
                 raise errors.fetch_timeout(
                     f"the media host {url.host!r} sent no answer within {limits.idle_timeout_s:g} s"

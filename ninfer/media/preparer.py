@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from typing import Self
 
 from ninfer.media import errors
+from ninfer.media.addresses import FetchPolicy
 from ninfer.media.cache import MediaCache, MediaKey, MediaRef
 from ninfer.media.config import VisionPreprocessConfig
-from ninfer.media.fetch import HttpFetcher
+from ninfer.media.fetch import FetchLimits, HttpFetcher
 from ninfer.media.image import prepare_image
 from ninfer.media.patches import PreparedMedia
 from ninfer.media.pool import PreprocessPool
@@ -72,7 +73,8 @@ class PreparationGate:
 class ItemStats:
     """One item's observations for the request log. outcome: "hit", "miss" or "join" (single
     flight); source: "data" or "http"; acquire_seconds: fetch/decode of the source string;
-    prepare_seconds: wall time from the cache lookup to a usable payload."""
+    prepare_seconds: wall time from the cache lookup to a usable payload; work_seconds: worker
+    time this item's own build took (0 for a hit or a join)."""
 
     modality: Modality
     source: str
@@ -81,6 +83,32 @@ class ItemStats:
     outcome: str
     acquire_seconds: float
     prepare_seconds: float
+    work_seconds: float
+
+
+def request_log_fields(items: Sequence[ItemStats]) -> dict[str, float | int]:
+    """A request's media fields for its request_start record (docs/serving.md, "Structured
+    request log": request-scoped acquisition, media-preprocessing wall/work, cache
+    hit/miss/single-flight and payload-size fields), summed over its items:
+
+    media_items, media_images, media_videos; media_acquire_seconds (fetching / decoding the
+    sources); media_prepare_wall_seconds and media_prepare_work_seconds (preparation wall time
+    and the worker time of this request's own builds); media_cache_hits, media_cache_misses,
+    media_single_flight_joins; media_source_bytes, media_payload_bytes.
+    """
+    return {
+        "media_items": len(items),
+        "media_images": sum(1 for i in items if i.modality == "image"),
+        "media_videos": sum(1 for i in items if i.modality == "video"),
+        "media_acquire_seconds": sum(i.acquire_seconds for i in items),
+        "media_prepare_wall_seconds": sum(i.prepare_seconds for i in items),
+        "media_prepare_work_seconds": sum(i.work_seconds for i in items),
+        "media_cache_hits": sum(1 for i in items if i.outcome == "hit"),
+        "media_cache_misses": sum(1 for i in items if i.outcome == "miss"),
+        "media_single_flight_joins": sum(1 for i in items if i.outcome == "join"),
+        "media_source_bytes": sum(i.source_bytes for i in items),
+        "media_payload_bytes": sum(i.payload_bytes for i in items),
+    }
 
 
 @dataclass(frozen=True)
@@ -111,6 +139,30 @@ class MediaPreparer:
         permits = gate_permits or max(1, cache.live_bytes // max_request_payload_bytes(config))
         self.gate = PreparationGate(permits)
 
+    @classmethod
+    def create(
+        cls,
+        config: VisionPreprocessConfig,
+        *,
+        cache_mib: int,
+        live_mib: int,
+        threads: int,
+        policy: FetchPolicy | None = None,
+        limits: FetchLimits | None = None,
+    ) -> MediaPreparer:
+        """From the server options: --media-cache-mib, --media-live-mib,
+        --media-preprocess-threads, and the fetch policy / limits."""
+        return cls(
+            config,
+            HttpFetcher(policy, limits),
+            MediaCache(cache_mib << 20, live_mib << 20),
+            PreprocessPool(threads),
+        )
+
+    def close(self) -> None:
+        """Stop the worker pool (server shutdown)."""
+        self.pool.close()
+
     async def prepare_all(self, items: Sequence[tuple[str, Modality]]) -> list[PreparedItem]:
         """(source, modality) pairs -> their prepared items, in order (see the module docstring)."""
         async with self.gate:
@@ -131,7 +183,8 @@ class MediaPreparer:
         acquired = await acquire(source, modality, self.fetcher)
         start = time.monotonic()
         key = MediaKey.of(acquired.data, modality, self.config.key())
-        build = _builder(acquired.data, modality, self.config)
+        work = [0.0]
+        build = _timed(_builder(acquired.data, modality, self.config), work)
         ref = await self._get(key, build)
         media = ref.media
         stats = ItemStats(
@@ -142,6 +195,7 @@ class MediaPreparer:
             ref.outcome,
             acquired.seconds,
             time.monotonic() - start,
+            work[0],
         )
         return PreparedItem(ref, stats)
 
@@ -183,6 +237,17 @@ class MediaPreparer:
 
         flight.future.add_done_callback(joined_done)
         return await _hold(joined)
+
+
+def _timed(build: Build, into: list[float]) -> Build:
+    def timed() -> PreparedMedia:
+        start = time.monotonic()
+        try:
+            return build()
+        finally:
+            into[0] = time.monotonic() - start
+
+    return timed
 
 
 def _builder(data: bytes, modality: Modality, config: VisionPreprocessConfig) -> Build:

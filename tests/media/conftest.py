@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import ssl
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -64,8 +65,8 @@ def no_outside_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
 def loopback() -> Iterator[Callable[..., LoopbackServer]]:
     servers: list[LoopbackServer] = []
 
-    def make(host: str = "127.0.0.1") -> LoopbackServer:
-        servers.append(LoopbackServer(host))
+    def make(host: str = "127.0.0.1", tls: ssl.SSLContext | None = None) -> LoopbackServer:
+        servers.append(LoopbackServer(host, tls))
         return servers[-1]
 
     yield make

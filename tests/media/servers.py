@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -42,7 +43,7 @@ class LoopbackServer:
     `requests` records (path, Host header) of each request.
     """
 
-    def __init__(self, host: str = "127.0.0.1"):
+    def __init__(self, host: str = "127.0.0.1", tls: ssl.SSLContext | None = None):
         self.routes: dict[str, Route] = {}
         self.connections = 0
         self.requests: list[tuple[str, str | None]] = []
@@ -74,13 +75,17 @@ class LoopbackServer:
                 pass
 
         self.server = Server((host, 0), Handler)
+        self.scheme = "http"
+        if tls is not None:  # the handshake happens on accept, in the serving thread
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+            self.scheme = "https"
         self.host = host
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()
 
     def url(self, path: str, host: str | None = None) -> str:
-        return f"http://{host or self.host}:{self.port}{path}"
+        return f"{self.scheme}://{host or self.host}:{self.port}{path}"
 
     def close(self) -> None:
         self.server.shutdown()

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import ipaddress
+import ssl
+import subprocess
 from collections.abc import Callable
 from typing import Any
 
@@ -258,3 +260,40 @@ def test_data_uris() -> None:
     expect(errors.MEDIA_BUDGET_EXCEEDED, acquire(big, "image", fetcher))
     video = "data:video/mp4;base64," + base64.b64encode(b"....").decode()
     assert run(acquire(video, "video", fetcher)).data == b"...."
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A self-signed certificate for images.example (cert path, key path), made with openssl."""
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=images.example", "-addext", "subjectAltName=DNS:images.example",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return str(cert), str(key)
+
+
+def test_https_connects_to_the_vetted_address_with_the_name_for_sni_and_certificate(
+    certificate: tuple[str, str], loopback: Callable[..., LoopbackServer]
+) -> None:
+    cert, key = certificate
+    server_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_tls.load_cert_chain(cert, key)
+    sni: list[str | None] = []
+    server_tls.sni_callback = lambda _sock, name, _ctx: sni.append(name)
+    server = loopback(tls=server_tls)
+    server.routes["/a.png"] = send_bytes(PNG)
+    trust = ssl.create_default_context(cafile=cert)
+    resolver = StubResolver({"images.example": ["127.0.0.1"], "other.example": ["127.0.0.1"]})
+    fetcher = HttpFetcher(LOOPBACK_ONLY, resolver=resolver, ssl_context=trust)
+    fetched = run(fetcher.fetch(server.url("/a.png", "images.example")))
+    assert fetched.data == PNG
+    assert sni == ["images.example"]
+    assert server.requests == [("/a.png", f"images.example:{server.port}")]
+    # The same address under a name the certificate does not carry: verification fails.
+    err = expect(errors.MEDIA_FETCH_FAILED, fetcher.fetch(server.url("/a.png", "other.example")))
+    assert "other.example" in err.message
+    assert len(server.requests) == 1

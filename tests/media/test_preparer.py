@@ -24,7 +24,7 @@ from ninfer.media.config import VisionPreprocessConfig
 from ninfer.media.fetch import HttpFetcher
 from ninfer.media.image import prepare_image
 from ninfer.media.pool import PreprocessPool, resolve_threads
-from ninfer.media.preparer import MediaPreparer, max_request_payload_bytes
+from ninfer.media.preparer import MediaPreparer, max_request_payload_bytes, request_log_fields
 from tests.media.servers import LoopbackServer, send_bytes
 
 CONFIG = VisionPreprocessConfig(image_min_pixels=4096, image_max_pixels=128 * 128)
@@ -72,6 +72,12 @@ def test_the_same_image_sent_twice_is_prepared_once(
         assert torch.equal(first.media.pixel_values, prepare_image(image, CONFIG).pixel_values)
         first.ref.release()
         second.ref.release()
+
+        fields = request_log_fields([first.stats, second.stats])
+        assert fields["media_items"] == 2 and fields["media_images"] == 2
+        assert (fields["media_cache_hits"], fields["media_cache_misses"]) == (1, 1)
+        assert fields["media_source_bytes"] == 2 * len(image)
+        assert first.stats.work_seconds > 0 and second.stats.work_seconds == 0
 
     asyncio.run(two_requests())
     snap = media.cache.snapshot()
@@ -126,6 +132,10 @@ def test_a_failed_item_releases_the_request_s_other_references() -> None:
 def test_the_gate_bounds_concurrent_preparing_requests() -> None:
     assert preparer(live_mib=2048).gate.permits == 2048 * MIB // max_request_payload_bytes(CONFIG)
     assert preparer(live_mib=1).gate.permits == 1
+    created = MediaPreparer.create(CONFIG, cache_mib=1024, live_mib=2048, threads=3)
+    assert created.pool.threads == 3 and created.cache.live_bytes == 2048 * MIB
+    assert created.gate.permits == 2048 * MIB // max_request_payload_bytes(CONFIG) == 5
+    created.close()
     media = preparer(gate_permits=1)
 
     async def two() -> None:
