@@ -8,7 +8,6 @@ resolved by `tests.media.servers.StubResolver`, never by DNS.
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 import ssl
 from collections.abc import Callable, Iterator
@@ -16,49 +15,37 @@ from typing import Any
 
 import pytest
 
-from tests.media.servers import LoopbackServer
-
-
-def _is_loopback(address: Any) -> bool:
-    if not isinstance(address, tuple) or not address:
-        return False  # AF_UNIX paths and the like are not network traffic
-    try:
-        return ipaddress.ip_address(str(address[0]).split("%")[0]).is_loopback
-    except ValueError:
-        return False  # a host name: the code under test must never hand one to connect
+from tests.media.servers import LoopbackServer, NetworkGuard
 
 
 @pytest.fixture(autouse=True)
-def no_outside_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
+def no_outside_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[NetworkGuard]:
     """Refuse and record every connect to a non-loopback address; fail the test if any."""
-    attempts: list[Any] = []
+    guard = NetworkGuard()
     real_connect = socket.socket.connect
     real_connect_ex = socket.socket.connect_ex
     real_create = socket.create_connection
+    inet = (socket.AF_INET, socket.AF_INET6)
 
     def connect(self: socket.socket, address: Any) -> None:
-        if self.family in (socket.AF_INET, socket.AF_INET6) and not _is_loopback(address):
-            attempts.append(address)
-            raise PermissionError(f"test guard: connection to {address} refused")
+        if self.family in inet:
+            guard.check(address)
         return real_connect(self, address)
 
     def connect_ex(self: socket.socket, address: Any) -> int:
-        if self.family in (socket.AF_INET, socket.AF_INET6) and not _is_loopback(address):
-            attempts.append(address)
-            raise PermissionError(f"test guard: connection to {address} refused")
+        if self.family in inet:
+            guard.check(address)
         return real_connect_ex(self, address)
 
     def create_connection(address: Any, *args: Any, **kwargs: Any) -> socket.socket:
-        if not _is_loopback(address):
-            attempts.append(address)
-            raise PermissionError(f"test guard: connection to {address} refused")
+        guard.check(address)
         return real_create(address, *args, **kwargs)
 
     monkeypatch.setattr(socket.socket, "connect", connect)
     monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
     monkeypatch.setattr(socket, "create_connection", create_connection)
-    yield attempts
-    assert not attempts, f"the code tried to reach non-loopback addresses: {attempts}"
+    yield guard
+    assert not guard.attempts, f"the code tried to reach non-loopback addresses: {guard.attempts}"
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Loopback HTTP servers and a stub resolver for the media fetch tests.
+"""Loopback HTTP servers, a stub resolver and the network guard of the media tests.
 
 `LoopbackServer` serves per-path behaviours on a loopback address and counts the connections it
 accepted, so a test can prove that a refused URL never reached it. `StubResolver` answers host
@@ -17,6 +17,31 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from ninfer.media.addresses import IPAddress
+
+
+class NetworkGuard:
+    """Records connects to addresses outside loopback (and to `also_forbidden`, which lets a
+    test prove the guard sees the code's connections without anything leaving loopback)."""
+
+    def __init__(self) -> None:
+        self.attempts: list[Any] = []
+        self.also_forbidden: set[str] = set()
+
+    def allows(self, address: Any) -> bool:
+        if not isinstance(address, tuple) or not address:
+            return False
+        host = str(address[0]).split("%")[0]
+        if host in self.also_forbidden:
+            return False
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False  # a host name: the code under test must never hand one to connect
+
+    def check(self, address: Any) -> None:
+        if not self.allows(address):
+            self.attempts.append(address)
+            raise PermissionError(f"test guard: connection to {address} refused")
 
 
 class StubResolver:

@@ -24,6 +24,7 @@ from ninfer.media.fetch import FetchLimits, HttpFetcher
 from ninfer.media.source import acquire
 from tests.media.servers import (
     LoopbackServer,
+    NetworkGuard,
     StubResolver,
     dribble,
     redirect,
@@ -44,6 +45,21 @@ def expect(code: str, coro: Any) -> errors.MediaError:
         run(coro)
     assert info.value.code == code, info.value
     return info.value
+
+
+def test_the_guard_sees_the_fetcher_s_connections(
+    no_outside_network: NetworkGuard, loopback: Callable[..., LoopbackServer]
+) -> None:
+    # Proven on a loopback address the guard is told to treat as outside, so that a guard that
+    # missed the connection would still send nothing beyond loopback.
+    server = loopback("127.0.0.3")
+    server.routes["/a.png"] = send_bytes(PNG)
+    no_outside_network.also_forbidden.add("127.0.0.3")
+    fetcher = HttpFetcher(FetchPolicy(allow_private=True))
+    expect(errors.MEDIA_FETCH_FAILED, fetcher.fetch(server.url("/a.png")))
+    assert no_outside_network.attempts == [("127.0.0.3", server.port)]
+    assert server.connections == 0
+    no_outside_network.attempts.clear()
 
 
 FORBIDDEN = [
