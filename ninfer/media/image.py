@@ -22,7 +22,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ninfer.media import errors
 from ninfer.media.config import VisionPreprocessConfig
-from ninfer.media.patches import PreparedMedia, normalize, patchify, smart_resize_image, to_prepared
+from ninfer.media.patches import PreparedMedia, pack, smart_resize_image, to_prepared
 
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
 
@@ -95,7 +95,7 @@ def prepare_rgb(image: Image.Image, config: VisionPreprocessConfig) -> PreparedM
         height, width, config.factor, config.image_min_pixels, config.image_max_pixels
     )
     resized = np.asarray(image.resize((new_w, new_h), resample=Image.Resampling.BICUBIC))
-    pixels = normalize(resized, config)  # [H, W, C]
-    frames = np.broadcast_to(pixels[None], (config.temporal_patch_size, *pixels.shape))
-    rows, grid = patchify(frames, config)
+    # The image is its own temporal pair: repeated to temporal_patch_size frames.
+    frames = np.broadcast_to(resized[None], (config.temporal_patch_size, *resized.shape))
+    rows, grid = pack(frames, config)
     return to_prepared("image", rows, grid, config)

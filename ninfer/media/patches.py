@@ -102,43 +102,49 @@ def smart_resize_video(
     return h_bar, w_bar
 
 
-def normalize(frames_u8: np.ndarray, config: VisionPreprocessConfig) -> np.ndarray:
-    """uint8 [..., H, W, C] -> float32 [..., H, W, C]: x / 255, then (x - mean) / std.
+def normalization_table(config: VisionPreprocessConfig) -> np.ndarray:
+    """float32 [C, 256]: the normalised value of every uint8 level in every channel.
 
-    The steps and their precision follow transformers' processors (rescale in float64, cast to
-    float32, normalise in float32), so the result matches theirs to the last bits.
+    Computed as transformers' processors compute each pixel (x / 255 in float64, cast to
+    float32, then (x - mean) / std in float32), so a table lookup gives their exact bits
+    without materialising float64 or float32 copies of the whole frame.
     """
-    x = (frames_u8.astype(np.float64) * (1 / 255)).astype(np.float32)
-    mean = np.array(config.image_mean, dtype=np.float32)
-    std = np.array(config.image_std, dtype=np.float32)
-    return (x - mean) / std
+    levels = (np.arange(256, dtype=np.float64) * (1 / 255)).astype(np.float32)
+    mean = np.array(config.image_mean, dtype=np.float32)[:, None]
+    std = np.array(config.image_std, dtype=np.float32)[:, None]
+    return (levels[None, :] - mean) / std
 
 
-def patchify(frames: np.ndarray, config: VisionPreprocessConfig) -> tuple[np.ndarray, tuple]:
-    """float32 [T, H, W, C] -> (rows [t*h*w, C*tp*p*p], (t, h, w)); T is padded to a multiple
-    of temporal_patch_size by repeating the last frame."""
+def pack(frames: np.ndarray, config: VisionPreprocessConfig) -> tuple[torch.Tensor, tuple]:
+    """uint8 frames [T, H, W, C] -> (normalised rows [t*h*w, C*tp*p*p] in the config's dtype,
+    grid (t, h, w)). T is padded to a multiple of temporal_patch_size by repeating the last frame.
+
+    The rearrangement runs on uint8 (one byte per value); normalisation is a per-channel table
+    lookup written straight into the output, so the peak is the output plus one channel.
+    """
     p, m, tp = config.patch_size, config.merge_size, config.temporal_patch_size
     if pad := -frames.shape[0] % tp:
         frames = np.concatenate([frames, np.repeat(frames[-1:], pad, axis=0)], axis=0)
     n, height, width, c = frames.shape
     t, h, w = n // tp, height // p, width // p
     x = frames.reshape(t, tp, h // m, m, p, w // m, m, p, c)
-    # -> [t, h/m, w/m, m(h), m(w), C, tp, p(h), p(w)]
-    x = x.transpose(0, 2, 5, 3, 6, 8, 1, 4, 7)
-    return np.ascontiguousarray(x).reshape(t * h * w, c * tp * p * p), (t, h, w)
+    # -> [t, h/m, w/m, m(h), m(w), C, tp, p(h), p(w)]: m*m consecutive rows form one merged token
+    x = np.ascontiguousarray(x.transpose(0, 2, 5, 3, 6, 8, 1, 4, 7)).reshape(t * h * w, c, -1)
+    dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
+    rows = torch.empty(t * h * w, c, tp * p * p, dtype=dtype)
+    table = normalization_table(config)
+    for channel in range(c):
+        values = np.take(table[channel], x[:, channel])  # float32 [rows, tp*p*p]
+        rows[:, channel] = torch.from_numpy(values)  # rounds to bfloat16 when that is the dtype
+    return rows.reshape(t * h * w, c * tp * p * p), (t, h, w)
 
 
 def to_prepared(
     modality: Literal["image", "video"],
-    rows: np.ndarray,
+    rows: torch.Tensor,
     grid: tuple[int, int, int],
     config: VisionPreprocessConfig,
     timestamps: tuple[float, ...] = (),
 ) -> PreparedMedia:
-    tensor = torch.from_numpy(rows)
-    if config.dtype == "bfloat16":
-        tensor = tensor.to(torch.bfloat16)
     t, h, w = grid
-    return PreparedMedia(
-        modality, tensor, grid, t * h * w // (config.merge_size**2), tuple(timestamps)
-    )
+    return PreparedMedia(modality, rows, grid, t * h * w // (config.merge_size**2), timestamps)

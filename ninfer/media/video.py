@@ -31,7 +31,7 @@ import torch
 
 from ninfer.media import errors
 from ninfer.media.config import VisionPreprocessConfig
-from ninfer.media.patches import PreparedMedia, normalize, patchify, smart_resize_video, to_prepared
+from ninfer.media.patches import PreparedMedia, pack, smart_resize_video, to_prepared
 
 
 def sniff_container(data: bytes) -> str | None:
@@ -150,7 +150,7 @@ def _prepare(
             f"the video declares {total} frames but only {len(kept)} of the {len(indices)} "
             "sampled ones could be decoded"
         )
-    rows, grid = patchify(normalize(np.stack(kept), config), config)
+    rows, grid = pack(np.stack(kept), config)
     stamps = patch_timestamps(indices, rate, config.temporal_patch_size)
     return to_prepared("video", rows, grid, config, stamps)
 
