@@ -87,9 +87,10 @@ class ItemStats:
 
 
 def request_log_fields(items: Sequence[ItemStats]) -> dict[str, float | int]:
-    """A request's media fields for its request_start record (docs/serving.md, "Structured
-    request log": request-scoped acquisition, media-preprocessing wall/work, cache
-    hit/miss/single-flight and payload-size fields), summed over its items:
+    """A request's media fields for its request_start record, summed over its items.
+
+    See docs/serving.md, "Request log and stderr records": request_start carries request-scoped
+    acquisition, media-preprocessing wall/work, cache hit/miss/single-flight and payload sizes.
 
     media_items, media_images, media_videos; media_acquire_seconds (fetching / decoding the
     sources); media_prepare_wall_seconds and media_prepare_work_seconds (preparation wall time
