@@ -69,10 +69,14 @@ class CacheStats:
     """Counters of one `MediaCache` (read under its lock via `MediaCache.snapshot`).
 
     hits / misses / joins: lookups answered by a payload already prepared, by a new build, or by
-    waiting for another caller's build (single flight). They feed the request log's per-request
-    cache hit/miss/single-flight fields (the API counts a request's own lookups) and /metrics.
-    prepared: builds completed; evictions: retained payloads dropped by LRU;
-    rejections: builds refused by the live budget (media_budget_exceeded).
+    waiting for another caller's build (single flight); prepared: builds completed; evictions:
+    retained payloads dropped by LRU; rejections: builds refused by the live budget
+    (media_budget_exceeded). With the retained/live byte gauges of `snapshot()` they are what
+    an exporter reads. Where they go: the request log's request_start cache hit/miss/single-flight
+    fields are per request (`preparer.request_log_fields` counts a request's own lookups, never
+    deltas of these process-wide counters); docs/serving.md lists no media series under /metrics
+    yet, so exporting these (e.g. as ninfer_media_cache_{hits,misses,joins}_total) needs a row
+    there first.
     """
 
     def __init__(self) -> None:

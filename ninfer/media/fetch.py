@@ -74,12 +74,14 @@ class Fetched:
 
 
 class FetchStats:
-    """Process-wide fetch counters (thread-safe, monotonic), for the API to export.
+    """Process-wide fetch counters (thread-safe, monotonic), for an exporter to read.
 
-    fetches / failures / timeouts: fetch outcomes (failures: any refusal but a timeout);
-    refused: URLs refused for an address the policy forbids; bytes: body bytes received; seconds: wall time spent fetching. They feed the
-    request log's media acquisition fields (wall seconds, source bytes) summed per request by the
-    caller, and ninfer_host_work_seconds_total{phase="media_fetch"} in /metrics.
+    fetches / failures / timeouts: fetch outcomes (failures: every error but a timeout);
+    refused: URLs refused for an address the policy forbids; bytes: body bytes received;
+    seconds: wall time spent fetching. The request log's acquisition fields are per request
+    (`preparer.request_log_fields`, from each item's own timing), never deltas of these; under
+    /metrics the seconds would feed ninfer_host_work_seconds_total{phase="media_fetch"} once
+    docs/serving.md lists that phase.
     """
 
     def __init__(self) -> None:

@@ -32,6 +32,7 @@ class PreparedMedia:
     pixel_values: [t*h*w, C*tp*p*p] in the config's dtype (see the module docstring).
     grid_thw: (t, h, w) in patches. timestamps: per temporal patch, the mean time in seconds of
     its frames (video only; empty for images). tokens: merged vision tokens, h*w*t / m^2.
+    The cache shares one instance between requests: nobody may write to pixel_values.
     """
 
     modality: Literal["image", "video"]

@@ -33,9 +33,10 @@ def resolve_threads(threads: int) -> int:
 
 
 class PoolStats:
-    """Pool counters, thread-safe. tasks: completed tasks; work_seconds: summed worker wall time
-    (the request log's media-preprocessing "work", and
-    ninfer_host_work_seconds_total{phase="media_preprocess"}); busy: tasks running now."""
+    """Pool counters, thread-safe. tasks: completed tasks; work_seconds: summed worker wall time;
+    busy: tasks running now. work_seconds is the process-wide side of the request log's
+    media-preprocessing "work" (per request: `preparer.ItemStats.work_seconds`) and would feed
+    ninfer_host_work_seconds_total{phase="media_preprocess"} under /metrics."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
