@@ -184,21 +184,27 @@ class MediaCache:
                 self._admit(nbytes)
             except errors.MediaError as e:
                 self.stats.rejections += 1
-                flight.future.set_exception(e)
-                raise
-            entry = _Entry(key, media, nbytes, refs=1 + flight.joined)
-            self._live[key] = entry
-            self._live_bytes += nbytes
-            self.stats.prepared += 1
-            self._retain(entry)
-            flight.future.set_result(entry)
-            return MediaRef(self, entry, "miss")
+                refused: errors.MediaError | None = e
+            else:
+                refused = None
+                entry = _Entry(key, media, nbytes, refs=1 + flight.joined)
+                self._live[key] = entry
+                self._live_bytes += nbytes
+                self.stats.prepared += 1
+                self._retain(entry)
+        # Joiners' callbacks run inside set_result / set_exception and may release references,
+        # which takes the lock: resolve the flight only after letting go of it.
+        if refused is not None:
+            flight.future.set_exception(refused)
+            raise refused
+        flight.future.set_result(entry)
+        return MediaRef(self, entry, "miss")
 
     def fail(self, key: MediaKey, flight: _Flight, error: BaseException) -> None:
         """End a flight whose build raised; its joiners get the same error."""
         with self._lock:
             del self._flights[key]
-            flight.future.set_exception(error)
+        flight.future.set_exception(error)
 
     # -- accounting ----------------------------------------------------------------------------
 

@@ -165,3 +165,28 @@ def test_the_live_budget_is_enforced_across_requests() -> None:
         after.ref.release()
 
     asyncio.run(hold_then_more())
+
+
+def test_a_cancelled_request_leaves_no_reference_behind() -> None:
+    config = VisionPreprocessConfig(image_min_pixels=4096, image_max_pixels=1024 * 1024)
+    media = preparer(cache_mib=0, config=config)
+    uri = data_uri(png(8, 1500, 1200))
+
+    async def cancel_mid_build() -> None:
+        task = asyncio.ensure_future(media.prepare_all([(uri, "image"), (uri, "image")]))
+        while media.cache.snapshot()["building"] == 0 and not task.done():
+            await asyncio.sleep(0.001)
+        assert not task.done(), "the build ended before the test could cancel it"
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(2000):  # the build runs on; its references are released when it ends
+            if media.cache.snapshot()["building"] == 0:
+                break
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)
+
+    asyncio.run(cancel_mid_build())
+    snap = media.cache.snapshot()
+    assert snap["prepared"] == 1 and snap["building"] == 0
+    assert snap["live_bytes"] == 0 and snap["live_items"] == 0
