@@ -186,7 +186,7 @@ class HttpFetcher:
         )
 
     async def _vetted(self, url: httpx.URL) -> list[IPAddress]:
-        host = url.host
+        host = url.raw_host.decode("ascii")  # IDNA-encoded: what DNS, SNI and Host carry
         port = url.port or _DEFAULT_PORT[url.scheme]
         literal = parse_ip(host)
         if literal is not None:
@@ -227,10 +227,10 @@ class HttpFetcher:
         limits = self.limits
         pinned = url.copy_with(host=str(ip))
         default_port = url.port is None or url.port == _DEFAULT_PORT[url.scheme]
-        host_header = url.host if default_port else f"{url.host}:{url.port}"
-        if ":" in url.host:  # an IPv6 literal host keeps its brackets in the Host header
-            host_header = f"[{url.host}]" + ("" if default_port else f":{url.port}")
-        extensions = {"sni_hostname": url.host} if url.scheme == "https" else {}
+        name = url.raw_host.decode("ascii")  # IDNA-encoded
+        bracketed = f"[{name}]" if ":" in name else name  # an IPv6 literal keeps its brackets
+        host_header = bracketed if default_port else f"{bracketed}:{url.port}"
+        extensions = {"sni_hostname": name} if url.scheme == "https" else {}
         timeout = httpx.Timeout(limits.idle_timeout_s)
         async with httpx.AsyncClient(
             verify=self._ssl_context() if url.scheme == "https" else False,

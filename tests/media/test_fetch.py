@@ -168,6 +168,17 @@ def test_fetch_from_an_allowed_loopback_server_pins_the_address_and_keeps_the_ho
     assert fetcher.stats.snapshot()["bytes"] == len(PNG)
 
 
+def test_international_names_are_resolved_and_sent_in_their_ascii_form(
+    loopback: Callable[..., LoopbackServer],
+) -> None:
+    server = loopback()
+    server.routes["/a.png"] = send_bytes(PNG)
+    resolver = StubResolver({"xn--bcher-kva.example": ["127.0.0.1"]})
+    fetcher = HttpFetcher(LOOPBACK_ONLY, resolver=resolver)
+    assert run(fetcher.fetch(server.url("/a.png", "bücher.example"))).data == PNG
+    assert server.requests == [("/a.png", f"xn--bcher-kva.example:{server.port}")]
+
+
 def test_redirects_are_followed_within_the_cap(loopback: Callable[..., LoopbackServer]) -> None:
     server = loopback()
     server.routes["/final.png"] = send_bytes(PNG)
