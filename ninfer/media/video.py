@@ -93,7 +93,7 @@ def prepare_video(data: bytes, config: VisionPreprocessConfig) -> PreparedMedia:
             return _prepare(container, data, demuxer, config)
     except errors.MediaError:
         raise
-    except (av.FFmpegError, OSError, ValueError, EOFError) as e:
+    except (av.error.FFmpegError, OSError, ValueError, EOFError) as e:
         raise errors.invalid_media(f"the video is truncated or corrupt: {e}") from e
 
 
