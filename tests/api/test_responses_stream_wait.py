@@ -11,12 +11,12 @@ import json
 from collections.abc import AsyncIterator
 
 from ninfer.api import errors
-from ninfer.api.config import ServeConfig
 from ninfer.api.generation import GenerationEvent
 from ninfer.api.openai_responses import _create_sse, prepare
 from ninfer.api.responses_request import parse_create_request
 from ninfer.api.sse import KEEPALIVE, open_events, with_keepalive
 from ninfer.api.state import ServerState
+from tests.api.live_app import serve_config
 
 MODEL = "tiny-model"
 
@@ -28,7 +28,7 @@ async def queued_then_refused(delay_s: float) -> AsyncIterator[GenerationEvent]:
 
 
 def test_waiting_stream_opens_with_keepalives_and_fails_in_band():
-    state = ServerState(config=ServeConfig(max_context=4096), model_id=MODEL)
+    state = ServerState(config=serve_config(max_context=4096), model_id=MODEL)
     req = parse_create_request(
         {"model": MODEL, "input": "Hi", "stream": True}, model_id=MODEL, vision=False
     )
@@ -74,7 +74,7 @@ def test_a_response_deleted_while_streaming_is_never_stored():
     from ninfer.api.generation import ContentText, Finished, Timings, Usage
     from ninfer.api.openai_responses import response_store
 
-    state = ServerState(config=ServeConfig(max_context=4096), model_id=MODEL)
+    state = ServerState(config=serve_config(max_context=4096), model_id=MODEL)
     store = response_store(state)
 
     def finished() -> Finished:

@@ -64,25 +64,29 @@ def test_seeded_sampling_is_reproducible(fixture_artifacts) -> None:
     }
 
 
-def test_stops_on_eos_and_on_stop_strings(fixture_artifacts) -> None:
+def test_stops_on_eos(tiny_agent, tiny_agent_prompts) -> None:
+    """The trained model ends its reply with <|im_end|>: generation stops right after it (the
+    id is kept, the text is not), unless ignore_eos, which runs on to max_tokens."""
+    llm = _llm(str(tiny_agent))
+    case = next(p for p in tiny_agent_prompts if p["name"] == "hello")
+    ids = llm.tokenizer.encode(case["prompt"], add_special_tokens=False)
+    stopped = llm.generate([ids], SamplingParams(max_tokens=40, temperature=0.0))[0]
+    assert stopped.finish_reason == "stop" and stopped.token_ids[-1] in llm.engine.eos_ids
+    assert stopped.text == case["expected"]["content"]
+    n = len(stopped.token_ids)
+    ignored = llm.generate(
+        [ids], SamplingParams(max_tokens=n + 3, temperature=0.0, ignore_eos=True)
+    )[0]
+    assert ignored.finish_reason == "length" and len(ignored.token_ids) == n + 3
+    assert ignored.token_ids[:n] == stopped.token_ids
+
+
+def test_stops_on_stop_strings(fixture_artifacts) -> None:
     llm = _llm(str(fixture_artifacts("llama")))
     free = llm.generate(
         ["Tell me"], SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
     )[0]
     assert free.finish_reason == "length" and len(free.token_ids) == 10
-    # make the 3rd generated token an EOS id: generation must stop right after it
-    eos = free.token_ids[2]
-    llm.eos_token_ids.add(eos)
-    try:
-        stopped = llm.generate(["Tell me"], SamplingParams(max_tokens=10, temperature=0.0))[0]
-        ignored = llm.generate(
-            ["Tell me"], SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
-        )[0]
-    finally:
-        llm.eos_token_ids.discard(eos)
-    first = free.token_ids.index(eos)
-    assert stopped.token_ids == free.token_ids[: first + 1] and stopped.finish_reason == "stop"
-    assert ignored.token_ids == free.token_ids
     text = llm.tokenizer.decode(free.token_ids)
     stop = text[len(text) // 2 : len(text) // 2 + 2]
     if stop.strip():
@@ -91,6 +95,10 @@ def test_stops_on_eos_and_on_stop_strings(fixture_artifacts) -> None:
             SamplingParams(max_tokens=10, temperature=0.0, stop=(stop,), ignore_eos=True),
         )[0]
         assert s.finish_reason == "stop" and stop not in s.text and text.startswith(s.text)
+        # the ids end with the token that completed the stop string
+        assert s.token_ids == free.token_ids[: len(s.token_ids)]
+        assert stop in llm.tokenizer.decode(s.token_ids)
+        assert stop not in llm.tokenizer.decode(s.token_ids[:-1])
 
 
 def test_errors_are_one_line_user_errors(fixture_artifacts) -> None:
@@ -147,25 +155,33 @@ def test_top_p_zero_is_argmax_and_stop_none_is_no_stop(fixture_artifacts) -> Non
     assert all(type(t) is int for t in llm.generate([list(ids)], GREEDY)[0].prompt_token_ids)
 
 
-def test_a_failed_call_leaves_no_sampler_state(fixture_artifacts, monkeypatch) -> None:
-    """A call interrupted midway (here: an exception after three sampled tokens, as Ctrl-C
-    would be) must not leave its seeded generators to the next call."""
+def test_an_interrupted_call_leaves_nothing_behind(fixture_artifacts, monkeypatch) -> None:
+    """A call interrupted midway (here: KeyboardInterrupt after three tokens were read, as
+    Ctrl-C would raise it) cancels its requests: the engine is idle again, and the next seeded
+    call gets what it got before (no generator left over)."""
+    import ninfer.llm
+    from ninfer.api.detokenize import IncrementalDetokenizer
+
     llm = _llm(str(fixture_artifacts("llama")))
     seeded = SamplingParams(max_tokens=10, temperature=1.0, seed=42, ignore_eos=True)
-    before = llm.generate(["Hello"], seeded)[0].token_ids
-    decode, calls = llm.tokenizer.decode, []
+    before = llm.generate(["Hello", "Hi"], seeded)
+    calls = []
 
-    def interrupted(ids, *a, **kw):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return decode(ids, *a, **kw)
+    class Interrupted(IncrementalDetokenizer):
+        def add(self, token_ids):
+            calls.append(1)
+            if len(calls) == 3:
+                raise KeyboardInterrupt
+            return super().add(token_ids)
 
-    monkeypatch.setattr(llm.tokenizer, "decode", interrupted)
+    monkeypatch.setattr(ninfer.llm, "IncrementalDetokenizer", Interrupted)
     with pytest.raises(KeyboardInterrupt):
-        llm.generate(["Hello"], seeded)
-    monkeypatch.setattr(llm.tokenizer, "decode", decode)
-    assert llm.generate(["Hello"], seeded)[0].token_ids == before
+        llm.generate(["Hello", "Hi"], SamplingParams(**{**vars(seeded), "stop": ("zz",)}))
+    monkeypatch.undo()
+    stats = llm.engine.snapshot()
+    assert stats.running == stats.waiting == stats.paused == 0
+    after = llm.generate(["Hello", "Hi"], seeded)
+    assert [r.token_ids for r in after] == [r.token_ids for r in before]
 
 
 def test_calls_from_two_threads_are_serialised(fixture_artifacts) -> None:
