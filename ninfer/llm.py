@@ -24,6 +24,7 @@ import operator
 import os
 import queue
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -87,8 +88,14 @@ class LLM:
         self.engine: Engine = build_engine(self.artifact, self.options)
         self.plan = self.engine.plan
         self.executor = self.engine.executor
+        # the engine's worker stops when this LLM is collected, or at interpreter exit
+        self._finalizer = weakref.finalize(self, self.engine.close)
         self._template: Any = None  # the chat template, loaded by the first `chat`
         self._lock = threading.Lock()  # one call at a time: results come back in call order
+
+    def close(self) -> None:
+        """Stop the engine (its worker thread); the LLM cannot be used afterwards."""
+        self._finalizer()
 
     # -- logits ------------------------------------------------------------------------------
     def logits(self, token_ids: Sequence[int]) -> Any:
