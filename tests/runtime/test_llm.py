@@ -201,3 +201,34 @@ def test_calls_from_two_threads_are_serialised(fixture_artifacts) -> None:
     for t in threads:
         t.join()
     assert [got[0], got[1]] == want
+
+
+def test_logits_leave_the_prefix_cache_intact(fixture_artifacts) -> None:
+    """`logits` runs on pages taken from the engine's pool: a prefix the cache retained from an
+    earlier generate is evicted (not overwritten behind its back), so the next generate of that
+    prompt gets the same tokens; and the logits agree with what generate chose."""
+    llm = LLM(str(fixture_artifacts("llama")), max_concurrency=1, kv_capacity=64, prefill_chunk=8)
+    prompt = [(7 * i) % 200 + 5 for i in range(40)]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    first = llm.generate([prompt], params)[0]
+    other = llm.logits([(11 * i) % 200 + 3 for i in range(64)])  # the whole pool
+    assert other.shape[0] == 64
+    again = llm.generate([prompt], params)[0]
+    assert again.token_ids == first.token_ids
+    rows = llm.logits(prompt + first.token_ids[:-1])[len(prompt) - 1 :]
+    assert rows.argmax(dim=-1).tolist() == first.token_ids
+    with pytest.raises(RequestError, match="KV pages"):
+        llm.logits(list(range(5, 70)))
+    llm.close()
+
+
+def test_more_prompts_than_the_engine_accepts_wait_their_turn(fixture_artifacts) -> None:
+    """One lane and no pending slot: six prompts are submitted one after another as each
+    finishes (none is refused as overloaded), and come back in order."""
+    llm = LLM(str(fixture_artifacts("qwen3")), max_concurrency=1, max_pending_requests=0)
+    prompts = [[i + 3, 2 * i + 5, 3 * i + 7] for i in range(6)]
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    outs = llm.generate(prompts, params)
+    assert [o.prompt_token_ids for o in outs] == prompts
+    assert [o.token_ids for o in outs] == [llm.generate([p], params)[0].token_ids for p in prompts]
+    llm.close()
