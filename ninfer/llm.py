@@ -93,6 +93,11 @@ class LLM:
         self._template: Any = None  # the chat template, loaded by the first `chat`
         self._lock = threading.Lock()  # one call at a time: results come back in call order
 
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The ids that end a generation (unless ignore_eos): the engine's, as the server's."""
+        return self.engine.eos_ids
+
     def close(self) -> None:
         """Stop the engine (its worker thread); the LLM cannot be used afterwards."""
         self._finalizer()
