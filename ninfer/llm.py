@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import operator
 import os
@@ -29,8 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ninfer.api.detokenize import IncrementalDetokenizer
-from ninfer.api.stops import StopMatcher
+from ninfer.api.output_text import OutputText
 from ninfer.artifact.format import Artifact
 from ninfer.passes.options import parse_kv_capacity
 from ninfer.runtime.build import build_engine
@@ -249,53 +249,48 @@ class LLM:
             except BaseException:
                 for h in handles:  # an interrupted call leaves nothing running
                     h.cancel()
+                for h in handles:
+                    with contextlib.suppress(Exception):  # their own failures are not this one
+                        h.result(timeout=60)
                 raise
         return [r for r in results if r is not None]
 
     def _follow(self, handle: RequestHandle, request: Request) -> GenerationResult:
-        """The server's post-processing of one request's tokens (ninfer/api/postprocess.py):
-        EOS withheld from the text, stop strings matched on the detokenized stream, the engine
-        told to stop at a match, the ids kept up to the token that completed it."""
+        """Read one request's events to its end, its text through the server's `OutputText`
+        (EOS withheld, stop strings matched on the detokenized stream): at a match the engine
+        is told to stop, and the ids are kept up to the token that completed it."""
         params = request.sampling
-        detok = IncrementalDetokenizer(self.tokenizer.hf)
-        stops = StopMatcher(params.stop) if params.stop else None
+        out = OutputText(
+            self.tokenizer.hf,
+            eos_ids=self.engine.eos_ids,
+            ignore_eos=params.ignore_eos,
+            stops=params.stop,
+        )
         text: list[str] = []
-        kept, matched = 0, False
         finish: FinishEvent | None = None
+        stopping = False
         for event in handle:
             if isinstance(event, TokensEvent):
                 for tid in event.token_ids:
-                    if matched:
+                    if out.stop_match is not None:
                         break
-                    kept += 1
-                    if tid in self.engine.eos_ids and not params.ignore_eos:
-                        continue
-                    piece = detok.add(tid)
-                    if stops is not None and piece:
-                        fed = stops.feed(piece)
-                        piece, matched = fed.text, fed.match is not None
-                    text.append(piece)
-                if matched:
-                    self.engine.finish(handle, "stop", keep_tokens=kept)
+                    text.append(out.add(tid))
+                if out.stop_match is not None and not stopping:
+                    self.engine.finish(handle, "stop", keep_tokens=out.kept_tokens)
+                    stopping = True
             elif isinstance(event, FinishEvent):
                 finish = event
         assert finish is not None, "a request's events end with its FinishEvent"
         if finish.error is not None:
             raise finish.error
-        if not matched:  # the detokenizer's held-back tail may still complete a stop string
-            tail = detok.finish()
-            if stops is not None and tail:
-                fed = stops.feed(tail)
-                tail, matched = fed.text, fed.match is not None
-            text.append(tail)
-            if stops is not None and not matched:
-                text.append(stops.finish())
+        text.append(out.finish())
+        matched = out.stop_match is not None
         if finish.reason == "cancelled" and not matched:
             raise EngineError("the engine stopped before the request finished")
         token_ids = list(finish.token_ids)
         if matched:
-            token_ids, reason, out = token_ids[:kept], "stop", "".join(text)
+            token_ids, reason, result = token_ids[: out.kept_tokens], "stop", "".join(text)
         else:  # the whole decode (the stream's pieces differ only around invalid bytes)
             reason = "stop" if finish.reason == "stop" else "length"
-            out = self.tokenizer.decode(token_ids)
-        return GenerationResult(list(request.prompt_token_ids), token_ids, out, reason)
+            result = self.tokenizer.decode(token_ids)
+        return GenerationResult(list(request.prompt_token_ids), token_ids, result, reason)

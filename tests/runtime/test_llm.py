@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import time
 
 import pytest
 import torch
@@ -157,29 +158,35 @@ def test_top_p_zero_is_argmax_and_stop_none_is_no_stop(fixture_artifacts) -> Non
 
 def test_an_interrupted_call_leaves_nothing_behind(fixture_artifacts, monkeypatch) -> None:
     """A call interrupted midway (here: KeyboardInterrupt after three tokens were read, as
-    Ctrl-C would raise it) cancels its requests: the engine is idle again, and the next seeded
-    call gets what it got before (no generator left over)."""
+    Ctrl-C would raise it) cancels its requests before it returns: both end 'cancelled' (not
+    left running to max_tokens), and the next seeded call gets what it got before (no
+    generator left over)."""
     import ninfer.llm
-    from ninfer.api.detokenize import IncrementalDetokenizer
+    from ninfer.api.output_text import OutputText
 
     llm = _llm(str(fixture_artifacts("llama")))
     seeded = SamplingParams(max_tokens=10, temperature=1.0, seed=42, ignore_eos=True)
     before = llm.generate(["Hello", "Hi"], seeded)
     calls = []
 
-    class Interrupted(IncrementalDetokenizer):
-        def add(self, token_ids):
+    class Interrupted(OutputText):
+        def add(self, token_id):
             calls.append(1)
             if len(calls) == 3:
                 raise KeyboardInterrupt
-            return super().add(token_ids)
+            return super().add(token_id)
 
-    monkeypatch.setattr(ninfer.llm, "IncrementalDetokenizer", Interrupted)
+    monkeypatch.setattr(ninfer.llm, "OutputText", Interrupted)
+    long = SamplingParams(max_tokens=500, temperature=1.0, seed=42, ignore_eos=True)
+    cancelled = llm.engine.snapshot().requests_by_outcome.get("cancelled", 0)
     with pytest.raises(KeyboardInterrupt):
-        llm.generate(["Hello", "Hi"], SamplingParams(**{**vars(seeded), "stop": ("zz",)}))
+        llm.generate(["Hello", "Hi"], long)
     monkeypatch.undo()
-    stats = llm.engine.snapshot()
+    deadline = time.monotonic() + 10  # the stats are published at the worker's next boundary
+    while (stats := llm.engine.snapshot()).running and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert stats.running == stats.waiting == stats.paused == 0
+    assert stats.requests_by_outcome.get("cancelled", 0) == cancelled + 2
     after = llm.generate(["Hello", "Hi"], seeded)
     assert [r.token_ids for r in after] == [r.token_ids for r in before]
 
