@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from ninfer.errors import ConfigError, NinferError
 from ninfer.runtime.config import EngineOptions, OutputLimit
@@ -44,6 +44,9 @@ from ninfer.runtime.sampler import SampledTokens, Sampler, SampleRow
 from ninfer.runtime.scheduler import Scheduler, StepPlan
 from ninfer.runtime.sequence import Sequence, finish_event, tokens_event, unit_counts
 from ninfer.runtime.step import SeqChunk, StepBatch
+
+if TYPE_CHECKING:
+    from ninfer.ir.plan import Plan
 
 log = logging.getLogger("ninfer.engine")
 
@@ -76,7 +79,7 @@ class Engine:
         eos_ids: Iterable[int],
         *,
         clock: Callable[[], float] = time.monotonic,
-        plan: Any = None,
+        plan: Plan | None = None,
     ) -> None:
         if executor.is_hybrid and executor.num_state_slots < config.max_concurrency:
             raise ConfigError(
