@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))  # `artifacts` (fixture builders) is a top-level f
 import torch
 
 from artifacts.fixtures import ARCHS, build_fixture
-from ninfer.runtime.config import EngineConfig
+from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.engine import Engine
 from ninfer.runtime.executor import Executor, executor_for
 from ninfer.runtime.request import Request, SamplingParams
@@ -99,7 +99,7 @@ def one_run(ex: Executor, batch: int, decode_steps: int, seed: int) -> dict[str,
     """Serve `batch` requests on a fresh engine; medians (µs) over the steady decode steps."""
     timed = TimedExecutor(ex)
     sampler = TimedSampler(timed)
-    config = EngineConfig(
+    config = EngineOptions.of(
         max_concurrency=batch,
         max_context=ex.num_pages * ex.page_size,
         kv_capacity=ex.num_pages * ex.page_size,

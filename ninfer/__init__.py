@@ -13,7 +13,7 @@ __all__ = ["LLM", "SamplingParams"]
 
 def __getattr__(name: str) -> Any:
     if name == "LLM":
-        from ninfer.runtime.llm import LLM
+        from ninfer.llm import LLM
 
         return LLM
     if name == "SamplingParams":

@@ -59,7 +59,7 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
         return parse_messages_request(
             body,
             vision=cfg.vision,
-            default_max_tokens=cfg.default_max_tokens,
+            default_max_tokens=cfg.engine.default_max_tokens,
             thinking_defaults=ThinkingDefaults.from_flags(cfg.thinking, cfg.preserve_thinking),
             count_only=count_only,
         )
@@ -70,7 +70,7 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
         req = await parse(request, count_only=False)
         service = _service(state)
         events = service.generate(req.generation_request(), request_id=rid)
-        pending_ms = state.config.pending_timeout_ms
+        pending_ms = state.config.engine.pending_timeout_ms
         if req.stream:
             return await _stream_response(events, req, rid, pending_ms)
         finished = await unless_disconnected(_drain(events), request, events)

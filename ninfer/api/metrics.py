@@ -297,12 +297,12 @@ class ServerMetrics(Sink):
         yield info
         cfg = state.config
         yield GaugeMetricFamily(
-            "ninfer_max_concurrency", "Resident execution lanes", value=cfg.max_concurrency
+            "ninfer_max_concurrency", "Resident execution lanes", value=cfg.engine.max_concurrency
         )
         yield GaugeMetricFamily(
             "ninfer_max_context_tokens",
             "Logical context ceiling of each sequence",
-            value=cfg.max_context,
+            value=cfg.engine.max_context,
         )
         ready = snap is not None and bool(snap.ready) and state.failure is None
         yield GaugeMetricFamily(

@@ -30,12 +30,12 @@ def model_labels(state: ServerState, artifact: Any) -> dict[str, str]:
     """The fixed labels of ninfer_model_info."""
     cfg = state.config
     memory = state.extra.get("memory") or {}  # as server_start: the plan's resolved KV dtype
-    kv_dtype = (memory.get("kv") or {}).get("dtype") or cfg.kv_dtype or "unknown"
+    kv_dtype = (memory.get("kv") or {}).get("dtype") or cfg.engine.compile.kv_dtype or "unknown"
     return {
         "model": state.model_id,
         "architecture": str(getattr(artifact, "architecture", "unknown")),
-        "device": cfg.device,
-        "dtype": cfg.dtype,
+        "device": cfg.engine.device,
+        "dtype": cfg.engine.dtype,
         "kv_dtype": kv_dtype,
         "spec": cfg.spec or "none",
     }

@@ -112,7 +112,7 @@ class ChatCompletion:
         self.created = int(time.time())
         self.model = state.model_id
         self.chat = chat
-        self.pending_timeout_ms = state.config.pending_timeout_ms
+        self.pending_timeout_ms = state.config.engine.pending_timeout_ms
 
     def aggregate(self, f: Finished) -> dict[str, Any]:
         message: dict[str, Any] = {
@@ -296,7 +296,7 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
             assert isinstance(final, Finished)
             if final.reason == "error":
                 raise errors.generation_failure(
-                    final.error, pending_timeout_ms=state.config.pending_timeout_ms
+                    final.error, pending_timeout_ms=state.config.engine.pending_timeout_ms
                 )
             return Response(completion.aggregate(final))
         first = await open_events(events)  # raises ApiError when it fails in time

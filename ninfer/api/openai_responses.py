@@ -136,7 +136,7 @@ async def _create_json(
             break
         builder.feed(ev)
     if fin is None or STATUS[fin.reason] == "failed":
-        raise _failure(fin, None, state.config.pending_timeout_ms)
+        raise _failure(fin, None, state.config.engine.pending_timeout_ms)
     obj = response_object(
         p, created, STATUS[fin.reason], builder.output, usage=usage_dict(fin), model=state.model_id
     )
@@ -161,7 +161,7 @@ async def _create_sse(
     if waiting is not None and not p.sampled.is_set():
         # still in preparation: response.created echoes the sampler, so it waits for it (the
         # transport's keep-alive comments cover the wait)
-        error = await _await_sampling(p, waiting, state.config.pending_timeout_ms)
+        error = await _await_sampling(p, waiting, state.config.engine.pending_timeout_ms)
         if error is not None:
             await events.aclose()
             yield framer.frame(error)
@@ -185,7 +185,7 @@ async def _create_sse(
     except ApiError as e:
         failure = e
     except Exception as e:  # noqa: BLE001 - after the stream started, report; never leak detail
-        failure = _failure(None, e, state.config.pending_timeout_ms)
+        failure = _failure(None, e, state.config.engine.pending_timeout_ms)
     finally:
         if waiting is not None and not waiting.done():
             waiting.cancel()  # the client hung up while the request waited for admission
@@ -195,7 +195,7 @@ async def _create_sse(
     if fin is not None and fin.reason == "cancelled":
         return
     if failure is None and (fin is None or STATUS[fin.reason] == "failed"):
-        failure = _failure(fin, None, state.config.pending_timeout_ms)
+        failure = _failure(fin, None, state.config.engine.pending_timeout_ms)
     usage = usage_dict(fin) if fin is not None else None
     if failure is None and fin is not None:
         obj = response_object(

@@ -13,7 +13,6 @@ import time
 from tokenizers import Tokenizer
 
 from ninfer.api import toolcalls
-from ninfer.api.detokenize import IncrementalDetokenizer
 from ninfer.api.generation import (
     ContentText,
     Finished,
@@ -26,8 +25,8 @@ from ninfer.api.generation import (
     ToolCallStart,
     Usage,
 )
+from ninfer.api.output_text import OutputText
 from ninfer.api.reasoning import ReasoningParser
-from ninfer.api.stops import StopMatcher
 from ninfer.runtime.request import FinishEvent
 
 
@@ -59,8 +58,9 @@ class PostProcessor:
         # the engine's cumulative prompt / generation seconds at the latest committed token
         self.engine_times: tuple[float, float] | None = None
         self.cached = 0  # exact reused prompt tokens, from the AdmittedEvent
-        self.detok = IncrementalDetokenizer(tokenizer)
-        self.stops = StopMatcher(req.stop) if req.stop else None
+        self.text = OutputText(
+            tokenizer, eos_ids=eos_ids, ignore_eos=req.ignore_eos, stops=req.stop
+        )
         self.reasoning = ReasoningParser(starts_in_thinking)
         callable_tools = req.tools if req.callable_tools is None else req.callable_tools
         self.tools = (
@@ -68,10 +68,7 @@ class PostProcessor:
             if req.tools and callable_tools and req.parse_tools
             else None
         )
-        self.stop_match: str | None = None
-        self.ignore_eos = req.ignore_eos
         self.finish_sent = False
-        self.kept_tokens = 0
         self.reasoning_tokens = 0
         self.content = []
         self.reasoning_text = []
@@ -92,22 +89,22 @@ class PostProcessor:
         for tid in ids:
             if self.stop_match is not None:
                 break
-            self.kept_tokens += 1
             if self.reasoning.in_reasoning:
                 self.reasoning_tokens += 1
-            if tid in self.eos_ids and not self.ignore_eos:
-                continue
-            out.extend(self._text(self.detok.add(tid)))
+            out.extend(self._parse(self.text.add(tid)))
         return out
 
-    def _text(self, text: str) -> list[GenerationEvent]:
-        if not text:
-            return []
-        if self.stops is not None:
-            fed = self.stops.feed(text)
-            text = fed.text
-            if fed.match is not None:
-                self.stop_match = fed.match.stop
+    @property
+    def stop_match(self) -> str | None:
+        """The stop string the output ended at, once one completed."""
+        return self.text.stop_match
+
+    @property
+    def kept_tokens(self) -> int:
+        """Output ids accepted so far (up to the one that completed a stop string)."""
+        return self.text.kept_tokens
+
+    def _parse(self, text: str) -> list[GenerationEvent]:
         if not text:
             return []
         delta = self.reasoning.feed(text)
@@ -141,11 +138,7 @@ class PostProcessor:
         return out
 
     def finish(self) -> list[GenerationEvent]:
-        out: list[GenerationEvent] = []
-        if self.stop_match is None:
-            out.extend(self._text(self.detok.finish()))
-            if self.stops is not None and self.stop_match is None:
-                out.extend(self._text_unstopped(self.stops.finish()))
+        out = self._parse(self.text.finish())
         tail = self.reasoning.finish()
         out.extend(self._split(tail.reasoning, tail.content))
         if self.tools is not None:
@@ -173,12 +166,6 @@ class PostProcessor:
         return Timings(
             self.cached, self.prompt_len - self.cached, prompt_ms, self.kept_tokens, predicted_ms
         )
-
-    def _text_unstopped(self, text: str) -> list[GenerationEvent]:
-        if not text:
-            return []
-        delta = self.reasoning.feed(text)
-        return self._split(delta.reasoning, delta.content)
 
     def finished(self, event: FinishEvent, length_cause: str, prompt_only: bool) -> Finished:
         u, t = event.usage, event.timings

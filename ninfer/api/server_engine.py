@@ -1,4 +1,4 @@
-"""Start the serving engine for `ninfer serve`: compile, load, warm up, wire the model service.
+"""Start the serving engine for `ninfer serve`: build it, wire the model service, warm up.
 
 Called by `ninfer.commands.serve.build_state` before the listening socket opens, so a server
 that accepts connections has a compiled plan, loaded weights and a warmed-up step loop.
@@ -6,100 +6,45 @@ that accepts connections has a compiled plan, loaded weights and a warmed-up ste
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer
 
 from ninfer.api import oplog
 from ninfer.api.config import kv_pool_warning
-from ninfer.api.prompt_encoding import control_token_spellings
 from ninfer.api.sampling import SamplerPolicy
 from ninfer.api.service import ModelService, SamplerDefaults
 from ninfer.api.state import ServerState
-from ninfer.api.template import ChatTemplate, chat_template_for, load_builtin_template
+from ninfer.api.template import artifact_template
 from ninfer.artifact import Artifact
-from ninfer.runtime.config import EngineConfig
+from ninfer.runtime.build import build_engine
 from ninfer.runtime.engine import Engine
-from ninfer.runtime.executors import make_executor
 from ninfer.runtime.request import Request, SamplingParams
-from ninfer.runtime.sampler import Sampler
 
 log = logging.getLogger("ninfer.serve")
 
 
-def load_template(config: Any, artifact: Artifact, tokenizer: Tokenizer) -> ChatTemplate:
-    specials = {
-        k: v
-        for k, v in (
-            ("bos_token", artifact.special_tokens.get("bos_token")),
-            ("eos_token", artifact.special_tokens.get("eos_token")),
-        )
-        if isinstance(v, str)
-    }
-    if config.chat_template:
-        source = Path(config.chat_template).read_text(encoding="utf-8")
-        return chat_template_for(source, tokenizer, special_tokens=specials)
-    if artifact.chat_template:
-        return chat_template_for(artifact.chat_template, tokenizer, special_tokens=specials)
-    log.warning(
-        "the artifact has no chat template: using ninfer's built-in Qwen-style ChatML template"
-    )
-    return load_builtin_template(
-        "qwen_xml", control_tokens=control_token_spellings(tokenizer), special_tokens=specials
-    )
-
-
-def eos_ids_of(artifact: Artifact, tokenizer: Tokenizer) -> tuple[int, ...]:
-    ids = [i for i in artifact.special_tokens.get("eos_token_ids", []) if isinstance(i, int)]
-    for text in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
-        tid = tokenizer.token_to_id(text)
-        if tid is not None and tid not in ids and text == artifact.special_tokens.get("eos_token"):
-            ids.append(tid)
-    if not ids:
-        tid = tokenizer.token_to_id("<|im_end|>")
-        if tid is not None:
-            ids.append(tid)
-    return tuple(ids)
-
-
 def start_engine(state: ServerState, artifact: Artifact) -> None:
-    from ninfer.passes.pipeline import compile_artifact
-
+    """Build the engine (`build_engine`: plan, executor, CUDA Graphs), wire the model service
+    around it, warm it up, and put both on `state`."""
     config = state.config
-    t0 = time.monotonic()
-    plan = compile_artifact(artifact, config.compile_options())
-    executor = make_executor(plan, artifact, device=config.device)
-    if warning := kv_pool_warning(config, executor.num_pages * executor.page_size):
+    engine = build_engine(artifact, config.engine)
+    plan, executor = engine.plan, engine.executor
+    pool_tokens = executor.num_pages * executor.page_size
+    if warning := kv_pool_warning(config, pool_tokens):
         log.warning(warning)  # `auto` and the default resolve only here
-    if hasattr(executor, "capture_all"):  # CUDA: capture every decode bucket before serving
-        t_graphs = time.monotonic()
-        graphs = executor.capture_all()
-        log.info(
-            "captured %d CUDA Graph decode buckets in %.1f s", graphs, time.monotonic() - t_graphs
-        )
-    log.info("plan compiled and weights loaded in %.1f s", time.monotonic() - t0)
     _log_plan(plan, executor)
-    names = {f.name for f in dataclasses.fields(EngineConfig)}
-    options = config.engine_options(names)
-    options["page_size"] = executor.page_size
-    options["kv_capacity"] = executor.num_pages * executor.page_size
-    engine_config = EngineConfig(**options)
     tokenizer = Tokenizer.from_str(artifact.tokenizer_json)
-    eos_ids = eos_ids_of(artifact, tokenizer)
-    engine = Engine(engine_config, executor, Sampler(), eos_ids)
-    template = load_template(config, artifact, tokenizer)
+    template = artifact_template(artifact, tokenizer, config.chat_template)
     service = ModelService(
         engine=engine,
         tokenizer=tokenizer,
         template=template,
-        eos_ids=eos_ids,
+        eos_ids=engine.eos_ids,
         # a sequence never outgrows the KV pool: a smaller pool is the effective context
-        max_context=min(config.max_context, executor.num_pages * executor.page_size),
-        default_max_tokens=config.default_max_tokens,
+        max_context=min(config.engine.max_context, pool_tokens),
         sampler_defaults=SamplerDefaults.resolve(
             artifact.generation, dict(config.sampler_overrides(), greedy=config.greedy)
         ),
@@ -112,7 +57,7 @@ def start_engine(state: ServerState, artifact: Artifact) -> None:
         default_thinking_budget=config.default_thinking_budget,
     )
     t1 = time.monotonic()
-    _warm_up(engine, tokenizer, engine_config.max_concurrency, engine_config.max_context)
+    _warm_up(engine, tokenizer, config.engine.max_concurrency, config.engine.max_context)
     log.info("warm-up done in %.2f s", time.monotonic() - t1)
     state.engine = engine
     state.tokenizer = tokenizer

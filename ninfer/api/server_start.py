@@ -30,7 +30,7 @@ def resolve_context_cost(state: Any, artifact: Any) -> context_cost.ContextCost:
     )
     inputs = _signature_inputs(state, artifact)
     cost = context_cost.resolve(
-        context_cost.hardware_name(cfg.device), context_cost.prefill_signature(inputs), presets
+        context_cost.hardware_name(cfg.engine.device), context_cost.prefill_signature(inputs), presets
     )
     state.extra[CONTEXT_COST_KEY] = cost
     return cost
@@ -41,10 +41,10 @@ def _signature_inputs(state: Any, artifact: Any) -> dict[str, Any]:
     memory = state.extra.get("memory") or {}
     return context_cost.signature_inputs(
         artifact,
-        device=cfg.device,
-        dtype=cfg.dtype,
-        kv_dtype=(memory.get("kv") or {}).get("dtype") or cfg.kv_dtype,
-        prefill_chunk=cfg.prefill_chunk,
+        device=cfg.engine.device,
+        dtype=cfg.engine.dtype,
+        kv_dtype=(memory.get("kv") or {}).get("dtype") or cfg.engine.compile.kv_dtype,
+        prefill_chunk=cfg.engine.prefill_chunk,
         vision=cfg.vision,
         spec=cfg.spec,
     )
@@ -55,7 +55,8 @@ def server_start_fields(state: Any, artifact: Any, argv: list[str] | None = None
     cfg = state.config
     engine = state.engine
     snap = engine.snapshot() if engine is not None else None
-    engine_cfg = getattr(engine, "config", None)
+    executor = getattr(engine, "executor", None)
+    opts = cfg.engine
     service = state.extra.get("service")
     tensors = getattr(artifact, "tensors", {}) or {}
     memory = state.extra.get("memory") or {}
@@ -73,21 +74,24 @@ def server_start_fields(state: Any, artifact: Any, argv: list[str] | None = None
         "context_cost": cost.record(),
         "public_model_id": state.model_id,
         "engine": {
-            "device": cfg.device,
-            "dtype": cfg.dtype,
+            "device": opts.device,
+            "dtype": opts.dtype,
             # as resolved (the flag's default depends on the device): the plan's KV dtype
-            "kv_dtype": (memory.get("kv") or {}).get("dtype") or cfg.kv_dtype,
-            "max_concurrency": cfg.max_concurrency,
-            "max_pending_requests": cfg.max_pending_requests,
-            "pending_timeout_ms": cfg.pending_timeout_ms,
-            "max_context": cfg.max_context,
-            "prefill_chunk": cfg.prefill_chunk,
-            "page_size": getattr(engine_cfg, "page_size", None),
-            "kv_capacity_tokens": getattr(engine_cfg, "kv_capacity", None),
+            "kv_dtype": (memory.get("kv") or {}).get("dtype") or opts.compile.kv_dtype,
+            "max_concurrency": opts.max_concurrency,
+            "max_pending_requests": opts.max_pending_requests,
+            "pending_timeout_ms": opts.pending_timeout_ms,
+            "max_context": opts.max_context,
+            "prefill_chunk": opts.prefill_chunk,
+            "page_size": getattr(executor, "page_size", None),
+            # the pool as the executor made it (`--kv-capacity auto` resolved)
+            "kv_capacity_tokens": executor.num_pages * executor.page_size
+            if executor is not None
+            else None,
             "kv_pages": snap.kv_pages_capacity if snap is not None else None,
             "state_slots": snap.state_slots_capacity if snap is not None else None,
-            "prefix_reuse": cfg.prefix_reuse,
-            "cuda_graph": cfg.cuda_graph and str(cfg.device).startswith("cuda"),
+            "prefix_reuse": opts.prefix_reuse,
+            "cuda_graph": opts.compile.cuda_graphs and opts.device.startswith("cuda"),
             "spec": cfg.spec,
             "draft_tokens": cfg.draft_tokens,
             "vision": cfg.vision,
@@ -110,7 +114,7 @@ def server_start_fields(state: Any, artifact: Any, argv: list[str] | None = None
             "preserve_thinking": cfg.preserve_thinking,
             "default_thinking_budget": cfg.default_thinking_budget,
         },
-        "default_max_tokens": cfg.default_max_tokens,
+        "default_max_tokens": opts.default_max_tokens,
         "memory": state.extra.get("memory"),
         "host_context": _host_context(state),
         "environment": _environment(cfg),
@@ -141,8 +145,8 @@ def _environment(cfg: Any) -> dict[str, Any]:
         import torch
 
         env["torch"] = torch.__version__
-        if cfg.device_type == "cuda" and torch.cuda.is_available():
-            env["gpu"] = torch.cuda.get_device_name(cfg.device_index or 0)
+        if cfg.engine.device_index is not None and torch.cuda.is_available():
+            env["gpu"] = torch.cuda.get_device_name(cfg.engine.device_index)
             env["cuda"] = torch.version.cuda
     except ImportError:  # pragma: no cover - torch is a dependency
         pass

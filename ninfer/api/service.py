@@ -108,7 +108,6 @@ class ModelService:
         template: ChatTemplate,
         eos_ids: tuple[int, ...],
         max_context: int,
-        default_max_tokens: int,
         sampler_defaults: SamplerDefaults = SamplerDefaults(),
         sampler_policy: SamplerPolicy | None = None,
         default_thinking_budget: int | None = None,
@@ -121,7 +120,6 @@ class ModelService:
         self.encoder = PromptEncoder(tokenizer, template.control_tokens)
         self.eos_ids = frozenset(eos_ids)
         self.max_context = max_context
-        self.default_max_tokens = default_max_tokens
         self.sampler_defaults = sampler_defaults
         self.sampler_policy = sampler_policy or SamplerPolicy(
             "",
@@ -296,11 +294,8 @@ class ModelService:
         t_prepare = time.monotonic()  # the pending timeout counts from here
         prepared = await asyncio.to_thread(self.prepare, req)
         prompt_len = len(prepared.prompt_ids)
-        room = self.max_context - prompt_len
-        wanted = self.default_max_tokens if req.max_tokens is None else req.max_tokens
-        prompt_only = wanted == 0
-        max_tokens = max(1, min(wanted, room))
-        length_cause = "max_tokens" if wanted <= room else "context"
+        prompt_only = req.max_tokens == 0
+        max_tokens, length_cause = self.engine.output_limit(prompt_len, req.max_tokens)
         thinking = {} if prompt_only else self.thinking_fields(req, prepared, max_tokens)
         try:
             sampling = self.sampling_params(req, max_tokens, prepared.starts_in_thinking)

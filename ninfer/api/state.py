@@ -41,7 +41,7 @@ class ServerState:
         """The effective per-sequence context ceiling: --max-context, or the KV pool when
         --kv-capacity makes it smaller (the service's, once the engine runs)."""
         service = self.extra.get("service")
-        return self.config.max_context if service is None else service.max_context
+        return self.config.engine.max_context if service is None else service.max_context
 
     def healthy(self) -> bool:
         """True while the engine can accept work. Queue saturation does not count as failure;

@@ -29,6 +29,7 @@ After rendering, placeholders are replaced by their literals and the markup span
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -379,3 +380,27 @@ def load_builtin_template(name: str, **kwargs: Any) -> ChatTemplate:
 def chat_template_for(source: str, tokenizer: Tokenizer, **kwargs: Any) -> ChatTemplate:
     """A ChatTemplate whose protected spellings are the tokenizer's control tokens."""
     return ChatTemplate(source, control_tokens=control_token_spellings(tokenizer), **kwargs)
+
+
+def artifact_template(
+    artifact: Any, tokenizer: Tokenizer, path: str | Path | None = None
+) -> ChatTemplate:
+    """The chat template a model is served with (`ninfer serve`, `LLM.chat`): the Jinja file at
+    `path` (--chat-template), else the artifact's own, else ninfer's built-in Qwen-style ChatML
+    template (logged as a warning), with the artifact's bos/eos token texts as variables."""
+    specials = {
+        k: v
+        for k in ("bos_token", "eos_token")
+        if isinstance(v := artifact.special_tokens.get(k), str)
+    }
+    if path is not None:
+        source = Path(path).read_text(encoding="utf-8")
+        return chat_template_for(source, tokenizer, special_tokens=specials)
+    if artifact.chat_template:
+        return chat_template_for(artifact.chat_template, tokenizer, special_tokens=specials)
+    logging.getLogger("ninfer.serve").warning(
+        "the artifact has no chat template: using ninfer's built-in Qwen-style ChatML template"
+    )
+    return load_builtin_template(
+        "qwen_xml", control_tokens=control_token_spellings(tokenizer), special_tokens=specials
+    )

@@ -231,14 +231,11 @@ def _step_stats(ex: Any, batch: int, limit_tok_per_s: float | None) -> dict[str,
 def run_engine(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from ninfer.passes.options import CompileOptions, parse_kv_capacity
-    from ninfer.passes.pipeline import compile_artifact
-    from ninfer.runtime.config import EngineConfig
-    from ninfer.runtime.cuda_executor import make_executor
+    from ninfer.passes.options import parse_kv_capacity
+    from ninfer.runtime.build import build_engine
+    from ninfer.runtime.config import EngineOptions
     from ninfer.runtime.cuda_limits import measure_ceilings, work_model
     from ninfer.runtime.cuda_loadgen import engine_load, summarise
-    from ninfer.runtime.engine import Engine
-    from ninfer.runtime.sampler import Sampler
 
     if (args.artifact is None) == (args.synthetic is None):
         raise ConfigError("give an ARTIFACT or --synthetic NAME (not both)")
@@ -277,34 +274,27 @@ def run_engine(args: argparse.Namespace) -> dict[str, Any]:
     page = args.page_size
     maxb = max(args.batch_sizes)
     ctx = -(-(args.input_len + args.output_len + 1) // page) * page
-    capacity = parse_kv_capacity(args.kv_capacity) or maxb * ctx
-    chunk = args.prefill_chunk or max(1024, args.input_len)
-    options = CompileOptions(
-        device="cuda" if device.startswith("cuda") else "cpu", dtype=args.dtype, kv_dtype=args.kv_dtype,
-        max_concurrency=maxb, max_context=ctx, kv_capacity=capacity, page_size=page, prefill_chunk=chunk,
-        cuda_graphs=not args.no_cuda_graph,
+    options = EngineOptions.of(
+        device=device, dtype=args.dtype, kv_dtype=args.kv_dtype, max_concurrency=maxb,
+        max_context=ctx, kv_capacity=parse_kv_capacity(args.kv_capacity) or maxb * ctx,
+        page_size=page, prefill_chunk=args.prefill_chunk or max(1024, args.input_len),
+        cuda_graphs=not args.no_cuda_graph, prefix_reuse=False, max_pending_requests=maxb,
+        default_max_tokens=args.output_len, overlap=not args.no_overlap,
+        collect_timings=device.startswith("cuda"),
     )  # fmt: skip
-    plan = compile_artifact(source, options)
-    ceilings = measure_ceilings(device, plan.dtype)  # the matmul rate of the dtype that runs
-    kwargs = {"collect_timings": True} if options.device == "cuda" else {}
-    ex = make_executor(plan, source, device, **kwargs)
+    engine = build_engine(source, options)  # CUDA Graphs are captured here
+    plan, ex = engine.plan, engine.executor
     if hf is None or args.peer is None:
         hf = None
     del source
     load_s = time.perf_counter() - t0
+    ceilings = measure_ceilings(device, plan.dtype)  # the matmul rate of the dtype that runs
     weight_bytes = _weight_bytes(ex)
     work = work_model(plan, weight_bytes)
-    engine = Engine(
-        EngineConfig(max_concurrency=maxb, max_context=ctx, kv_capacity=ex.num_pages * ex.page_size, page_size=page,
-                     prefill_chunk=chunk, prefix_reuse=False, max_pending_requests=maxb, default_max_tokens=args.output_len),
-        ex, Sampler(), (), overlap=not args.no_overlap,
-    )  # fmt: skip
     vocab = int(plan.model["vocab"])
     results = []
     try:
         t1 = time.perf_counter()
-        if hasattr(ex, "capture_all"):
-            ex.capture_all()
         for b in args.batch_sizes:  # warm-up: compile every kernel variant the loads use
             engine_load(engine, _prompts(b, args.input_len, vocab, args.seed + 1), 3)
         warm_s = time.perf_counter() - t1

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import signal
 import socket
 import sys
@@ -31,13 +32,15 @@ from ninfer.api.config import (
     model_context_warning,
 )
 from ninfer.errors import ConfigError
+from ninfer.passes.options import CompileOptions
+from ninfer.runtime.config import EngineOptions
 
 TCP_USER_TIMEOUT_MS = 15000  # a dead or unacknowledging peer is dropped after ~15 s
 TCP_KEEPALIVE_IDLE_S = 5
 TCP_KEEPALIVE_INTERVAL_S = 5
 TCP_KEEPALIVE_COUNT = 3
 
-_CONFIG_FIELDS = frozenset(ServeConfig.__dataclass_fields__)
+_CONFIG_FIELDS = frozenset(ServeConfig.__dataclass_fields__) - {"engine"}
 
 
 def _kv_capacity(text: str) -> int | str:
@@ -170,6 +173,8 @@ def resolve_device(device: str | None, cuda_available: bool) -> str:
         d = f"cuda:{int(d)}"
     elif d == "cuda":
         d = "cuda:0"
+    if not re.fullmatch(r"cpu|cuda:\d+", d):
+        raise ConfigError(f"--device must be cpu, cuda, cuda:N or a CUDA index N, got {device!r}")
     if d.startswith("cuda") and not cuda_available:
         raise ConfigError(
             f"--device {device}: CUDA is not available on this machine; use --device cpu"
@@ -183,11 +188,28 @@ def config_from_args(
     """The validated ServeConfig of parsed arguments. `cuda_available` None asks torch."""
     if cuda_available is None:
         cuda_available = _cuda_available()
+    device = resolve_device(args.device, cuda_available)
+    engine = EngineOptions(
+        compile=CompileOptions(
+            device="cpu" if device == "cpu" else "cuda",
+            dtype=args.dtype or ("float32" if device == "cpu" else "bfloat16"),
+            kv_dtype=args.kv_dtype,
+            max_concurrency=args.max_concurrency,
+            max_context=args.max_context,
+            kv_capacity=args.kv_capacity,
+            prefill_chunk=args.prefill_chunk,
+            device_state_slots=args.device_state_slots,
+            cuda_graphs=args.cuda_graph,
+        ),
+        device_index=None if device == "cpu" else int(device.removeprefix("cuda:")),
+        max_pending_requests=args.max_pending_requests,
+        pending_timeout_ms=args.pending_timeout_ms,
+        prefix_reuse=args.prefix_reuse,
+        default_max_tokens=args.default_max_tokens,
+        host_context_mib=args.host_context_mib,
+    )
     values = {k: v for k, v in vars(args).items() if k in _CONFIG_FIELDS}
-    values["device"] = resolve_device(args.device, cuda_available)
-    if args.dtype is None:
-        values["dtype"] = "float32" if values["device"] == "cpu" else "bfloat16"
-    return ServeConfig(**values)
+    return ServeConfig(**values, engine=engine)
 
 
 def _cuda_available() -> bool:

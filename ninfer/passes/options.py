@@ -1,7 +1,8 @@
 """CompileOptions: everything the pipeline may decide on, read once, frozen and validated.
 
 Field names follow the `ninfer serve` / `ninfer compile` flags (`--kv-dtype` -> `kv_dtype`).
-Invalid values raise ConfigError with a one-line message naming the flag.
+Invalid values raise ConfigError with a one-line message naming the flag. The runtime's
+`EngineOptions` (ninfer/runtime/config.py) holds one of these plus the engine's own options.
 """
 
 from __future__ import annotations
@@ -51,16 +52,18 @@ class CompileOptions:
             raise ConfigError(
                 f"--kv-dtype {self.kv_dtype}: unknown KV dtype (choose from {', '.join(KV_DTYPES)})"
             )
-        _int_range("max_concurrency", self.max_concurrency, 1, MAX_CONCURRENCY)
-        _int_range("max_context", self.max_context, 2, 1 << 24)
-        _int_range("page_size", self.page_size, 1, 4096)
-        _int_range("prefill_chunk", self.prefill_chunk, 1, 1 << 24)
+        int_range("max_concurrency", self.max_concurrency, 1, MAX_CONCURRENCY)
+        int_range("max_context", self.max_context, 2, 1 << 24)
+        int_range("page_size", self.page_size, 1, 4096)
+        int_range("prefill_chunk", self.prefill_chunk, 1, 1 << 24)
         if self.device_state_slots is not None:
-            _int_range("device_state_slots", self.device_state_slots, 0, 1024)
+            int_range("device_state_slots", self.device_state_slots, 0, 1024)
         if self.kv_capacity is not None and self.kv_capacity != "auto":
-            _int_range("kv_capacity", self.kv_capacity, self.page_size, 1 << 48)
+            int_range("kv_capacity", self.kv_capacity, self.page_size, 1 << 48)
+        if not isinstance(self.cuda_graphs, bool):
+            raise ConfigError(f"cuda_graphs must be true or false, got {self.cuda_graphs!r}")
         if self.device_memory is not None:
-            _int_range("device_memory", self.device_memory, 1, 1 << 50)
+            int_range("device_memory", self.device_memory, 1, 1 << 50)
 
     @property
     def compute_dtype(self) -> str:
@@ -103,7 +106,8 @@ def parse_kv_capacity(text: str | int | None) -> int | str | None:
         raise ConfigError(f"--kv-capacity {text}: expected a number of tokens or 'auto'") from None
 
 
-def _int_range(name: str, value: object, lo: int, hi: int) -> None:
+def int_range(name: str, value: object, lo: int, hi: int) -> None:
+    """Raise ConfigError naming the flag of option `name` unless `value` is an int in lo..hi."""
     flag = "--" + name.replace("_", "-")
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{flag} must be an integer, got {value!r}")

@@ -1,81 +1,159 @@
-"""The engine's options, read once into one frozen, validated object.
+"""`EngineOptions`: every option of an engine, read once into one frozen, validated object.
 
-Fields are named like the `ninfer serve` flags (`--max-concurrency` -> `max_concurrency`) and
-have the same defaults (docs/serving.md, "Server options"). Loading from argv or keywords
-happens elsewhere; this file only states what a valid combination is.
+    EngineOptions
+    ├── compile: CompileOptions   what the planner decides on (device type, dtypes, lanes,
+    │                             context, KV pool and pages, prefill chunk, CUDA Graphs, memory)
+    └── the engine's own options  device index, pending queue and timeout, prefix reuse, the
+                                  default output limit, host snapshot budget, overlap
+
+`build_engine(artifact, options)` (build.py) is the only consumer that compiles, loads and
+starts from it; `ninfer serve`, `ninfer.LLM` and `ninfer bench engine` each build one. Field
+names follow the `ninfer serve` flags (`--max-concurrency` -> `max_concurrency`; the switch
+`--no-cuda-graph` -> `cuda_graphs=False`) and defaults are the flags' defaults (docs/serving.md,
+"Server options"). Each value is validated once, where it is declared: the compile fields by
+`CompileOptions`, the rest here; errors are `ConfigError`s naming the flag.
 
 No torch import: the scheduler and its tests build this object on any machine.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Self
 
 from ninfer.errors import ConfigError
+from ninfer.passes.options import CompileOptions, int_range
 
-MAX_LANES = 8  # --max-concurrency is 1..8 by contract
 MIB = 1 << 20
 DEFAULT_HOST_CONTEXT_MIB = 8192  # --host-context-mib default: 8192 MiB ...
 DEFAULT_HOST_STATE_IMAGES = 8  # ... plus this many recurrent-state images
+NO_TIMEOUT_MS = 1 << 40  # the largest --pending-timeout-ms: waiting is never cut short
+
+_COMPILE_FIELDS = frozenset(f.name for f in dataclasses.fields(CompileOptions))
+
+
+class OutputLimit(NamedTuple):
+    """A request's output limit and what sets it: "max_tokens" (asked for, or the default)
+    or "context" (the room left in the context is smaller)."""
+
+    max_tokens: int
+    cause: str
 
 
 @dataclass(frozen=True)
-class EngineConfig:
+class EngineOptions:
     """Engine options. Construction validates and raises `ConfigError` with a one-line message.
 
-    Units: every `*_ms` field is milliseconds; context sizes are tokens.
+    Units: every `*_ms` field is milliseconds, `*_mib` MiB; context sizes are tokens.
     """
 
-    max_concurrency: int = 1  # resident execution lanes, 1..8
+    compile: CompileOptions = field(default_factory=CompileOptions)
+    device_index: int | None = None  # the CUDA device ("cuda:N"); None on cpu, 0 on cuda
     max_pending_requests: int = 16  # requests allowed to wait behind the lanes
     pending_timeout_ms: int = 30000  # deadline from arrival to first admission
-    prefill_chunk: int = 1024  # prefill tokens computed per step (all prefilling requests)
-    max_context: int = 8192  # logical ceiling of each sequence (prompt + output)
-    kv_capacity: int | None = None  # shared KV pool in tokens; None follows max_context
-    page_size: int = 16  # tokens per KV page
-    device_state_slots: int | None = None  # extra state slots for checkpoints; None = lanes
     prefix_reuse: bool = True  # cross-request prefix reuse (--no-prefix-reuse turns it off)
     default_max_tokens: int = 8192  # output limit when a request gives none
     admission_bypass: int = 4  # fresh requests that may pass a waiting head that cannot fit
     host_context_mib: int | None = None  # pause-snapshot host budget; None: default; 0: off
+    overlap: bool = True  # launch the next decode step before reading this one's tokens
+    collect_timings: bool = False  # CUDA: record per-step timings (ninfer bench)
 
     def __post_init__(self) -> None:
-        _check_range("max_concurrency", self.max_concurrency, 1, MAX_LANES)
-        _check_range("max_pending_requests", self.max_pending_requests, 0, 1 << 20)
-        _check_range("pending_timeout_ms", self.pending_timeout_ms, 1, 1 << 40)
-        _check_range("prefill_chunk", self.prefill_chunk, 1, 1 << 24)
-        _check_range("max_context", self.max_context, 2, 1 << 24)
-        _check_range("page_size", self.page_size, 1, 4096)
-        _check_range("default_max_tokens", self.default_max_tokens, 1, 1 << 24)
-        _check_range("admission_bypass", self.admission_bypass, 0, 1 << 20)
-        if self.kv_capacity is not None:
-            _check_range("kv_capacity", self.kv_capacity, self.page_size, 1 << 30)
-        if self.device_state_slots is not None:
-            _check_range("device_state_slots", self.device_state_slots, 0, 1024)
+        if not isinstance(self.compile, CompileOptions):
+            raise ConfigError(f"compile must be CompileOptions, got {self.compile!r}")
+        if self.compile.device == "cpu":
+            if self.device_index is not None:
+                raise ConfigError(f"--device cpu takes no device index, got {self.device_index}")
+        elif self.device_index is None:
+            object.__setattr__(self, "device_index", 0)
+        else:
+            int_range("device", self.device_index, 0, 1023)
+        int_range("max_pending_requests", self.max_pending_requests, 0, 1 << 20)
+        int_range("pending_timeout_ms", self.pending_timeout_ms, 1, NO_TIMEOUT_MS)
+        int_range("default_max_tokens", self.default_max_tokens, 1, 1 << 24)
+        int_range("admission_bypass", self.admission_bypass, 0, 1 << 20)
         if self.host_context_mib is not None:
-            _check_range("host_context_mib", self.host_context_mib, 0, 1 << 30)
-        if not isinstance(self.prefix_reuse, bool):
-            raise ConfigError(f"prefix_reuse must be true or false, got {self.prefix_reuse!r}")
+            int_range("host_context_mib", self.host_context_mib, 0, 1 << 30)
+        for name in ("prefix_reuse", "overlap", "collect_timings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+
+    @classmethod
+    def of(cls, **options: Any) -> Self:
+        """Options from keywords named like the serve flags, compile and engine ones mixed
+        (`EngineOptions.of(max_concurrency=2, prefix_reuse=False)`); `device` may name the
+        index ("cuda:1"). An unknown keyword is a ConfigError listing the known ones."""
+        engine_names = {f.name for f in dataclasses.fields(cls)} - {"compile", "device_index"}
+        unknown = sorted(set(options) - _COMPILE_FIELDS - engine_names)
+        if unknown:
+            known = ", ".join(sorted(_COMPILE_FIELDS | engine_names))
+            raise ConfigError(f"unknown engine option(s) {', '.join(unknown)} (known: {known})")
+        compile_kw = {k: v for k, v in options.items() if k in _COMPILE_FIELDS}
+        engine_kw = {k: v for k, v in options.items() if k in engine_names}
+        device = compile_kw.get("device", "cpu")
+        if isinstance(device, str) and device.startswith("cuda:"):
+            index = device.removeprefix("cuda:")
+            if not index.isdigit():
+                raise ConfigError(f"--device {device}: expected cpu, cuda or cuda:N")
+            compile_kw["device"], engine_kw["device_index"] = "cuda", int(index)
+        return cls(compile=CompileOptions(**compile_kw), **engine_kw)
+
+    # -- derived values -----------------------------------------------------------------------
+    @property
+    def device(self) -> str:
+        """The torch device: "cpu" or "cuda:N"."""
+        return "cpu" if self.compile.device == "cpu" else f"cuda:{self.device_index}"
+
+    @property
+    def dtype(self) -> str:
+        """The activation dtype as --dtype spells it, resolved (float32 on cpu, bfloat16 on
+        cuda when not given)."""
+        return self.compile.dtype or ("float32" if self.compile.device == "cpu" else "bfloat16")
+
+    @property
+    def max_concurrency(self) -> int:
+        return self.compile.max_concurrency
+
+    @property
+    def max_context(self) -> int:
+        return self.compile.max_context
+
+    @property
+    def prefill_chunk(self) -> int:
+        return self.compile.prefill_chunk
+
+    @property
+    def page_size(self) -> int:
+        return self.compile.page_size
 
     @property
     def kv_tokens(self) -> int:
-        """Token capacity of the shared KV pool (kv_capacity, or max_context when omitted)."""
-        return self.kv_capacity if self.kv_capacity is not None else self.max_context
+        """Tokens of the KV pool as asked (kv_capacity, or max_context when omitted or "auto":
+        the executor resolves "auto" from device memory and reports the pool it made)."""
+        kv = self.compile.kv_capacity
+        return kv if isinstance(kv, int) else self.compile.max_context
 
     @property
     def num_pages(self) -> int:
-        """Pages the KV pool needs to hold `kv_tokens` tokens."""
+        """Pages a pool of `kv_tokens` tokens needs."""
         return -(-self.kv_tokens // self.page_size)
 
     @property
-    def extra_state_slots(self) -> int:
-        """State slots beyond the lanes, used for prefix checkpoints (hybrid models)."""
-        return self.max_concurrency if self.device_state_slots is None else self.device_state_slots
-
-    @property
     def num_state_slots(self) -> int:
-        """Total recurrent-state slots a hybrid model needs: one per lane plus the extras."""
-        return self.max_concurrency + self.extra_state_slots
+        """Recurrent-state slots a hybrid model needs: one per lane plus the checkpoint extras."""
+        return self.compile.state_slots
+
+    def output_limit(
+        self, prompt_len: int, max_tokens: int | None, pool_tokens: int
+    ) -> OutputLimit:
+        """The one place the output limit of a request is resolved: `max_tokens`, or
+        `default_max_tokens` when None, at most the room left after the `prompt_len` prompt
+        tokens in the context (max_context, or the KV pool's `pool_tokens` when smaller: a
+        sequence never outgrows the pool), and at least 1."""
+        room = min(self.max_context, pool_tokens) - prompt_len
+        wanted = self.default_max_tokens if max_tokens is None else max_tokens
+        return OutputLimit(max(1, min(wanted, room)), "max_tokens" if wanted <= room else "context")
 
     def host_context_bytes(self, state_bytes: int) -> int:
         """The host budget in bytes for an executor whose state image is `state_bytes` bytes:
@@ -83,14 +161,3 @@ class EngineConfig:
         if self.host_context_mib is None:
             return DEFAULT_HOST_CONTEXT_MIB * MIB + DEFAULT_HOST_STATE_IMAGES * state_bytes
         return self.host_context_mib * MIB
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def _check_range(name: str, value: object, lo: int, hi: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name} ({_flag(name)}) must be an integer, got {value!r}")
-    if not lo <= value <= hi:
-        raise ConfigError(f"{name} ({_flag(name)}) must be in {lo}..{hi}, got {value}")

@@ -7,8 +7,9 @@
                        └───────────────────────────────────────┘
 
 Callers on any thread (the HTTP event loop, `ninfer.LLM`) talk to the engine only through
-`submit`, `cancel`, `finish`, `snapshot` and the handle's event stream, all plain data. Commands
-take effect at the next step boundary. The handle lives in handle.py.
+`submit`, `cancel`, `finish`, `snapshot`, `prompt_logits` and the handle's event stream, all
+plain data. Commands take effect at the next step boundary. The handle lives in handle.py; the
+engine is built (plan compiled, executor loaded) by build.py's `build_engine`.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any, Self
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Self
 
 from ninfer.errors import ConfigError, NinferError
-from ninfer.runtime.config import EngineConfig
+from ninfer.runtime.config import EngineOptions, OutputLimit
+from ninfer.runtime.engine_stats import EngineStats
 from ninfer.runtime.executor_api import Executor
 from ninfer.runtime.handle import RequestHandle
 from ninfer.runtime.host_work import DEVICE_WAIT, HostWork
@@ -33,79 +36,21 @@ from ninfer.runtime.request import (
     EngineOverloaded,
     FinishEvent,
     Request,
+    RequestError,
     Timings,
     Usage,
 )
 from ninfer.runtime.sampler import SampledTokens, Sampler, SampleRow
 from ninfer.runtime.scheduler import Scheduler, StepPlan
 from ninfer.runtime.sequence import Sequence, finish_event, tokens_event, unit_counts
+from ninfer.runtime.step import SeqChunk, StepBatch
+
+if TYPE_CHECKING:
+    from ninfer.ir.plan import Plan
 
 log = logging.getLogger("ninfer.engine")
 
 _IDLE_WAIT_S = 0.05  # longest sleep while requests wait for admission (pending timeouts)
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """A published snapshot of the engine's gauges (current values) and counters (totals since
-    start). Copied out of the worker; reading it never touches the engine."""
-
-    ready: bool
-    max_concurrency: int
-    max_context: int
-    # gauges: requests; prefilling/decode_ready/replaying are subsets of running
-    running: int = 0
-    waiting: int = 0
-    paused: int = 0
-    prefilling: int = 0
-    decode_ready: int = 0
-    replaying: int = 0
-    # gauges: resources (retained prefixes occupy these pools too)
-    kv_pages_used: int = 0
-    kv_pages_capacity: int = 0
-    state_slots_used: int = 0
-    state_slots_capacity: int = 0
-    # gauges: host snapshot budget, bytes (reserved = copies in flight, included in used)
-    host_context_used_bytes: int = 0
-    host_context_reserved_bytes: int = 0
-    host_context_capacity_bytes: int = 0
-    host_context_peak_bytes: int = 0
-    # counters
-    prompt_tokens_total: int = 0
-    prompt_tokens_cached_total: int = 0
-    prefill_tokens_total: int = 0
-    replayed_tokens_total: int = 0
-    generation_tokens_total: int = 0
-    decode_tokens_total: int = 0
-    preemptions_total: int = 0
-    replay_restores_total: int = 0
-    snapshot_restores_total: int = 0
-    steps_total: int = 0
-    decode_rounds_total: int = 0
-    decode_rows_total: int = 0
-    step_failures_total: int = 0
-    device_wait_seconds_total: float = 0.0
-    requests_by_outcome: dict[str, int] = field(default_factory=dict)
-    # worker wall time (host_work.py): the five host phases, and per (work class, "host" |
-    # "device_wait"); stats publication is a detail already inside engine_maintenance
-    host_work_seconds: dict[str, float] = field(default_factory=dict)
-    work_class_seconds: dict[tuple[str, str], float] = field(default_factory=dict)
-    stats_publication_seconds: float = 0.0
-    stats_publication_invocations: int = 0
-    # bytes copied by (resource "main_kv" | "state", direction "device_to_host" | "host_to_device")
-    context_transfer_bytes: dict[tuple[str, str], int] = field(default_factory=dict)
-    # context cache (scheduler counters): prefix selections, state images, pressure evictions
-    cache_selections_total: int = 0
-    cache_selection_hits_total: int = 0
-    cache_selected_tokens_total: int = 0
-    state_captures_total: int = 0
-    state_restores_total: int = 0
-    cache_evicted_pages_total: int = 0
-    last_cache_selection: dict[str, object] | None = None
-    # when this snapshot was built (engine clock) and whether the worker then had nothing to
-    # run (it sleeps until new work arrives): a busy snapshot's counters stand as of published_s
-    published_s: float | None = None
-    idle: bool = False
 
 
 @dataclass
@@ -121,19 +66,20 @@ class Engine:
     """Serves requests with `executor` and `sampler` on one worker thread.
 
     `eos_ids`: token ids that finish a request with 'stop' (unless it sets ignore_eos).
-    The worker starts at construction; `close()` (or leaving a `with` block) cancels what is
-    outstanding and joins it.
+    `plan`: the compiled plan the executor runs (None for a hand-made executor), kept for
+    callers that report it. The worker starts at construction; `close()` (or leaving a `with`
+    block) cancels what is outstanding and joins it.
     """
 
     def __init__(
         self,
-        config: EngineConfig,
+        config: EngineOptions,
         executor: Executor,
         sampler: Sampler,
         eos_ids: Iterable[int],
         *,
         clock: Callable[[], float] = time.monotonic,
-        overlap: bool = True,
+        plan: Plan | None = None,
     ) -> None:
         if executor.is_hybrid and executor.num_state_slots < config.max_concurrency:
             raise ConfigError(
@@ -141,6 +87,8 @@ class Engine:
                 f" --max-concurrency {config.max_concurrency} needs one per lane"
             )
         self.config = config
+        self.plan = plan
+        self.eos_ids = tuple(eos_ids)
         self._executor = executor
         self._sampler = sampler
         self._clock = clock
@@ -154,7 +102,7 @@ class Engine:
             page_size=executor.page_size,
             num_state_slots=executor.num_state_slots,
             is_hybrid=executor.is_hybrid,
-            eos_ids=frozenset(eos_ids),
+            eos_ids=frozenset(self.eos_ids),
             host_snapshots=snapshots,
             kv_bytes_per_page=int(getattr(executor, "kv_bytes_per_page", 0)) if snapshots else 0,
             state_bytes=int(getattr(executor, "state_bytes", 0)) if snapshots else 0,
@@ -165,11 +113,12 @@ class Engine:
         self._next_id = 0  # guarded by _wake
         self._closing = False  # guarded by _wake
         self._handles: dict[int, RequestHandle] = {}  # worker only
+        self._logit_jobs: list[tuple[tuple[int, ...], Future]] = []  # worker only
         self._exposure: dict[int, tuple[float, ...]] = {}  # worker only: seq id -> mark
         self._step_failures = 0
         # launch a decode step before the previous one's tokens are read (executors that take
         # their tokens from the device only)
-        self._overlap = overlap and bool(getattr(executor, "feeds_tokens", False))
+        self._overlap = config.overlap and bool(getattr(executor, "feeds_tokens", False))
         self._inflight: _Launched | None = None  # launched ahead, not committed (worker only)
         self._work = HostWork()
         self._ready = True
@@ -214,6 +163,32 @@ class Engine:
             raise ValueError(f"finish reason must be stop, length or cancelled, not {reason!r}")
         self._command(("abort", handle.seq_id, reason, keep_tokens))
 
+    def prompt_logits(self, token_ids: Iterable[int]) -> Future:
+        """A future of the float32 logits [len(token_ids), vocab] of every position of one
+        prefill of `token_ids` (for tests and tools: `LLM.logits`). It runs on the worker once
+        no request is outstanding, on pages taken from the pool (cached prefixes are evicted
+        as needed) and given back. Its exception: RequestError when the pool cannot hold the
+        tokens, EngineError when the engine stops first."""
+        future: Future = Future()
+        with self._wake:
+            if self._closing or not self._ready:
+                raise EngineError("the engine is not running")
+            self._inbox.append(("logits", tuple(token_ids), future))
+            self._wake.notify()
+        return future
+
+    def output_limit(self, prompt_len: int, max_tokens: int | None) -> OutputLimit:
+        """The output limit of a request of `prompt_len` tokens asking for `max_tokens` (None:
+        the default), within the context this engine's KV pool really holds
+        (`EngineOptions.output_limit`)."""
+        pool = self._executor.num_pages * self._executor.page_size
+        return self.config.output_limit(prompt_len, max_tokens, pool)
+
+    @property
+    def executor(self) -> Executor:
+        """The executor this engine drives; only its worker runs steps on it."""
+        return self._executor
+
     def snapshot(self) -> EngineStats:
         """The latest published gauges and counters (updated after every step)."""
         return self._stats
@@ -250,12 +225,16 @@ class Engine:
                 self._apply(commands)
                 if closing:
                     self._abort_all("cancelled", None)
+                    self._fail_logit_jobs(EngineError("the engine closed"))
                     return
+                if self._logit_jobs and not self._sched.has_work() and self._inflight is None:
+                    self._run_logit_jobs()
                 busy = self._step()
         except BaseException as e:  # an engine bug: fail everything, stay observable
             log.exception("engine worker failed")
             self._ready = False
             self._abort_all("error", EngineError(f"the engine failed: {e}"))
+            self._fail_logit_jobs(EngineError(f"the engine failed: {e}"))
             with self._wake:
                 self._closing = True
                 self._inbox.clear()
@@ -266,7 +245,9 @@ class Engine:
     def _apply(self, commands: list[tuple]) -> None:
         now = self._clock()
         for cmd in commands:
-            if cmd[0] == "submit":
+            if cmd[0] == "logits":
+                self._logit_jobs.append(cmd[1:])
+            elif cmd[0] == "submit":
                 handle = cmd[1]
                 try:
                     self._sched.add(handle.request, now, seq_id=handle.seq_id)
@@ -317,6 +298,34 @@ class Engine:
         self._complete(current)
         self._work.work_class = "control"
         return True
+
+    def _run_logit_jobs(self) -> None:
+        """Run the queued `prompt_logits` jobs (no request is outstanding: lane 0's state
+        slot is free, and pages come from the pool)."""
+        jobs, self._logit_jobs = self._logit_jobs, []
+        for ids, future in jobs:
+            pages = self._sched.lend_pages(len(ids))
+            if pages is None:
+                need = -(-len(ids) // self._executor.page_size)
+                future.set_exception(RequestError(
+                    f"{len(ids)} tokens need {need} KV pages, the cache has"
+                    f" {self._executor.num_pages}; raise kv_capacity"
+                ))  # fmt: skip
+                continue
+            slot = 0 if self._executor.is_hybrid else None
+            try:
+                chunk = SeqChunk(-1, ids, 0, tuple(pages), slot)
+                future.set_result(self._executor.run(StepBatch((chunk,)), all_logits=True))
+            except Exception as e:
+                log.exception("prompt_logits failed")
+                future.set_exception(e)
+            finally:
+                self._sched.pool.release(pages)
+
+    def _fail_logit_jobs(self, error: BaseException) -> None:
+        jobs, self._logit_jobs = self._logit_jobs, []
+        for _, future in jobs:
+            future.set_exception(error)
 
     def _publish_stats(self, idle: bool = False) -> None:
         self._stats = self._build_stats(idle)
@@ -396,9 +405,9 @@ class Engine:
                 self._sampler.forget(seq.seq_id)
                 mark = self._exposure.pop(seq.seq_id, None)
                 exposure = None if mark is None else self._work.exposure_since(mark)
-                handle._push(finish_event(seq, exposure))
-                with self._wake:
+                with self._wake:  # before the push: its reader may submit at once
                     self._outstanding -= 1
+                handle._push(finish_event(seq, exposure))
         self._work.lap("engine_commit_output")
 
     def _first_output(self, seq: Sequence) -> dict[str, Any]:

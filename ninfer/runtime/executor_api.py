@@ -51,7 +51,8 @@ class Executor(Protocol):
          a chunk with start_pos == 0 starts from a zero recurrent state, any other continues
          from its `state_slot` (which holds the state after position start_pos - 1);
       3. return logits [n_rows, vocab] for the chunks with want_logits, in batch order: the
-         logits of each such chunk's last position.
+         logits of each such chunk's last position; with `all_logits=True` (the engine's
+         `prompt_logits`), every position of every chunk instead.
     An executor with `feeds_tokens = True` also takes `run(batch, fed=ids)` for a batch with
     `fed_rows` (step.py): `ids` is the previous step's sampled token tensor, still on the
     device, and chunk i computes token `ids[batch.fed_rows[i]]` (no host round trip, so the
@@ -76,7 +77,7 @@ class Executor(Protocol):
     kv_bytes_per_page: int
     state_bytes: int
 
-    def run(self, batch: StepBatch) -> Any:  # logits: [n_rows_with_want_logits, vocab]
+    def run(self, batch: StepBatch, all_logits: bool = False) -> Any:  # [n_rows, vocab]
         ...
 
     def copy_state(self, src_slot: int, dst_slot: int) -> None:

@@ -19,7 +19,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ninfer.runtime.config import EngineConfig
+from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.pages import PagePool
 from ninfer.runtime.preemption import DeviceOp, Preemption
 from ninfer.runtime.prefix_cache import PrefixCache, PrefixMatch
@@ -79,7 +79,7 @@ class Residency:
 
     def __init__(
         self,
-        config: EngineConfig,
+        config: EngineOptions,
         *,
         num_pages: int,
         page_size: int,
@@ -187,6 +187,15 @@ class Residency:
         pages = self.pool.allocate(n)
         assert pages is not None, "admission promised pages that are not there"
         return pages
+
+    def lend_pages(self, tokens: int) -> list[int] | None:
+        """Pages for `tokens` positions outside any sequence (the engine's `prompt_logits`),
+        evicting cached prefixes as needed; None when the pool cannot hold them. The caller
+        gives them back with `pool.release`."""
+        need = self._pages_for(tokens)
+        if need > self.pool.num_pages or not self._evict_for(need):
+            return None
+        return self.pool.allocate(need)
 
     # -- pressure ---------------------------------------------------------------------------
 

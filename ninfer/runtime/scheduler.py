@@ -38,7 +38,7 @@ import time
 from collections import deque
 from typing import NamedTuple
 
-from ninfer.runtime.config import EngineConfig
+from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.executor_api import Executor
 from ninfer.runtime.preemption import DeviceOp, SnapshotIn, SnapshotOut
 from ninfer.runtime.request import (
@@ -75,7 +75,7 @@ class Scheduler(Residency):
 
     def __init__(
         self,
-        config: EngineConfig,
+        config: EngineOptions,
         *,
         num_pages: int,
         page_size: int,
@@ -143,16 +143,17 @@ class Scheduler(Residency):
         assert seq_id >= self._next_id and seq_id not in self._seqs, "seq ids must increase"
         self._next_id = seq_id + 1
         arrival = now if request.arrival_s is None else request.arrival_s
-        params = request.sampling
+        params, n = request.sampling, len(request.prompt_token_ids)
+        pool = self.pool.num_pages * self.page_size
         seq = Sequence(
             seq_id=seq_id,
             request=request,
-            max_tokens=params.max_tokens or self.config.default_max_tokens,
+            max_tokens=params.max_tokens or self.config.output_limit(n, None, pool).max_tokens,
             arrival_s=arrival,
             deadline_s=(arrival if request.prepared_from_s is None else request.prepared_from_s)
             + self.config.pending_timeout_ms / 1e3,
             tokens=list(request.prompt_token_ids),
-            num_prompt=len(request.prompt_token_ids),
+            num_prompt=n,
             capture_at=[],
             thinking=ThinkingBudget.of(request),
         )

@@ -143,5 +143,4 @@ def prompt_service(qwen_tokenizer: Tokenizer, qwen_template):
         template=qwen_template,
         eos_ids=(),
         max_context=8192,
-        default_max_tokens=16,
     )

@@ -11,8 +11,8 @@ from litestar.testing import TestClient
 from ninfer.api import errors
 from ninfer.api.anthropic_errors import anthropic_error_body, anthropic_status
 from ninfer.api.app import create_app
-from ninfer.api.config import ServeConfig
 from ninfer.api.state import ServerState
+from tests.api.live_app import serve_config
 
 KEY = "local-secret"
 BODY = {"model": "any-label", "max_tokens": 16, "messages": [{"role": "user", "content": "Hi"}]}
@@ -20,7 +20,7 @@ BODY = {"model": "any-label", "max_tokens": 16, "messages": [{"role": "user", "c
 
 def make_client(**options: Any) -> TestClient:
     options.setdefault("max_context", 4096)
-    state = ServerState(config=ServeConfig(**options), model_id="tiny", created=1700000000)
+    state = ServerState(config=serve_config(**options), model_id="tiny", created=1700000000)
     app = create_app(state, protocol_modules=("ninfer.api.anthropic_messages",))
     return TestClient(app=app, raise_server_exceptions=False)
 

@@ -17,6 +17,7 @@ from ninfer.api import errors
 from ninfer.api.app import create_app
 from ninfer.api.config import ServeConfig
 from ninfer.api.state import ServerState
+from tests.api.live_app import serve_config
 
 MODEL = "org/tiny-model"
 KEY = "local-secret"
@@ -74,7 +75,7 @@ PROBES = [probe, stream, boom, refuse, anthropic_probe, after_body]
 
 def make_client(**options: Any) -> TestClient:
     options.setdefault("max_context", 4096)
-    state = ServerState(config=ServeConfig(**options), model_id=MODEL, created=1700000000)
+    state = ServerState(config=serve_config(**options), model_id=MODEL, created=1700000000)
     app = create_app(state, protocol_modules=(), extra_handlers=PROBES)
     return TestClient(app=app, raise_server_exceptions=False)
 
@@ -112,12 +113,12 @@ def test_health_ok_then_unavailable_after_engine_failure():
 def test_health_follows_the_engine():
     """A real engine (over the fake executor of the runtime tests): ready while its worker
     runs, unavailable once the worker has stopped."""
-    from ninfer.runtime.config import EngineConfig
+    from ninfer.runtime.config import EngineOptions
     from ninfer.runtime.engine import Engine
     from ninfer.runtime.sampler import Sampler
     from tests.runtime.fake_executor import FakeExecutor
 
-    cfg = EngineConfig(max_context=64, page_size=16)
+    cfg = EngineOptions.of(max_context=64, page_size=16)
     engine = Engine(cfg, FakeExecutor(cfg.num_pages, cfg.page_size), Sampler(), eos_ids=[0])
     try:
         with make_client() as c:

@@ -27,11 +27,12 @@ from ninfer.api.state import ServerState
 from ninfer.artifact import Artifact
 from ninfer.commands import serve
 from ninfer.errors import ConfigError
+from tests.api.live_app import serve_config
 
 
 @pytest.fixture(scope="module")
 def started(tiny_agent) -> Iterator[tuple[ServerState, Artifact]]:
-    config = ServeConfig(artifact=str(tiny_agent), max_context=512, log_stats_interval_ms=0)
+    config = serve_config(artifact=str(tiny_agent), max_context=512, log_stats_interval_ms=0)
     artifact = Artifact(tiny_agent)
     state = serve.build_state(config, artifact)
     try:
@@ -45,7 +46,12 @@ def start_record(
 ) -> tuple[dict[str, Any], str]:
     """Start observability (as `ninfer serve` does once the engine is up) with ServeConfig
     `flags`; returns the server_start record and the `context cost` stderr line."""
-    state.config = dataclasses.replace(state.config, **flags)
+    server = {k: v for k, v in flags.items() if k in ServeConfig.__dataclass_fields__}
+    engine = {k: v for k, v in flags.items() if k not in server}
+    if engine:
+        compile_kw = dataclasses.replace(state.config.engine.compile, **engine)
+        server["engine"] = dataclasses.replace(state.config.engine, compile=compile_kw)
+    state.config = dataclasses.replace(state.config, **server)
     state.extra.pop(CONTEXT_COST_KEY, None)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="ninfer.serve"):
@@ -66,7 +72,7 @@ def test_generic_coefficients_and_the_signature_are_recorded(started, tmp_path, 
     assert re.fullmatch(r"pf1-[0-9a-f]{16}", signature)
     inputs = record["artifact"]["prefill_signature_inputs"]
     assert inputs["text"]["architecture"] == "qwen3" and inputs["uses"] == ["text"]
-    assert inputs["bindings"]["prefill_chunk"] == state.config.prefill_chunk
+    assert inputs["bindings"]["prefill_chunk"] == state.config.engine.prefill_chunk
     cost = record["context_cost"]
     assert cost["prefill_signature"] == signature and cost["hardware"].startswith("cpu")
     assert cost["transfer"] == {"source": "generic", **dataclasses.asdict(GENERIC_TRANSFER)}
@@ -103,7 +109,7 @@ def test_matching_presets_are_selected_and_named(started, tmp_path, caplog):
     # measurement matches it: generic prefill coefficients; the transfer entry still applies
     other, line = start_record(
         state, artifact, tmp_path / "c.jsonl", caplog, context_cost_presets=str(presets),
-        prefill_chunk=state.config.prefill_chunk // 2,
+        prefill_chunk=state.config.engine.prefill_chunk // 2,
     )  # fmt: skip
     assert other["artifact"]["prefill_signature"] != signature
     assert other["context_cost"]["prefill"]["source"] == "generic"

@@ -14,7 +14,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ninfer.api import metrics
 from ninfer.api.app import create_app
-from ninfer.api.config import ServeConfig
 from ninfer.api.metrics import Histogram
 from ninfer.api.observability import Observability
 from ninfer.api.openai_responses import envelope_size, prepare
@@ -25,6 +24,7 @@ from ninfer.artifact import Artifact
 from ninfer.commands import serve
 from ninfer.runtime import host_work
 from tests.api.conftest import METRIC_FAMILIES
+from tests.api.live_app import serve_config
 
 KEY = "metrics-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -62,7 +62,7 @@ def scrape(client: TestClient) -> Scrape:
 @pytest.fixture(scope="module")
 def server(tiny_agent) -> Iterator[tuple[TestClient, ServerState, Scrape]]:
     """(client, state, the first scrape, taken before any request)."""
-    config = ServeConfig(
+    config = serve_config(
         artifact=str(tiny_agent), max_context=512, api_key=KEY, log_stats_interval_ms=0
     )
     artifact = Artifact(tiny_agent)
@@ -233,7 +233,7 @@ def test_histogram_buckets_are_cumulative_and_inclusive():
 
 
 def test_metrics_stay_readable_after_the_engine_stops(tiny_agent):
-    config = ServeConfig(artifact=str(tiny_agent), max_context=512, log_stats_interval_ms=0)
+    config = serve_config(artifact=str(tiny_agent), max_context=512, log_stats_interval_ms=0)
     artifact = Artifact(tiny_agent)
     state = serve.build_state(config, artifact)
     Observability.start(state, artifact)

@@ -182,13 +182,13 @@ def test_intervals_end_where_a_busy_engine_last_published():
 def test_debug_level_shows_the_startup_resource_plan(tiny_agent, stderr, level):
     """--log-level debug adds the resource planning to the startup records: the memory ledger
     against the budget, the KV pool as sized and the CUDA Graph buckets; info does not."""
-    from ninfer.api.config import ServeConfig
     from ninfer.artifact import Artifact
     from ninfer.commands import serve
+    from tests.api.live_app import serve_config
 
     oplog.configure_stderr(level, stderr)
     state = serve.build_state(
-        ServeConfig(artifact=str(tiny_agent), max_context=256), Artifact(tiny_agent)
+        serve_config(artifact=str(tiny_agent), max_context=256), Artifact(tiny_agent)
     )
     state.engine.close()
     debug = [x for x in stderr.getvalue().splitlines() if " DEBUG " in x]

@@ -15,7 +15,6 @@ from litestar.testing import TestClient
 
 from ninfer.api import metrics
 from ninfer.api.app import create_app
-from ninfer.api.config import ServeConfig
 from ninfer.api.errors import ApiError, server_overloaded
 from ninfer.api.generation import GenerationRequest
 from ninfer.api.observability import Observability
@@ -40,6 +39,7 @@ from ninfer.runtime.request import (
     Timings,
     Usage,
 )
+from tests.api.live_app import serve_config
 
 KEY = "jsonl-test-secret-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -202,7 +202,7 @@ def test_anthropic_records_carry_what_the_client_received(tmp_path):
 @pytest.fixture(scope="module")
 def served(tiny_agent, tmp_path_factory) -> Iterator[tuple[TestClient, Path]]:
     path = tmp_path_factory.mktemp("jsonl") / "requests.jsonl"
-    config = ServeConfig(artifact=str(tiny_agent), max_context=512, api_key=KEY, log_stats_interval_ms=0,
+    config = serve_config(artifact=str(tiny_agent), max_context=512, api_key=KEY, log_stats_interval_ms=0,
                          request_log_jsonl=str(path))  # fmt: skip
     artifact = Artifact(tiny_agent)
     log = RequestLog.open(path, artifact.path)

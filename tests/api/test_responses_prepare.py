@@ -8,20 +8,20 @@ from typing import Any
 
 import pytest
 
-from ninfer.api.config import ServeConfig
 from ninfer.api.errors import ApiError
 from ninfer.api.openai_responses import list_page, prepare, response_object, response_store
 from ninfer.api.responses_request import parse_count_request, parse_create_request
 from ninfer.api.responses_store import make_record
 from ninfer.api.state import ServerState
 from ninfer.runtime.request import SamplingParams
+from tests.api.live_app import serve_config
 
 MODEL = "tiny-model"
 
 
 @pytest.fixture
 def state() -> ServerState:
-    return ServerState(config=ServeConfig(max_context=4096), model_id=MODEL)
+    return ServerState(config=serve_config(max_context=4096), model_id=MODEL)
 
 
 def turn(state: ServerState, answer: str = "A", **fields: Any):

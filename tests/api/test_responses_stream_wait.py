@@ -11,13 +11,13 @@ import json
 from collections.abc import AsyncIterator
 
 from ninfer.api import errors
-from ninfer.api.config import ServeConfig
 from ninfer.api.generation import GenerationEvent
 from ninfer.api.openai_responses import Prepared, _create_sse, prepare
 from ninfer.api.responses_request import parse_create_request
 from ninfer.api.sse import KEEPALIVE, open_events, with_keepalive
 from ninfer.api.state import ServerState
 from ninfer.runtime.request import SamplingParams
+from tests.api.live_app import serve_config
 
 MODEL = "tiny-model"
 
@@ -42,7 +42,7 @@ async def refused_in_preparation(delay_s: float) -> AsyncIterator[GenerationEven
 
 
 def test_waiting_stream_opens_with_keepalives_and_fails_in_band():
-    state = ServerState(config=ServeConfig(max_context=4096), model_id=MODEL)
+    state = ServerState(config=serve_config(max_context=4096), model_id=MODEL)
     req = parse_create_request(
         {"model": MODEL, "input": "Hi", "stream": True}, model_id=MODEL, vision=False
     )
@@ -77,7 +77,7 @@ def test_a_late_preparation_failure_is_a_stream_error_event():
     ResponseErrorEvent), never a Response with made-up sampling numbers."""
     from openai.types.responses import ResponseErrorEvent
 
-    state = ServerState(config=ServeConfig(max_context=4096), model_id=MODEL)
+    state = ServerState(config=serve_config(max_context=4096), model_id=MODEL)
     req = parse_create_request(
         {"model": MODEL, "input": "Hi", "stream": True}, model_id=MODEL, vision=False
     )
@@ -114,7 +114,7 @@ def test_a_response_deleted_while_streaming_is_never_stored():
     from ninfer.api.generation import ContentText, Finished, Timings, Usage
     from ninfer.api.openai_responses import response_store
 
-    state = ServerState(config=ServeConfig(max_context=4096), model_id=MODEL)
+    state = ServerState(config=serve_config(max_context=4096), model_id=MODEL)
     store = response_store(state)
 
     def finished() -> Finished:

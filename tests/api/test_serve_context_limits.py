@@ -19,7 +19,7 @@ from ninfer.api.config import (
 )
 from ninfer.artifact import Artifact
 from ninfer.commands import serve
-from tests.api.live_app import app_client
+from tests.api.live_app import app_client, serve_config
 
 MODEL = "tiny-agent"
 
@@ -35,12 +35,12 @@ def parse(*argv: str) -> ServeConfig:
 
 def test_kv_pool_warning_names_both_values():
     cfg = parse("--max-context", "1024", "--kv-capacity", "100")  # accepted
-    assert cfg.kv_capacity == 100 and cfg.max_context == 1024
+    assert cfg.engine.compile.kv_capacity == 100 and cfg.engine.max_context == 1024
     message = kv_pool_warning(cfg, 100)
     assert message is not None and "\n" not in message
     assert message.startswith("--kv-capacity 100 gives a KV pool of 100 tokens, smaller than")
     assert "--max-context 1024" in message and "longer than 100 tokens will be refused" in message
-    assert kv_pool_warning(ServeConfig(kv_capacity="auto", max_context=8192), 4096).startswith(
+    assert kv_pool_warning(serve_config(kv_capacity="auto", max_context=8192), 4096).startswith(
         "--kv-capacity auto gives a KV pool of 4096 tokens"
     )
     assert kv_pool_warning(cfg, 1024) is None and kv_pool_warning(cfg, 5000) is None
@@ -126,6 +126,6 @@ def test_max_context_beyond_the_trained_context_starts_with_a_warning(tiny_agent
 def test_trained_context_follows_rope_scaling(config, limit):
     assert trained_context(config) == limit
     if limit is not None:
-        assert model_context_warning(ServeConfig(max_context=limit), config) is None
-        warning = model_context_warning(ServeConfig(max_context=limit + 1), config)
+        assert model_context_warning(serve_config(max_context=limit), config) is None
+        warning = model_context_warning(serve_config(max_context=limit + 1), config)
         assert f"trained context length of {limit} tokens" in warning

@@ -18,6 +18,8 @@ from ninfer.api.config import ServeConfig, check_capabilities
 from ninfer.artifact import ArtifactWriter, StoredTensor
 from ninfer.commands import serve
 from ninfer.errors import ConfigError
+from ninfer.passes.options import CompileOptions
+from ninfer.runtime.config import EngineOptions
 
 
 def parse(*argv: str, cuda: bool = False) -> ServeConfig:
@@ -32,21 +34,21 @@ def help_text() -> str:
     return p.format_help()
 
 
-# The "Server options" table of docs/serving.md: flag -> (ServeConfig field, executable default).
+# The "Server options" table of docs/serving.md: flag -> (ServeConfig field path, executable default).
 SPEC_DEFAULTS = {
     "--host": ("host", "127.0.0.1"),
     "--port": ("port", 8080),
     "--api-key": ("api_key", None),
     "--model-id": ("model_id", None),
-    "--max-context": ("max_context", 8192),
-    "--kv-capacity": ("kv_capacity", None),  # follows --max-context
-    "--max-concurrency": ("max_concurrency", 1),
-    "--max-pending-requests": ("max_pending_requests", 16),
-    "--pending-timeout-ms": ("pending_timeout_ms", 30000),
-    "--prefill-chunk": ("prefill_chunk", 1024),
+    "--max-context": ("engine.compile.max_context", 8192),
+    "--kv-capacity": ("engine.compile.kv_capacity", None),  # follows --max-context
+    "--max-concurrency": ("engine.compile.max_concurrency", 1),
+    "--max-pending-requests": ("engine.max_pending_requests", 16),
+    "--pending-timeout-ms": ("engine.pending_timeout_ms", 30000),
+    "--prefill-chunk": ("engine.compile.prefill_chunk", 1024),
     "--log-stats-interval-ms": ("log_stats_interval_ms", 5000),
     "--log-level": ("log_level", "info"),
-    "--device": ("device", "cpu"),  # CUDA device 0 when available; this test says it is not
+    "--device": ("engine.device", "cpu"),  # CUDA device 0 when available; this test says it is not
     "--context-cost-presets": ("context_cost_presets", None),
     "--max-request-mib": ("max_request_mib", 384),
     "--media-cache-mib": ("media_cache_mib", 1024),
@@ -55,17 +57,17 @@ SPEC_DEFAULTS = {
     "--request-log-jsonl": ("request_log_jsonl", None),
     "--response-store-max-records": ("response_store_max_records", 1024),
     "--response-store-max-mib": ("response_store_max_mib", 256),
-    "--kv-dtype": ("kv_dtype", None),  # bf16 on cuda, the compute dtype on cpu
+    "--kv-dtype": ("engine.compile.kv_dtype", None),  # bf16 on cuda, the compute dtype on cpu
     "--spec": ("spec", None),
     "--draft-tokens": ("draft_tokens", None),
     "--lm-head-draft": ("lm_head_draft", False),
-    "--default-max-tokens": ("default_max_tokens", 8192),
+    "--default-max-tokens": ("engine.default_max_tokens", 8192),
     "--default-thinking-budget": ("default_thinking_budget", None),
     "--vision": ("vision", False),
-    "--no-cuda-graph": ("cuda_graph", True),
-    "--no-prefix-reuse": ("prefix_reuse", True),
-    "--device-state-slots": ("device_state_slots", None),
-    "--host-context-mib": ("host_context_mib", None),
+    "--no-cuda-graph": ("engine.compile.cuda_graphs", True),
+    "--no-prefix-reuse": ("engine.prefix_reuse", True),
+    "--device-state-slots": ("engine.compile.device_state_slots", None),
+    "--host-context-mib": ("engine.host_context_mib", None),
     "--no-thinking": ("thinking", True),
     "--preserve-thinking": ("preserve_thinking", False),
     "--cors": ("cors", False),
@@ -78,14 +80,21 @@ SPEC_DEFAULTS = {
     "--seed": ("seed", None),
     "--greedy": ("greedy", False),
     "--chat-template": ("chat_template", None),
-    "--dtype": ("dtype", "float32"),  # float32 on cpu
+    "--dtype": ("engine.compile.dtype", "float32"),  # float32 on cpu
 }
+
+
+def field(cfg: ServeConfig, path: str) -> object:
+    """The value at a dotted field path ("engine.compile.max_context")."""
+    for name in path.split("."):
+        cfg = getattr(cfg, name)
+    return cfg
 
 
 def test_every_spec_option_has_its_default():
     cfg = parse()
     for flag, (name, default) in SPEC_DEFAULTS.items():
-        assert getattr(cfg, name) == default, flag
+        assert field(cfg, name) == default, flag
     assert cfg.artifact is None  # the demo model
 
 
@@ -120,70 +129,68 @@ def test_every_flag_reaches_the_config():
         "--chat-template", "t.jinja", "--dtype", "float32",
         cuda=True,
     )  # fmt: skip
+    engine = EngineOptions(
+        compile=CompileOptions(
+            device="cuda",
+            dtype="float32",
+            kv_dtype="k8v4",
+            max_concurrency=8,
+            max_context=4096,
+            kv_capacity="auto",
+            prefill_chunk=64,
+            device_state_slots=0,
+            cuda_graphs=False,
+        ),
+        device_index=1,
+        max_pending_requests=0,
+        pending_timeout_ms=5,
+        prefix_reuse=False,
+        default_max_tokens=7,
+        host_context_mib=0,
+    )
     assert cfg == ServeConfig(
         artifact="m.ninfer", host="0.0.0.0", port=9000, api_key="k", model_id="alias",
-        max_context=4096, kv_capacity="auto", max_concurrency=8, max_pending_requests=0,
-        pending_timeout_ms=5, prefill_chunk=64, log_stats_interval_ms=0, log_level="off",
-        device="cuda:1", context_cost_presets="p.json", max_request_mib=1, media_cache_mib=0,
+        engine=engine, log_stats_interval_ms=0, log_level="off",
+        context_cost_presets="p.json", max_request_mib=1, media_cache_mib=0,
         media_live_mib=8, media_preprocess_threads=3, request_log_jsonl="r.jsonl",
-        response_store_max_records=2, response_store_max_mib=3, kv_dtype="k8v4", spec="dflash2",
-        draft_tokens=15, lm_head_draft=True, default_max_tokens=7, default_thinking_budget=512,
-        vision=True, cuda_graph=False, prefix_reuse=False, device_state_slots=0, host_context_mib=0,
-        thinking=False, preserve_thinking=True, cors=True, temperature=0.5, top_p=0.9, top_k=0,
+        response_store_max_records=2, response_store_max_mib=3, spec="dflash2",
+        draft_tokens=15, lm_head_draft=True, default_thinking_budget=512,
+        vision=True, thinking=False, preserve_thinking=True, cors=True, temperature=0.5, top_p=0.9, top_k=0,
         min_p=0.1, presence_penalty=-2.0, frequency_penalty=2.0, seed=-7, greedy=True,
-        chat_template="t.jinja", dtype="float32",
+        chat_template="t.jinja",
     )  # fmt: skip
+    assert cfg.engine.device == "cuda:1"
     assert cfg.max_request_bytes == 1 << 20
     assert cfg.public_model_id("artifact-name") == "alias"
     assert parse().public_model_id("artifact-name") == "artifact-name"
 
 
-def test_kv_capacity_numeric_and_engine_options():
-    cfg = parse("--kv-capacity", "4096", "--max-concurrency", "2")
-    assert cfg.kv_capacity == 4096 and not cfg.kv_auto
-    opts = cfg.engine_options({"max_concurrency", "kv_capacity", "prefix_reuse", "not_a_flag"})
-    assert opts == {"max_concurrency": 2, "kv_capacity": 4096, "prefix_reuse": True}
-    assert "kv_capacity" not in parse("--kv-capacity", "auto").engine_options({"kv_capacity"})
-
-
-def test_engine_options_build_the_engine_config():
-    from ninfer.runtime.config import EngineConfig
-
-    cfg = parse(
-        "--max-concurrency",
-        "3",
-        "--max-context",
-        "512",
-        "--prefill-chunk",
-        "32",
-        "--no-prefix-reuse",
-    )
-    ec = EngineConfig(**cfg.engine_options({f.name for f in dataclasses.fields(EngineConfig)}))
-    assert (ec.max_concurrency, ec.max_context, ec.prefill_chunk, ec.prefix_reuse) == (
-        3,
-        512,
-        32,
-        False,
-    )
-
-
-def test_compile_options_follow_the_flags():
+def test_the_engine_flags_make_the_engine_options():
+    """The engine's flags land in `ServeConfig.engine`, the EngineOptions that build_engine
+    takes (its compile options included), and nowhere else."""
     opts = parse("--max-concurrency", "4", "--kv-capacity", "auto", "--kv-dtype", "fp8",
-                 "--no-cuda-graph", "--device-state-slots", "2", "--prefill-chunk", "128").compile_options()  # fmt: skip
-    assert (opts.device, opts.dtype, opts.kv_dtype, opts.max_concurrency) == (
-        "cpu",
-        "float32",
-        "fp8",
-        4,
-    )
-    assert (opts.kv_capacity, opts.cuda_graphs, opts.device_state_slots, opts.prefill_chunk) == (
+                 "--no-cuda-graph", "--device-state-slots", "2", "--prefill-chunk", "128",
+                 "--max-context", "512", "--no-prefix-reuse").engine  # fmt: skip
+    c = opts.compile
+    assert (c.device, c.dtype, c.kv_dtype, c.max_concurrency) == ("cpu", "float32", "fp8", 4)
+    assert (c.kv_capacity, c.cuda_graphs, c.device_state_slots, c.prefill_chunk) == (
         "auto",
         False,
         2,
         128,
     )
-    gpu = parse("--device", "1", cuda=True).compile_options()
-    assert (gpu.device, gpu.dtype, gpu.kv_dtype) == ("cuda", "bfloat16", None)
+    assert (opts.max_context, opts.prefix_reuse, opts.device) == (512, False, "cpu")
+    assert parse("--kv-capacity", "4096").engine.compile.kv_capacity == 4096
+    gpu = parse("--device", "1", cuda=True).engine
+    assert (gpu.compile.device, gpu.compile.dtype, gpu.compile.kv_dtype) == (
+        "cuda",
+        "bfloat16",
+        None,
+    )
+    assert gpu.device == "cuda:1"
+    assert not {f.name for f in dataclasses.fields(ServeConfig)} & {
+        f.name for f in dataclasses.fields(CompileOptions)
+    }  # no engine flag is read twice
 
 
 @pytest.mark.parametrize(
@@ -236,7 +243,7 @@ def test_invalid_values_name_the_flag(argv, flag):
 
 
 @pytest.mark.parametrize(
-    ("argv", "field", "value"),
+    ("argv", "path", "value"),
     [
         (["--spec", "mtp", "--draft-tokens", "5"], "draft_tokens", 5),
         (["--spec", "mtp", "--draft-tokens", "1"], "draft_tokens", 1),
@@ -245,13 +252,13 @@ def test_invalid_values_name_the_flag(argv, flag):
         (["--spec", "mtp"], "draft_tokens", None),
         (["--top-k", "20"], "top_k", 20),
         (["--seed", str(-(1 << 63))], "seed", -(1 << 63)),
-        (["--max-concurrency", "8"], "max_concurrency", 8),
-        (["--kv-dtype", "nvfp4"], "kv_dtype", "nvfp4"),
+        (["--max-concurrency", "8"], "engine.compile.max_concurrency", 8),
+        (["--kv-dtype", "nvfp4"], "engine.compile.kv_dtype", "nvfp4"),
         (["--log-level", "trace"], "log_level", "trace"),
     ],
 )
-def test_boundary_values_are_accepted(argv, field, value):
-    assert getattr(parse(*argv), field) == value
+def test_boundary_values_are_accepted(argv, path, value):
+    assert field(parse(*argv), path) == value
 
 
 @pytest.mark.parametrize("argv", [["--kv-dtype", "fp16"], ["--spec", "eagle"], ["--log-level", "verbose"],
@@ -264,14 +271,19 @@ def test_argparse_refuses_unknown_choices(argv, capsys):
 
 
 def test_device_and_dtype_resolution():
-    assert (parse(cuda=True).device, parse(cuda=True).dtype) == ("cuda:0", "bfloat16")
-    assert (parse(cuda=False).device, parse(cuda=False).dtype) == ("cpu", "float32")
+    def device_dtype(cfg):
+        return cfg.engine.device, cfg.engine.compile.dtype
+
+    assert device_dtype(parse(cuda=True)) == ("cuda:0", "bfloat16")
+    assert device_dtype(parse(cuda=False)) == ("cpu", "float32")
     cfg = parse("--device", "3", cuda=True)
-    assert (cfg.device_type, cfg.device_index) == ("cuda", 3)
-    assert (parse().device_type, parse().device_index) == ("cpu", None)
-    assert parse("--device", "cpu", cuda=True).device == "cpu"
-    assert parse("--device", "cuda", cuda=True).device == "cuda:0"
-    assert parse("--device", "cuda:2", "--dtype", "float32", cuda=True).dtype == "float32"
+    assert (cfg.engine.compile.device, cfg.engine.device_index) == ("cuda", 3)
+    assert (parse().engine.compile.device, parse().engine.device_index) == ("cpu", None)
+    assert parse("--device", "cpu", cuda=True).engine.device == "cpu"
+    assert parse("--device", "cuda", cuda=True).engine.device == "cuda:0"
+    assert (
+        device_dtype(parse("--device", "cuda:2", "--dtype", "float32", cuda=True))[1] == "float32"
+    )
     with pytest.raises(ConfigError, match="--device 0: CUDA is not available"):
         parse("--device", "0", cuda=False)
 

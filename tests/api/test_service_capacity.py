@@ -9,15 +9,15 @@ import asyncio
 
 import pytest
 
-from ninfer.api.config import ServeConfig
 from ninfer.api.errors import ApiError
 from ninfer.api.generation import Finished, GenerationRequest
 from ninfer.artifact import Artifact
 from ninfer.commands import serve
+from tests.api.live_app import serve_config
 
 
 def test_unreleased_responses_count_against_the_capacity(tiny_agent):
-    config = ServeConfig(artifact=str(tiny_agent), max_context=256, max_concurrency=1,
+    config = serve_config(artifact=str(tiny_agent), max_context=256, max_concurrency=1,
                          max_pending_requests=1, log_stats_interval_ms=0)  # fmt: skip
     state = serve.build_state(config, Artifact(tiny_agent))
     service, engine = state.extra["service"], state.engine

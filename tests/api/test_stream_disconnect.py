@@ -15,9 +15,9 @@ import pytest
 
 from ninfer.api import sse
 from ninfer.api.app import create_app
-from ninfer.api.config import ServeConfig
 from ninfer.api.generation import GenerationEvent
 from ninfer.api.state import ServerState
+from tests.api.live_app import serve_config
 
 MODEL = "tiny-model"
 
@@ -85,7 +85,7 @@ def test_client_gone_before_the_stream_opens_cancels_the_queued_request(monkeypa
     monkeypatch.setattr(sse, "KEEPALIVE_AFTER_S", 0.05)
     monkeypatch.setattr("ninfer.api.anthropic_messages.KEEP_ALIVE_S", 0.05, raising=False)
     service = QueuedForever()
-    state = ServerState(config=ServeConfig(max_context=4096), model_id=MODEL)
+    state = ServerState(config=serve_config(max_context=4096), model_id=MODEL)
     state.extra["service"] = service
     app = create_app(state)
     path, payload, headers = BODIES[protocol]

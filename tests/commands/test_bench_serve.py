@@ -19,12 +19,12 @@ import pytest
 import uvicorn
 
 from ninfer.api.app import create_app
-from ninfer.api.config import ServeConfig
 from ninfer.artifact import Artifact
 from ninfer.cli import build_parser
 from ninfer.commands import bench, serve
 from ninfer.commands.bench_serve import exact_prompt, make_prompts, token_counter
 from ninfer.runtime.cuda_loadgen import server_load, summarise
+from tests.api.live_app import serve_config
 
 MAX_CONTEXT = 256
 
@@ -36,7 +36,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 @pytest.fixture(scope="module")
 def url(fixture_artifacts) -> Iterator[str]:
     path = fixture_artifacts("llama")
-    config = ServeConfig(
+    config = serve_config(
         artifact=str(path), max_context=MAX_CONTEXT, max_concurrency=2, log_stats_interval_ms=0
     )
     state = serve.build_state(config, Artifact(path))

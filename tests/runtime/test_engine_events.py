@@ -8,7 +8,7 @@ import time
 import pytest
 from fake_executor import FakeExecutor, SchedulerHarness, check_cycles, reference_tokens
 
-from ninfer.runtime.config import EngineConfig
+from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.engine import Engine
 from ninfer.runtime.request import (
     AdmittedEvent,
@@ -33,7 +33,7 @@ def prompt(n: int, seed: int = 1) -> list[int]:
 def harness(hybrid: bool = False, **cfg) -> SchedulerHarness:
     cfg.setdefault("page_size", 4)
     cfg.setdefault("max_context", 256)
-    return SchedulerHarness(EngineConfig(**cfg), is_hybrid=hybrid, eos_ids=EOS)
+    return SchedulerHarness(EngineOptions.of(**cfg), is_hybrid=hybrid, eos_ids=EOS)
 
 
 def check_notices(h: SchedulerHarness, seq) -> list[int]:
@@ -122,7 +122,7 @@ def test_restore_after_a_pause_in_the_prefill_publishes_no_progress(hybrid, reus
 
 
 def make_engine(**cfg) -> Engine:
-    config = EngineConfig(page_size=4, max_context=128, **cfg)
+    config = EngineOptions.of(page_size=4, max_context=128, **cfg)
     return Engine(config, FakeExecutor(config.num_pages, 4, VOCAB), Sampler(), EOS)
 
 
@@ -183,7 +183,7 @@ def test_a_synchronous_launch_does_not_hold_back_published_events():
     the stream before the first prefill chunk has run, and each token before the step after
     its own has run (a CPU executor runs a launch to its end)."""
     req = Request(prompt(6), SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
-    config = EngineConfig(page_size=4, max_context=128)
+    config = EngineOptions.of(page_size=4, max_context=128)
     executor = _SlowExecutor(config.num_pages, 4, VOCAB)
     with Engine(config, executor, Sampler(), EOS) as eng:
         seen = [(e, time.monotonic()) for e in eng.submit(req)]
@@ -200,7 +200,7 @@ def test_a_synchronous_launch_does_not_hold_back_published_events():
 def test_a_prompt_only_request_commits_no_token(hybrid):
     """prompt_only (an HTTP max_tokens of 0): the prompt is prefilled and published for reuse,
     and the request finishes with 'length' without an output token."""
-    config = EngineConfig(page_size=4, max_context=128, prefill_chunk=8)
+    config = EngineOptions.of(page_size=4, max_context=128, prefill_chunk=8)
     exe = FakeExecutor(config.num_pages, 4, VOCAB, is_hybrid=hybrid, num_state_slots=4)
     req = Request(prompt(21), SamplingParams(max_tokens=1), prompt_only=True)
     with Engine(config, exe, Sampler(), EOS) as eng:

@@ -9,7 +9,7 @@ import pytest
 from fake_executor import FakeExecutor, reference_tokens
 
 from ninfer.errors import ConfigError
-from ninfer.runtime.config import EngineConfig
+from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.engine import Engine
 from ninfer.runtime.request import (
     AdmittedEvent,
@@ -45,7 +45,7 @@ class GatedExecutor(FakeExecutor):
 def make_engine(executor_cls=FakeExecutor, hybrid=False, fail_steps=(), **cfg) -> Engine:
     cfg.setdefault("page_size", 4)
     cfg.setdefault("max_context", 128)
-    config = EngineConfig(**cfg)
+    config = EngineOptions.of(**cfg)
     slots = config.num_state_slots if hybrid else 0
     ex = executor_cls(
         config.num_pages,
@@ -237,4 +237,4 @@ def test_close_cancels_outstanding_requests_and_refuses_new_ones():
 def test_a_hybrid_executor_without_a_slot_per_lane_is_a_config_error():
     ex = FakeExecutor(8, 4, is_hybrid=True, num_state_slots=1)
     with pytest.raises(ConfigError, match="one per lane"):
-        Engine(EngineConfig(max_concurrency=2, page_size=4), ex, Sampler(), EOS)
+        Engine(EngineOptions.of(max_concurrency=2, page_size=4), ex, Sampler(), EOS)

@@ -15,7 +15,7 @@ import time
 import pytest
 from real_engine import alone, greedy, random_prompt
 
-from ninfer.runtime.config import EngineConfig
+from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.engine import Engine, EngineStats
 from ninfer.runtime.executor import Executor, executor_for
 from ninfer.runtime.request import (
@@ -55,7 +55,7 @@ def _executor(path: str, kv_capacity: int) -> Executor:
 
 def _engine(ex: Executor, lanes: int, **options) -> Engine:
     options.setdefault("prefill_chunk", 64)
-    config = EngineConfig(
+    config = EngineOptions.of(
         max_concurrency=lanes,
         max_context=MAX_CONTEXT,
         kv_capacity=ex.num_pages * ex.page_size,
@@ -205,7 +205,7 @@ def test_pauses_restore_from_host_snapshots(arch, fixture_artifacts):
     path = str(fixture_artifacts(arch))
     ex = _executor(path, SMALL_POOL)
     requests = _batch(ex.vocab_size)
-    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    fields = {f.name for f in dataclasses.fields(EngineOptions)}
     snapshots = {"host_context_mib": 64} if "host_context_mib" in fields else {}
     with _engine(ex, lanes=8, **snapshots) as engine:
         outs = _run(engine, requests)

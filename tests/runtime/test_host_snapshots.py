@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ninfer.errors import ConfigError
-from ninfer.runtime.config import EngineConfig
+from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.engine import Engine
 from ninfer.runtime.preemption import D2H, H2D, KV, STATE
 from ninfer.runtime.request import (
@@ -49,7 +49,7 @@ def harness(hybrid: bool = False, snapshots: bool = True, **cfg) -> SchedulerHar
     cfg.setdefault("page_size", 4)
     cfg.setdefault("max_context", 256)
     return SchedulerHarness(
-        EngineConfig(**cfg),
+        EngineOptions.of(**cfg),
         is_hybrid=hybrid,
         eos_ids=(0,),
         snapshots=snapshots,
@@ -101,7 +101,7 @@ def check_routes(h: SchedulerHarness, seqs) -> None:
 @st.composite
 def setups(draw):
     ps = draw(st.integers(2, 4))
-    config = EngineConfig(
+    config = EngineOptions.of(
         max_concurrency=draw(st.integers(2, 3)),
         max_pending_requests=32,
         page_size=ps,
@@ -252,9 +252,9 @@ def test_cancelling_a_paused_request_frees_its_snapshot():
 
 def test_the_host_budget_rejects_a_negative_size_and_defaults_to_eight_gib_plus_images():
     with pytest.raises(ConfigError, match="--host-context-mib"):
-        EngineConfig(host_context_mib=-1)
-    assert EngineConfig().host_context_bytes(1000) == 8192 * MIB + 8000
-    assert EngineConfig(host_context_mib=3).host_context_bytes(1000) == 3 * MIB
+        EngineOptions.of(host_context_mib=-1)
+    assert EngineOptions.of().host_context_bytes(1000) == 8192 * MIB + 8000
+    assert EngineOptions.of(host_context_mib=3).host_context_bytes(1000) == 3 * MIB
 
 
 # -- the engine ----------------------------------------------------------------------------------
@@ -273,7 +273,7 @@ class FailingRestore(FakeExecutor):
 
 
 def engine(executor_cls=FakeExecutor, hybrid=False, **cfg) -> tuple[Engine, FakeExecutor]:
-    config = EngineConfig(page_size=4, max_context=128, **cfg)
+    config = EngineOptions.of(page_size=4, max_context=128, **cfg)
     ex = executor_cls(
         config.num_pages,
         4,

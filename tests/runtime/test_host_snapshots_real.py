@@ -22,7 +22,7 @@ import pytest
 import torch
 from real_engine import alone, greedy, random_prompt
 
-from ninfer.runtime.config import EngineConfig
+from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.engine import Engine, EngineStats
 from ninfer.runtime.executor import Executor, executor_for
 from ninfer.runtime.preemption import D2H, H2D, KV, STATE
@@ -151,7 +151,7 @@ def _settled(engine: Engine) -> EngineStats:
 
 
 def _pressured_run(ex: Executor, host_context_mib: int | None) -> tuple[list, EngineStats]:
-    config = EngineConfig(
+    config = EngineOptions.of(
         max_concurrency=4,
         max_context=MAX_CONTEXT,
         kv_capacity=ex.num_pages * ex.page_size,

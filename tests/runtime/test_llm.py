@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import time
 
 import pytest
 import torch
@@ -64,25 +65,29 @@ def test_seeded_sampling_is_reproducible(fixture_artifacts) -> None:
     }
 
 
-def test_stops_on_eos_and_on_stop_strings(fixture_artifacts) -> None:
+def test_stops_on_eos(tiny_agent, tiny_agent_prompts) -> None:
+    """The trained model ends its reply with <|im_end|>: generation stops right after it (the
+    id is kept, the text is not), unless ignore_eos, which runs on to max_tokens."""
+    llm = _llm(str(tiny_agent))
+    case = next(p for p in tiny_agent_prompts if p["name"] == "hello")
+    ids = llm.tokenizer.encode(case["prompt"], add_special_tokens=False)
+    stopped = llm.generate([ids], SamplingParams(max_tokens=40, temperature=0.0))[0]
+    assert stopped.finish_reason == "stop" and stopped.token_ids[-1] in llm.engine.eos_ids
+    assert stopped.text == case["expected"]["content"]
+    n = len(stopped.token_ids)
+    ignored = llm.generate(
+        [ids], SamplingParams(max_tokens=n + 3, temperature=0.0, ignore_eos=True)
+    )[0]
+    assert ignored.finish_reason == "length" and len(ignored.token_ids) == n + 3
+    assert ignored.token_ids[:n] == stopped.token_ids
+
+
+def test_stops_on_stop_strings(fixture_artifacts) -> None:
     llm = _llm(str(fixture_artifacts("llama")))
     free = llm.generate(
         ["Tell me"], SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
     )[0]
     assert free.finish_reason == "length" and len(free.token_ids) == 10
-    # make the 3rd generated token an EOS id: generation must stop right after it
-    eos = free.token_ids[2]
-    llm.eos_token_ids.add(eos)
-    try:
-        stopped = llm.generate(["Tell me"], SamplingParams(max_tokens=10, temperature=0.0))[0]
-        ignored = llm.generate(
-            ["Tell me"], SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
-        )[0]
-    finally:
-        llm.eos_token_ids.discard(eos)
-    first = free.token_ids.index(eos)
-    assert stopped.token_ids == free.token_ids[: first + 1] and stopped.finish_reason == "stop"
-    assert ignored.token_ids == free.token_ids
     text = llm.tokenizer.decode(free.token_ids)
     stop = text[len(text) // 2 : len(text) // 2 + 2]
     if stop.strip():
@@ -91,6 +96,10 @@ def test_stops_on_eos_and_on_stop_strings(fixture_artifacts) -> None:
             SamplingParams(max_tokens=10, temperature=0.0, stop=(stop,), ignore_eos=True),
         )[0]
         assert s.finish_reason == "stop" and stop not in s.text and text.startswith(s.text)
+        # the ids end with the token that completed the stop string
+        assert s.token_ids == free.token_ids[: len(s.token_ids)]
+        assert stop in llm.tokenizer.decode(s.token_ids)
+        assert stop not in llm.tokenizer.decode(s.token_ids[:-1])
 
 
 def test_errors_are_one_line_user_errors(fixture_artifacts) -> None:
@@ -147,25 +156,39 @@ def test_top_p_zero_is_argmax_and_stop_none_is_no_stop(fixture_artifacts) -> Non
     assert all(type(t) is int for t in llm.generate([list(ids)], GREEDY)[0].prompt_token_ids)
 
 
-def test_a_failed_call_leaves_no_sampler_state(fixture_artifacts, monkeypatch) -> None:
-    """A call interrupted midway (here: an exception after three sampled tokens, as Ctrl-C
-    would be) must not leave its seeded generators to the next call."""
+def test_an_interrupted_call_leaves_nothing_behind(fixture_artifacts, monkeypatch) -> None:
+    """A call interrupted midway (here: KeyboardInterrupt after three tokens were read, as
+    Ctrl-C would raise it) cancels its requests before it returns: both end 'cancelled' (not
+    left running to max_tokens), and the next seeded call gets what it got before (no
+    generator left over)."""
+    import ninfer.llm
+    from ninfer.api.output_text import OutputText
+
     llm = _llm(str(fixture_artifacts("llama")))
     seeded = SamplingParams(max_tokens=10, temperature=1.0, seed=42, ignore_eos=True)
-    before = llm.generate(["Hello"], seeded)[0].token_ids
-    decode, calls = llm.tokenizer.decode, []
+    before = llm.generate(["Hello", "Hi"], seeded)
+    calls = []
 
-    def interrupted(ids, *a, **kw):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return decode(ids, *a, **kw)
+    class Interrupted(OutputText):
+        def add(self, token_id):
+            calls.append(1)
+            if len(calls) == 3:
+                raise KeyboardInterrupt
+            return super().add(token_id)
 
-    monkeypatch.setattr(llm.tokenizer, "decode", interrupted)
+    monkeypatch.setattr(ninfer.llm, "OutputText", Interrupted)
+    long = SamplingParams(max_tokens=500, temperature=1.0, seed=42, ignore_eos=True)
+    cancelled = llm.engine.snapshot().requests_by_outcome.get("cancelled", 0)
     with pytest.raises(KeyboardInterrupt):
-        llm.generate(["Hello"], seeded)
-    monkeypatch.setattr(llm.tokenizer, "decode", decode)
-    assert llm.generate(["Hello"], seeded)[0].token_ids == before
+        llm.generate(["Hello", "Hi"], long)
+    monkeypatch.undo()
+    deadline = time.monotonic() + 10  # the stats are published at the worker's next boundary
+    while (stats := llm.engine.snapshot()).running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert stats.running == stats.waiting == stats.paused == 0
+    assert stats.requests_by_outcome.get("cancelled", 0) == cancelled + 2
+    after = llm.generate(["Hello", "Hi"], seeded)
+    assert [r.token_ids for r in after] == [r.token_ids for r in before]
 
 
 def test_calls_from_two_threads_are_serialised(fixture_artifacts) -> None:
@@ -185,3 +208,34 @@ def test_calls_from_two_threads_are_serialised(fixture_artifacts) -> None:
     for t in threads:
         t.join()
     assert [got[0], got[1]] == want
+
+
+def test_logits_leave_the_prefix_cache_intact(fixture_artifacts) -> None:
+    """`logits` runs on pages taken from the engine's pool: a prefix the cache retained from an
+    earlier generate is evicted (not overwritten behind its back), so the next generate of that
+    prompt gets the same tokens; and the logits agree with what generate chose."""
+    llm = LLM(str(fixture_artifacts("llama")), max_concurrency=1, kv_capacity=64, prefill_chunk=8)
+    prompt = [(7 * i) % 200 + 5 for i in range(40)]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    first = llm.generate([prompt], params)[0]
+    other = llm.logits([(11 * i) % 200 + 3 for i in range(64)])  # the whole pool
+    assert other.shape[0] == 64
+    again = llm.generate([prompt], params)[0]
+    assert again.token_ids == first.token_ids
+    rows = llm.logits(prompt + first.token_ids[:-1])[len(prompt) - 1 :]
+    assert rows.argmax(dim=-1).tolist() == first.token_ids
+    with pytest.raises(RequestError, match="KV pages"):
+        llm.logits(list(range(5, 70)))
+    llm.close()
+
+
+def test_more_prompts_than_the_engine_accepts_wait_their_turn(fixture_artifacts) -> None:
+    """One lane and no pending slot: six prompts are submitted one after another as each
+    finishes (none is refused as overloaded), and come back in order."""
+    llm = LLM(str(fixture_artifacts("qwen3")), max_concurrency=1, max_pending_requests=0)
+    prompts = [[i + 3, 2 * i + 5, 3 * i + 7] for i in range(6)]
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    outs = llm.generate(prompts, params)
+    assert [o.prompt_token_ids for o in outs] == prompts
+    assert [o.token_ids for o in outs] == [llm.generate([p], params)[0].token_ids for p in prompts]
+    llm.close()

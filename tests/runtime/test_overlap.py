@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from fake_executor import FakeExecutor, SchedulerHarness, reference_tokens
 
-from ninfer.runtime.config import EngineConfig
+from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.engine import Engine
 from ninfer.runtime.request import Request, SamplingParams
 from ninfer.runtime.sampler import Sampler
@@ -41,7 +41,7 @@ def harness(hybrid: bool = False, **cfg) -> SchedulerHarness:
     cfg.setdefault("page_size", 4)
     cfg.setdefault("kv_capacity", 96)
     cfg.setdefault("max_context", 64)
-    return SchedulerHarness(EngineConfig(**cfg), is_hybrid=hybrid, eos_ids=EOS, overlap=True)
+    return SchedulerHarness(EngineOptions.of(**cfg), is_hybrid=hybrid, eos_ids=EOS, overlap=True)
 
 
 @pytest.mark.parametrize("hybrid", [False, True])
@@ -151,7 +151,7 @@ def test_engine_output_is_the_same_with_and_without_overlap(hybrid):
     ]
     runs = []
     for feeds in (False, True):
-        config = EngineConfig(max_concurrency=3, page_size=4, kv_capacity=64, max_context=64)
+        config = EngineOptions.of(max_concurrency=3, page_size=4, kv_capacity=64, max_context=64)
         slots = config.num_state_slots if hybrid else 0
         ex = FakeExecutor(
             config.num_pages, config.page_size, VOCAB, is_hybrid=hybrid,

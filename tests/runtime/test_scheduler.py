@@ -10,7 +10,7 @@ import sys
 import pytest
 from fake_executor import SchedulerHarness, reference_tokens
 
-from ninfer.runtime.config import EngineConfig
+from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.request import (
     EngineOverloaded,
     QueueTimeout,
@@ -30,7 +30,7 @@ def harness(**cfg) -> SchedulerHarness:
     eos = cfg.pop("eos", (0,))
     cfg.setdefault("page_size", 4)
     cfg.setdefault("max_context", 256)
-    return SchedulerHarness(EngineConfig(**cfg), is_hybrid=hybrid, eos_ids=eos)
+    return SchedulerHarness(EngineOptions.of(**cfg), is_hybrid=hybrid, eos_ids=eos)
 
 
 def test_pure_python_modules_do_not_import_torch():
@@ -352,19 +352,19 @@ def test_step_failure_fails_its_requests_and_forgets_unwritten_checkpoints(good_
 
 
 def test_engine_config_defaults_follow_the_serve_flags():
-    c = EngineConfig()
+    c = EngineOptions.of()
     assert (c.max_concurrency, c.max_pending_requests, c.pending_timeout_ms) == (1, 16, 30000)
     assert (c.prefill_chunk, c.max_context, c.default_max_tokens) == (1024, 8192, 8192)
     assert c.kv_tokens == 8192 and c.num_pages == 512 and c.prefix_reuse
     assert c.num_state_slots == 2  # one lane + device_state_slots defaulting to the lanes
-    c = EngineConfig(max_concurrency=4, device_state_slots=0, kv_capacity=100, page_size=16)
+    c = EngineOptions.of(max_concurrency=4, device_state_slots=0, kv_capacity=100, page_size=16)
     assert c.num_state_slots == 4 and c.num_pages == 7
 
 
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"max_concurrency": 9}, r"max_concurrency \(--max-concurrency\) must be in 1..8, got 9"),
+        ({"max_concurrency": 9}, r"--max-concurrency must be in 1..8, got 9"),
         ({"max_concurrency": 0}, "must be in 1..8"),
         ({"prefill_chunk": 0}, "--prefill-chunk"),
         ({"kv_capacity": 8, "page_size": 16}, "--kv-capacity"),
@@ -378,4 +378,4 @@ def test_engine_config_rejects_impossible_values(options, message):
     from ninfer.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message):
-        EngineConfig(**options)
+        EngineOptions.of(**options)

@@ -12,7 +12,7 @@ from fake_executor import SchedulerHarness
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ninfer.runtime.config import EngineConfig
+from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.request import EngineOverloaded
 from ninfer.runtime.sequence import SeqStatus
 
@@ -25,7 +25,7 @@ def configs(draw, hybrid_reuse: bool = False):
     ps = draw(st.integers(2, 4))
     lanes = draw(st.integers(1, 3))
     return {
-        "config": EngineConfig(
+        "config": EngineOptions.of(
             max_concurrency=lanes,
             max_pending_requests=32,
             page_size=ps,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from fake_executor import FakeExecutor, SchedulerHarness, reference_tokens
 
-from ninfer.runtime.config import EngineConfig
+from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.engine import Engine
 from ninfer.runtime.request import (
     Request,
@@ -37,7 +37,7 @@ def greedy(tokens, max_tokens: int, eos=EOS, max_context: int = CTX) -> list[int
 def make_engine(eos=EOS, **cfg) -> Engine:
     cfg.setdefault("page_size", 4)
     cfg.setdefault("max_context", CTX)
-    config = EngineConfig(**cfg)
+    config = EngineOptions.of(**cfg)
     return Engine(config, FakeExecutor(config.num_pages, config.page_size, VOCAB), Sampler(), eos)
 
 
@@ -143,7 +143,7 @@ def test_no_partial_suffix_when_it_and_one_more_token_do_not_fit(room):
 def test_a_stop_matched_before_the_suffix_drops_it_from_the_result():
     budget = 3
     p = no_close_prompt(budget)
-    h = SchedulerHarness(EngineConfig(page_size=4, max_context=CTX), eos_ids=EOS)
+    h = SchedulerHarness(EngineOptions.of(page_size=4, max_context=CTX), eos_ids=EOS)
     seq = h.add(p, max_tokens=30, ignore_eos=True, thinking_budget=budget,
                 thinking_close_ids=CLOSE, thinking_suffix_ids=SUFFIX)  # fmt: skip
     while seq.num_output < budget + len(SUFFIX):
@@ -158,7 +158,7 @@ def test_a_stop_matched_before_the_suffix_drops_it_from_the_result():
 def test_forced_suffixes_survive_pauses_and_replay(hybrid):
     # several budgeted requests share a pool too small for all: each is paused and replayed
     # (its forced suffix included) and still produces exactly its solo output.
-    cfg = EngineConfig(max_concurrency=3, kv_capacity=48, prefill_chunk=6, page_size=4)
+    cfg = EngineOptions.of(max_concurrency=3, kv_capacity=48, prefill_chunk=6, page_size=4)
     h = SchedulerHarness(cfg, is_hybrid=hybrid, eos_ids=EOS)
     seqs = []
     for i in range(5):

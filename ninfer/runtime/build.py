@@ -1,0 +1,55 @@
+"""`build_engine(artifact, options) -> Engine`: the one composition root.
+
+    artifact ──compile_artifact(options.compile)──▶ plan ──make_executor──▶ executor
+                                                                             │
+    options, eos ids of the artifact's tokenizer, a Sampler ───────────────▶ Engine (started)
+
+It is the only code that compiles a plan, loads an executor and starts an engine: `ninfer
+serve` (api/server_engine.py), `ninfer.LLM` (llm.py) and `ninfer bench engine` all call it, so
+the three run the same plan on the same engine loop. On CUDA every decode-batch CUDA Graph is
+captured before it returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from tokenizers import Tokenizer as _HFTokenizer
+
+from ninfer.passes.pipeline import compile_artifact
+from ninfer.runtime.config import EngineOptions
+from ninfer.runtime.engine import Engine
+from ninfer.runtime.executors import make_executor
+from ninfer.runtime.sampler import Sampler
+from ninfer.runtime.tokenizer import eos_token_ids
+
+log = logging.getLogger("ninfer.engine")
+
+
+def build_engine(artifact: Any, options: EngineOptions) -> Engine:
+    """Compile `artifact` (an `ninfer.artifact.Artifact`, or the bench's synthetic source)
+    for `options.compile`, load its executor on `options.device` and start an engine.
+
+    The engine's `plan` and `executor` are the ones built here; its KV pool is what the
+    executor made (`kv_capacity="auto"` resolved). A source without a tokenizer (synthetic
+    weights) has no EOS ids. Raises ConfigError for impossible options, ArtifactError for a
+    model the planner cannot lower.
+    """
+    t0 = time.monotonic()
+    plan = compile_artifact(artifact, options.compile)
+    extra = {"collect_timings": True} if options.collect_timings else {}
+    executor = make_executor(plan, artifact, options.device, **extra)
+    if hasattr(executor, "capture_all"):  # CUDA: capture every decode bucket before serving
+        t_graphs = time.monotonic()
+        graphs = executor.capture_all()
+        log.info(
+            "captured %d CUDA Graph decode buckets in %.1f s", graphs, time.monotonic() - t_graphs
+        )
+    log.info("plan compiled and weights loaded in %.1f s", time.monotonic() - t0)
+    tokenizer_json = getattr(artifact, "tokenizer_json", None)
+    eos: tuple[int, ...] = ()
+    if tokenizer_json:
+        eos = eos_token_ids(artifact.special_tokens, _HFTokenizer.from_str(tokenizer_json))
+    return Engine(options, executor, Sampler(), eos, plan=plan)
