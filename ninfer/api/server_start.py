@@ -30,7 +30,9 @@ def resolve_context_cost(state: Any, artifact: Any) -> context_cost.ContextCost:
     )
     inputs = _signature_inputs(state, artifact)
     cost = context_cost.resolve(
-        context_cost.hardware_name(cfg.engine.device), context_cost.prefill_signature(inputs), presets
+        context_cost.hardware_name(cfg.engine.device),
+        context_cost.prefill_signature(inputs),
+        presets,
     )
     state.extra[CONTEXT_COST_KEY] = cost
     return cost
