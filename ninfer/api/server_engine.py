@@ -82,6 +82,7 @@ def start_engine(state: ServerState, artifact: Artifact) -> None:
             "captured %d CUDA Graph decode buckets in %.1f s", graphs, time.monotonic() - t_graphs
         )
     log.info("plan compiled and weights loaded in %.1f s", time.monotonic() - t0)
+    log.info("%s", plan_summary(config, memory_layout(plan, executor)))
     _log_plan(plan, executor)
     names = {f.name for f in dataclasses.fields(EngineConfig)}
     options = config.engine_options(names)
@@ -162,6 +163,19 @@ def _warm_up(engine: Engine, tokenizer: Tokenizer, max_concurrency: int, max_con
     ]
     for handle in pending:
         handle.result(timeout=600)
+
+
+def plan_summary(config: Any, memory: dict[str, Any]) -> str:
+    """One startup line saying what was planned: device and dtype, lanes, context, the KV pool
+    and the memory the plan budgets (`--log-level debug` shows the full ledger)."""
+    kv = memory["kv"]
+    planned = {e["item"]: e["bytes"] for e in memory["ledger"]}
+    return (
+        f"plan: {config.device} {config.dtype}, {config.max_concurrency} lane(s), context "
+        f"{config.max_context}, KV pool {kv['capacity_tokens']} tokens ({kv['dtype']}, "
+        f"{oplog.nbytes(kv['bytes'])}), weights {oplog.nbytes(planned.get('weights', 0))}, "
+        f"total {oplog.nbytes(memory['ledger_total_bytes'] or 0)}"
+    )
 
 
 def memory_layout(plan: Any, executor: Any) -> dict[str, Any]:

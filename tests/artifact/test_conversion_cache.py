@@ -136,7 +136,11 @@ def test_serve_a_gguf(gguf, tmp_path):
         assert r.status_code == 200, r.text
     finally:
         server.stop()
-    assert "converting" in server.stderr()
+    # every stage shows, as plain lines (stderr is a file here): conversion, plan, ready URL
+    log = server.stderr()
+    assert "converting: 100% (" in log and "\r" not in log
+    assert "plan: cpu float32, 1 lane(s), context 128, KV pool " in log
+    assert f"ready: accepting requests on {server.base_url}" in log
     again = start_server(tmp_path, "--max-context", "128", artifact=gguf, env=env)
     again.stop()
     assert "converting" not in again.stderr()
