@@ -167,8 +167,14 @@ def convert_once(out: Path, valid: Callable[[Path], bool], convert: Callable[[Pa
         remove_stale_temps(out)
         if out.is_file() and valid(out):  # another process finished while we waited
             return out
-        with _sigterm_unwinds():
-            convert(out)
+        with sigterm_unwinds():
+            try:
+                convert(out)
+            except BaseException:
+                # the writer removes its file itself, except when interrupted between creating
+                # it and entering its `with` block; holding the lock, any such file is ours
+                remove_stale_temps(out)
+                raise
     return out
 
 
@@ -192,7 +198,7 @@ def remove_stale_temps(out: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
-def _sigterm_unwinds() -> Iterator[None]:
+def sigterm_unwinds() -> Iterator[None]:
     """SIGTERM raises SystemExit(143) in the main thread while the block runs (by default it
     ends the process at once, leaving the writer's temporary file behind)."""
     if threading.current_thread() is not threading.main_thread():

@@ -78,15 +78,18 @@ def run(args: argparse.Namespace) -> int:
         "quantize_lm_head": args.quantize_lm_head,
         "generation": generation,
     }
-    if src.is_file():
-        if src.suffix.lower() != ".gguf":
-            raise ConvertError(f"{src}: not a .gguf file or a Hugging Face model directory")
-        from ninfer.artifact.convert_gguf import convert_gguf
+    if src.is_file() and src.suffix.lower() != ".gguf":
+        raise ConvertError(f"{src}: not a .gguf file or a Hugging Face model directory")
+    from ninfer.artifact.cache import sigterm_unwinds
 
-        convert_gguf(src, out, **options)
-    else:
-        from ninfer.artifact.convert_hf import convert_hf
+    with sigterm_unwinds():  # a terminated conversion removes its temporary file, as Ctrl-C does
+        if src.is_file():
+            from ninfer.artifact.convert_gguf import convert_gguf
 
-        convert_hf(src, out, **options)
+            convert_gguf(src, out, **options)
+        else:
+            from ninfer.artifact.convert_hf import convert_hf
+
+            convert_hf(src, out, **options)
     print(f"wrote {out}", file=sys.stderr)
     return 0

@@ -166,24 +166,29 @@ def test_stale_temp_file_removed_on_the_next_start(gguf, tmp_path):
     assert not stale.exists() and out.exists()
 
 
-def _convert_demo_in_subprocess(cache: Path) -> tuple[subprocess.Popen, Path]:
-    """A process converting the demo into `cache`, once its temporary file exists."""
-    code = "from ninfer.artifact.demo import demo_artifact_path; demo_artifact_path()"
+def _started_conversion(args: list[str], out: Path, env: dict | None = None):
+    """Start `python args...` and return (process, its temporary file) once it is writing `out`."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", code],
+        [sys.executable, *args],
         cwd=REPO,
-        env=dict(os.environ, NINFER_CACHE=str(cache)),
+        env=dict(os.environ, **(env or {})),
         stderr=subprocess.PIPE,
     )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        temps = list(cache.glob(DEMO_FILE + ".tmp-*")) if cache.exists() else []
+        temps = list(out.parent.glob(out.name + ".tmp-*")) if out.parent.exists() else []
         if temps:
             return proc, temps[0]
         assert proc.poll() is None, proc.stderr.read().decode()
         time.sleep(0.005)
     proc.kill()
     raise AssertionError("the conversion never started writing")
+
+
+def _convert_demo_in_subprocess(cache: Path) -> tuple[subprocess.Popen, Path]:
+    """A process converting the demo into `cache`, once its temporary file exists."""
+    code = "from ninfer.artifact.demo import demo_artifact_path; demo_artifact_path()"
+    return _started_conversion(["-c", code], cache / DEMO_FILE, {"NINFER_CACHE": str(cache)})
 
 
 def test_killed_demo_conversion_leaves_nothing_after_the_next_start(demo_artifact, tmp_path):
@@ -206,3 +211,15 @@ def test_terminated_demo_conversion_removes_its_temp_file(demo_gguf, tmp_path):
     proc.wait(timeout=60)
     assert proc.returncode != 0
     assert not temp.exists() and not (cache / DEMO_FILE).exists()
+
+
+def test_terminated_convert_command_removes_its_temp_file(demo_gguf, tmp_path):
+    out = tmp_path / "out" / "demo.ninfer"
+    out.parent.mkdir()
+    proc, _ = _started_conversion(
+        ["-m", "ninfer.cli", "convert", str(demo_gguf), "-o", str(out)], out
+    )
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    assert proc.returncode == 143
+    assert list(out.parent.iterdir()) == []
