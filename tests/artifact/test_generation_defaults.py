@@ -110,6 +110,11 @@ def test_cli_option_over_generation_config(fixture_hf_dir, tmp_path):
     assert artifact_defaults(a) == dict(PLAIN, temperature=0.6, top_p=0.5, min_p=0.05)
     assert "_from_model_config" not in a.generation
     a.close()
+    shown = subprocess.run(
+        [sys.executable, "-m", "ninfer.cli", "inspect", str(out)],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "sampling        temperature 0.6, top_p 0.5, min_p 0.05 (recorded)\n" in shown
     bad = subprocess.run(
         [sys.executable, "-m", "ninfer.cli", "convert", str(d), "-o", str(tmp_path / "b.ninfer"),
          "--generation-defaults", "heat=2"],
