@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ninfer.artifact.generation import effective_defaults
+
 TOP_K_CAP = 20
 FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty")
 
@@ -49,14 +51,7 @@ class SamplerPolicy:
         if preset is not None:
             t, p, k, m, pp = preset
             return dict(_BASE, temperature=t, top_p=p, top_k=k, min_p=m, presence_penalty=pp)
-        out = dict(_BASE)
-        for key in ("temperature", "top_p", "top_k", "min_p"):
-            v = self.generation.get(key)
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                out[key] = v
-        if self.generation.get("do_sample") is False:
-            out["temperature"] = 0.0
-        return out
+        return dict(effective_defaults(self.generation))
 
     def resolve(self, thinking: bool, request: dict[str, Any]) -> dict[str, Any]:
         """Final sampler fields (plus `seed`) for one request; `request` holds the request's

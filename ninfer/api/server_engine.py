@@ -20,6 +20,7 @@ from ninfer.api.state import ServerState
 from ninfer.api.template import artifact_template
 from ninfer.artifact import Artifact
 from ninfer.runtime.build import build_engine
+from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.engine import Engine
 from ninfer.runtime.request import Request, SamplingParams
 
@@ -35,6 +36,7 @@ def start_engine(state: ServerState, artifact: Artifact) -> None:
     pool_tokens = executor.num_pages * executor.page_size
     if warning := kv_pool_warning(config, pool_tokens):
         log.warning(warning)  # `auto` and the default resolve only here
+    log.info("%s", plan_summary(config.engine, memory_layout(plan, executor)))
     _log_plan(plan, executor)
     tokenizer = Tokenizer.from_str(artifact.tokenizer_json)
     template = artifact_template(artifact, tokenizer, config.chat_template)
@@ -107,6 +109,19 @@ def _warm_up(engine: Engine, tokenizer: Tokenizer, max_concurrency: int, max_con
     ]
     for handle in pending:
         handle.result(timeout=600)
+
+
+def plan_summary(options: EngineOptions, memory: dict[str, Any]) -> str:
+    """One startup line saying what was planned: device and dtype, lanes, context, the KV pool
+    and the memory the plan budgets (`--log-level debug` shows the full ledger)."""
+    kv = memory["kv"]
+    planned = {e["item"]: e["bytes"] for e in memory["ledger"]}
+    return (
+        f"plan: {options.device} {options.dtype}, {options.max_concurrency} lane(s), context "
+        f"{options.max_context}, KV pool {kv['capacity_tokens']} tokens ({kv['dtype']}, "
+        f"{oplog.nbytes(kv['bytes'])}), weights {oplog.nbytes(planned.get('weights', 0))}, "
+        f"total {oplog.nbytes(memory['ledger_total_bytes'] or 0)}"
+    )
 
 
 def memory_layout(plan: Any, executor: Any) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from ninfer.api.reasoning import (
 )
 from ninfer.api.sampling import FIELDS, SamplerPolicy
 from ninfer.api.template import ChatTemplate, RenderedPrompt
+from ninfer.artifact.generation import effective_defaults
 from ninfer.runtime.request import (
     AdmittedEvent,
     EngineError,
@@ -73,14 +74,7 @@ class SamplerDefaults:
 
     @classmethod
     def resolve(cls, generation: dict[str, Any], overrides: dict[str, Any]) -> SamplerDefaults:
-        base: dict[str, Any] = {}
-        for key in ("temperature", "top_p", "top_k", "min_p"):
-            if isinstance(generation.get(key), (int, float)) and not isinstance(
-                generation.get(key), bool
-            ):
-                base[key] = generation[key]
-        if generation.get("do_sample") is False:
-            base["temperature"] = 0.0
+        base: dict[str, Any] = dict(effective_defaults(generation))
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
 

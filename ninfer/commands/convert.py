@@ -31,6 +31,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="Jinja chat template to store instead of the source's",
     )
+    p.add_argument(
+        "--generation-defaults",
+        metavar="NAME=VALUE,...",
+        help="sampling defaults to record, over the source's (generation_config.json, GGUF "
+        "general.sampling.*): temperature, top_p, top_k, min_p, presence_penalty, "
+        "frequency_penalty; e.g. temperature=0.2,top_p=0.9",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,6 +58,14 @@ def run(args: argparse.Namespace) -> int:
             ChatTemplate(template)
         except ConfigError as e:
             raise ConvertError(f"--chat-template {args.chat_template}: {e}") from None
+    generation = None
+    if args.generation_defaults is not None:
+        from ninfer.artifact.generation import parse_defaults
+
+        try:
+            generation = parse_defaults(args.generation_defaults)
+        except ValueError as e:
+            raise ConvertError(str(e)) from None
     if not src.exists():
         raise ConvertError(f"{src}: no such file or directory")
     if Path(out).is_dir():
@@ -61,16 +76,20 @@ def run(args: argparse.Namespace) -> int:
         "chat_template": template,
         "progress": True,
         "quantize_lm_head": args.quantize_lm_head,
+        "generation": generation,
     }
-    if src.is_file():
-        if src.suffix.lower() != ".gguf":
-            raise ConvertError(f"{src}: not a .gguf file or a Hugging Face model directory")
-        from ninfer.artifact.convert_gguf import convert_gguf
+    if src.is_file() and src.suffix.lower() != ".gguf":
+        raise ConvertError(f"{src}: not a .gguf file or a Hugging Face model directory")
+    from ninfer.artifact.cache import sigterm_unwinds
 
-        convert_gguf(src, out, **options)
-    else:
-        from ninfer.artifact.convert_hf import convert_hf
+    with sigterm_unwinds():  # a terminated conversion removes its temporary file, as Ctrl-C does
+        if src.is_file():
+            from ninfer.artifact.convert_gguf import convert_gguf
 
-        convert_hf(src, out, **options)
+            convert_gguf(src, out, **options)
+        else:
+            from ninfer.artifact.convert_hf import convert_hf
+
+            convert_hf(src, out, **options)
     print(f"wrote {out}", file=sys.stderr)
     return 0

@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"tokenizer size  {s['tokenizer_size']}")
     print(f"chat template   {'present' if s['chat_template'] else 'absent'}")
     print(f"eos token ids   {s['special_tokens'].get('eos_token_ids')}")
+    print(f"sampling        {_sampling(s['generation'])}")
     print(f"tensors         {s['tensor_count']} ({_bytes(s['total_bytes'])}), checksums verified")
     for fmt, v in s["formats"].items():
         print(f"  {fmt:<12}  {v['tensors']:>5} tensors  {_bytes(v['bytes']):>12}")
@@ -83,3 +84,12 @@ def run(args: argparse.Namespace) -> int:
         for n, t in s["tensors"].items():
             print(f"  {n}  {t['format']}  {t['shape']}")
     return 0
+
+
+def _sampling(generation: dict) -> str:
+    """The generation defaults requests get, as far as they differ from the plain ones."""
+    from ninfer.artifact.generation import PLAIN, effective_defaults
+
+    got = effective_defaults(generation)
+    differ = [f"{k} {v:g}" for k, v in got.items() if v != PLAIN[k]]
+    return ", ".join(differ) + " (recorded)" if differ else "plain defaults (none recorded)"

@@ -74,7 +74,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """Every option of docs/serving.md, "Server options"."""
     p.formatter_class = _HelpFormatter
     p.add_argument("artifact", nargs="?", metavar="ARTIFACT",
-                   help=".ninfer file to serve; omitted: the embedded SmolLM2-135M-Instruct demo model")
+                   help=".ninfer file to serve, or a .gguf file or Hugging Face model directory (converted "
+                        "once into $NINFER_CACHE); omitted: the embedded SmolLM2-135M-Instruct demo model")
 
     g = p.add_argument_group("network and access")
     g.add_argument("--host", default="127.0.0.1", metavar="H", help="listen address")
@@ -288,14 +289,10 @@ def open_artifact(config: ServeConfig) -> Any:
     options checked against its components (and a warning logged for a --max-context beyond its
     trained context)."""
     from ninfer.artifact import Artifact
+    from ninfer.artifact.cache import servable_path
 
-    if config.artifact is None:
-        from ninfer.artifact.demo import demo_artifact_path
-
-        path = demo_artifact_path()
-    else:
-        path = Path(config.artifact)
-    artifact = Artifact(path)
+    # an artifact as it is; a .gguf / model directory / None (the demo) converted once, cached
+    artifact = Artifact(servable_path(config.artifact))
     check_capabilities(config, artifact.components)
     if warning := model_context_warning(config, artifact.config):
         logging.getLogger("ninfer.serve").warning(warning)

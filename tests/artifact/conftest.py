@@ -79,11 +79,13 @@ def _write_gguf(
     hparams: dict[str, Any] | None = None,
     tokenizer: bool = True,
     pre: str = "smollm",
+    metadata: dict[str, float | int] | None = None,
 ) -> Path:
     """Write a GGUF: `tensors` maps a GGUF name to (HF-order array, GGMLQuantizationType or None).
 
     Arrays are float32 in Hugging Face order [N, K]; a quant type quantises them with
-    gguf.quants, or takes uint8 raw blocks [N, row bytes] as they are.
+    gguf.quants, or takes uint8 raw blocks [N, row bytes] as they are. `metadata`: more keys
+    (a float is written as float32, an int as uint32), e.g. `general.sampling.temp`.
     """
     import gguf
     from gguf import GGMLQuantizationType as T
@@ -111,6 +113,8 @@ def _write_gguf(
         else:
             w.add_uint32(full, value)
     w.add_name("tiny-test")
+    for key, value in (metadata or {}).items():
+        (w.add_float32 if isinstance(value, float) else w.add_uint32)(key, value)
     if tokenizer:
         v = tiny_vocab()
         w.add_tokenizer_model("gpt2")

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from ninfer.artifact import Artifact
+from ninfer.artifact.cache import Lock as _Lock
 from ninfer.artifact.demo import (
     DEMO_FILE,
     INSTALL_HINT,
-    _Lock,
     cache_dir,
     demo_artifact_path,
     demo_gguf_path,

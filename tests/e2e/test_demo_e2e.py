@@ -1,7 +1,11 @@
 """`ninfer serve` with no artifact serves the embedded demo model (SmolLM2-135M-Instruct);
-docs/serving.md's curl-style requests work against it through the official `openai` client."""
+the documented curl-style requests work against it through the official `openai` client, and at
+its recorded generation defaults it answers simple factual questions correctly."""
 
 from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -26,7 +30,7 @@ def demo_server(tmp_path_factory):
     server = start_server(
         tmp_path_factory.mktemp("demo"),
         "--max-concurrency",
-        "2",
+        "8",  # the factual questions run 8 at a time
         artifact=None,
         env={"NINFER_CACHE": str(cache)},
     )
@@ -88,3 +92,41 @@ def test_stream_equals_aggregate_and_usage(client):
     assert len(usage) == 1 and usage[0].completion_tokens == full.usage.completion_tokens
     # the same prompt again reuses its cached prefix
     assert usage[0].prompt_tokens_details.cached_tokens > 0
+
+
+# Five questions the 135M demo answers reliably at its model card's sampling (temperature 0.2,
+# top_p 0.9, recorded in the artifact); at the plain default temperature 1.0 it answers "What is
+# the capital of France?" with French word salad or "London" for some seeds.
+FACTS = [
+    ("What is the capital of France?", r"(?i)\bParis\b"),
+    ("How many days are there in a week?", r"(?i)\b(7|seven)\b"),
+    ("What is the chemical symbol for gold?", r"\bAu\b"),
+    ("What is the boiling point of water in degrees Celsius?", r"\b100\b"),
+    ("What is the capital of Japan?", r"(?i)\bTokyo\b"),
+]
+
+
+def test_factual_answers_at_the_recorded_defaults(client):
+    """Each question over 5 seeds, sampling fields left out so the artifact's defaults apply."""
+
+    def ask(question: str, seed: int) -> str:
+        r = client.chat.completions.create(
+            model="SmolLM2-135M-Instruct",
+            messages=[
+                {"role": "system", "content": "Answer in one short English sentence."},
+                {"role": "user", "content": question},
+            ],
+            max_tokens=24,
+            seed=seed,
+        )
+        return r.choices[0].message.content
+
+    jobs = [(q, pattern, seed) for q, pattern in FACTS for seed in range(5)]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda job: ask(job[0], job[2]), jobs))
+    wrong = [
+        (q, seed, answer)
+        for (q, pattern, seed), answer in zip(jobs, answers)
+        if not re.search(pattern, answer)
+    ]
+    assert not wrong, wrong
