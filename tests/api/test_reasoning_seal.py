@@ -4,6 +4,7 @@ tests/e2e/test_reasoning_roundtrip_e2e.py."""
 
 from __future__ import annotations
 
+import argparse
 import base64
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from ninfer.api.errors import ApiError
 from ninfer.api.reasoning_seal import PREFIX, ReasoningSeal, configured_key, load_key
 from ninfer.api.responses_items import parse_input
+from ninfer.commands import serve
 from ninfer.errors import ConfigError
 
 KEY = b"k" * 32
@@ -123,3 +125,23 @@ def test_token_errors_in_input_name_the_item():
     with pytest.raises(ApiError) as e:
         parse_input([edited], "input", vision=False, seal=seal)
     assert (e.value.code, e.value.param) == ("invalid_value", "input[0].encrypted_content")
+
+
+def test_serve_checks_the_key_file_at_startup(tmp_path, monkeypatch):
+    monkeypatch.delenv("NINFER_REASONING_KEY_FILE", raising=False)
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+
+    def check(*argv: str) -> None:
+        config = serve.config_from_args(parser.parse_args(argv), cuda_available=False)
+        serve.check_files(config, tmp_path / "m.ninfer")
+
+    check()  # no key file: a random key, nothing to check
+    with pytest.raises(ConfigError, match="--reasoning-key-file .*cannot read"):
+        check("--reasoning-key-file", str(tmp_path / "missing"))
+    good = tmp_path / "key"
+    good.write_bytes(KEY)
+    check("--reasoning-key-file", str(good))
+    monkeypatch.setenv("NINFER_REASONING_KEY_FILE", str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match="NINFER_REASONING_KEY_FILE .*cannot read"):
+        check()
