@@ -16,6 +16,8 @@ routes, unknown routes, errors and streams alike:
     BodyLimit      a body over --max-request-mib is answered 413 request_too_large before any
                    handler parses it (Content-Length checked first, chunked bodies counted)
     HeadAsGet      HEAD is answered as GET without its body, on every resource
+    UnversionedAliases  /chat/completions, /responses..., /models... served as their /v1
+                   paths (route_aliases), as llama.cpp's server offers
 
 Error bodies use the OpenAI shape (`ApiError.body()`), and the Anthropic shape on the Anthropic
 endpoints and on the Models API asked by an Anthropic client (`anthropic_errors`), app-level
@@ -53,6 +55,7 @@ from ninfer.api.anthropic_errors import (
     is_anthropic_request,
 )
 from ninfer.api.errors import ApiError
+from ninfer.api.route_aliases import UnversionedAliases
 from ninfer.api.state import ServerState
 
 log = logging.getLogger("ninfer.api")
@@ -67,6 +70,7 @@ PROTOCOL_MODULES: tuple[str, ...] = (
     "ninfer.api.openai_chat",  # POST /v1/chat/completions
     "ninfer.api.openai_responses",  # /v1/responses...
     "ninfer.api.anthropic_messages",  # POST /v1/messages, /v1/messages/count_tokens
+    "ninfer.api.tokenize",  # POST /tokenize, /detokenize (llama.cpp and vLLM shapes)
 )
 
 UNAUTHENTICATED_PATHS = frozenset({"/health"})
@@ -100,7 +104,7 @@ def create_app(
     app.state.server = state
     # Outer layers around Litestar's handler, innermost first (see the module docstring).
     inner: ASGIApp = BodyLimit(
-        HeadAsGet(app.asgi_handler), cfg.max_request_bytes, cfg.max_request_mib
+        HeadAsGet(UnversionedAliases(app.asgi_handler)), cfg.max_request_bytes, cfg.max_request_mib
     )
     if cfg.api_key is not None:
         inner = ApiKeyAuth(inner, cfg.api_key)

@@ -75,6 +75,7 @@ class ServeConfig:
     seed: int | None = None
     greedy: bool = False
     chat_template: str | None = None  # path of a Jinja template file
+    reasoning_key_file: str | None = None  # key of Responses reasoning tokens (reasoning_seal)
 
     def __post_init__(self) -> None:
         if not self.host:

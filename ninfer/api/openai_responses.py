@@ -39,6 +39,7 @@ from ninfer.api.disconnect import unless_disconnected
 from ninfer.api.errors import CLIENT_CLOSED_STATUS, ApiError
 from ninfer.api.fields import parse_json_object
 from ninfer.api.generation import Finished, GenerationEvent
+from ninfer.api.reasoning_seal import ReasoningSeal, configured_key
 from ninfer.api.responses_prepare import (
     SESSION_PREFIX,
     Prepared,
@@ -81,6 +82,23 @@ def _service(state: ServerState) -> Any:
     if service is None:
         raise errors.engine_unavailable()
     return service
+
+
+def reasoning_seal(state: ServerState) -> ReasoningSeal:
+    """The server's reasoning-token seal (reasoning_seal), made on first use from
+    --reasoning-key-file / NINFER_REASONING_KEY_FILE, else a random key for this process."""
+    seal = state.extra.get("reasoning_seal")
+    if seal is None:
+        key_file = getattr(state.config, "reasoning_key_file", None)
+        seal = state.extra["reasoning_seal"] = ReasoningSeal(
+            configured_key(key_file), state.model_id
+        )
+    return seal
+
+
+def _builder(state: ServerState, p: Prepared) -> OutputBuilder:
+    seal = reasoning_seal(state).seal if p.req.include_reasoning else None
+    return OutputBuilder(p.req.tools, seal=seal)
 
 
 def _store_result(state: ServerState, p: Prepared, obj: dict[str, Any]) -> None:
@@ -127,7 +145,7 @@ async def _create_json(
     state: ServerState, p: Prepared, first: GenerationEvent, events: AsyncIterator[GenerationEvent]
 ) -> dict[str, Any]:
     created = int(time.time())
-    builder = OutputBuilder(p.req.tools)
+    builder = _builder(state, p)
     fin: Finished | None = None
     async for ev in _chain(first, events):
         if isinstance(ev, Finished):
@@ -156,7 +174,7 @@ async def _create_sse(
     keep-alive comments cover the wait, and a later refusal ends in response.failed."""
     created = int(time.time())
     framer = SseFramer()
-    builder = OutputBuilder(p.req.tools)
+    builder = _builder(state, p)
     waiting = first if isinstance(first, asyncio.Task) else None
     if waiting is not None and not p.sampled.is_set():
         # still in preparation: response.created echoes the sampler, so it waits for it (the
@@ -258,7 +276,9 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
     @post("/v1/responses", status_code=200)
     async def create(request: Request[Any, Any, Any]) -> Response[Any]:
         body = parse_json_object(await request.body())
-        req = parse_create_request(body, model_id=state.model_id, vision=state.config.vision)
+        req = parse_create_request(
+            body, model_id=state.model_id, vision=state.config.vision, seal=reasoning_seal(state)
+        )
         p = prepare(state, req)
         _precheck_store(state, p, state.model_id)
         if req.store:
@@ -297,7 +317,9 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
     @post("/v1/responses/input_tokens", status_code=200)
     async def input_tokens(request: Request[Any, Any, Any]) -> dict[str, Any]:
         body = parse_json_object(await request.body())
-        req = parse_count_request(body, model_id=state.model_id, vision=state.config.vision)
+        req = parse_count_request(
+            body, model_id=state.model_id, vision=state.config.vision, seal=reasoning_seal(state)
+        )
         p = prepare(state, req)
         count = _service(state).count_tokens(p.generation)
         return {"object": "response.input_tokens", "input_tokens": count}

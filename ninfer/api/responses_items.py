@@ -10,9 +10,14 @@ Two steps (docs/serving.md, "Responses input Items"):
 2. `responses_history.items_to_messages` lowers a conversation of canonical Items (the stored
    chain's Items followed by the new input) to chat-template messages.
 
+A reasoning Item restores its text from raw `reasoning_text` content, or from the
+`encrypted_content` token ninfer issued (`reasoning_seal`; `seal` given): the token is verified
+(400 `invalid_encrypted_content` naming `input[i].encrypted_content` when tampered or foreign)
+and its text becomes the Item's content.
+
 Unsupported (400 naming the field): input_file, input_audio, image file_id, image detail other
-than auto, reasoning without raw reasoning_text, partial (in-progress) tool Items, item
-references and every other Item or content type.
+than auto, reasoning with neither raw reasoning_text nor a token of this server, partial
+(in-progress) tool Items, item references and every other Item or content type.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 from ninfer.api import errors
 from ninfer.api.errors import ApiError
 from ninfer.api.fields import get_array, get_enum, get_object, get_str, require_object
+from ninfer.api.reasoning_seal import ReasoningSeal
 
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
 _PARTIAL = "partial tool Items (send completed calls and results)"
@@ -39,17 +45,20 @@ def new_id(prefix: str) -> str:
 # -----------------------------------------------------------------------------------------------
 
 
-def parse_input(value: Any, param: str, *, vision: bool) -> list[dict[str, Any]]:
+def parse_input(
+    value: Any, param: str, *, vision: bool, seal: ReasoningSeal | None = None
+) -> list[dict[str, Any]]:
     """Canonical Items of a wire `input` (see module docstring). Raises ApiError 400. An empty
     string, like an empty array, is empty input (no Item): the create request then needs a
-    previous_response_id whose chain already holds a user message."""
+    previous_response_id whose chain already holds a user message. `seal` opens reasoning
+    `encrypted_content` tokens; without it such a token cannot stand in for raw content."""
     if value == "":
         return []
     if isinstance(value, str):
         return [_message("user", [{"type": "input_text", "text": value}], None, {})]
     if not isinstance(value, list):
         raise errors.invalid_type(param, "a string or an array of Items", value)
-    items = [_parse_item(raw, f"{param}[{i}]", vision) for i, raw in enumerate(value)]
+    items = [_parse_item(raw, f"{param}[{i}]", vision, seal) for i, raw in enumerate(value)]
     check_unique_ids(items, param)
     return items
 
@@ -84,7 +93,7 @@ def _item_id(item: dict[str, Any], param: str) -> str | None:
     return get_str(item, "id", f"{param}.id", nonempty=True)
 
 
-def _parse_item(raw: Any, param: str, vision: bool) -> dict[str, Any]:
+def _parse_item(raw: Any, param: str, vision: bool, seal: ReasoningSeal | None) -> dict[str, Any]:
     item = require_object(raw, param)
     kind = get_str(item, "type", f"{param}.type")
     if kind is None:
@@ -94,7 +103,7 @@ def _parse_item(raw: Any, param: str, vision: bool) -> dict[str, Any]:
     if kind == "message":
         return _parse_message(item, param, vision)
     if kind == "reasoning":
-        return _parse_reasoning(item, param)
+        return _parse_reasoning(item, param, seal)
     if kind == "function_call":
         return _parse_call(item, param)
     if kind == "function_call_output":
@@ -204,24 +213,20 @@ def _parse_media(part: dict[str, Any], kind: str, param: str, vision: bool) -> d
     return out
 
 
-def _parse_reasoning(item: dict[str, Any], param: str) -> dict[str, Any]:
+def _parse_reasoning(
+    item: dict[str, Any], param: str, seal: ReasoningSeal | None
+) -> dict[str, Any]:
     content = get_array(item, "content", f"{param}.content")
     summary = get_array(item, "summary", f"{param}.summary") or []
     for j, s in enumerate(summary):
         sp = require_object(s, f"{param}.summary[{j}]")
         get_str(sp, "text", f"{param}.summary[{j}].text", required=True)
     encrypted = get_str(item, "encrypted_content", f"{param}.encrypted_content")
-    if not content:  # absent, or no raw text: metadata alone cannot restore reasoning
-        if summary or encrypted:
-            raise errors.unsupported_value(
-                f"{param}.content", None,
-                "reasoning replay without raw reasoning_text (summaries and encrypted reasoning cannot restore it)",
-            )  # fmt: skip
-        if content is None:
-            raise errors.missing(f"{param}.content")
-        return _reasoning_item(item, param, [], summary, encrypted)
+    sealed = None
+    if encrypted is not None and seal is not None:
+        sealed = seal.open(encrypted, f"{param}.encrypted_content")
     parts = []
-    for j, raw in enumerate(content):
+    for j, raw in enumerate(content or []):
         cp = require_object(raw, f"{param}.content[{j}]")
         kind = get_str(cp, "type", f"{param}.content[{j}].type", required=True)
         if kind != "reasoning_text":
@@ -234,6 +239,23 @@ def _parse_reasoning(item: dict[str, Any], param: str) -> dict[str, Any]:
                 "text": get_str(cp, "text", f"{param}.content[{j}].text", required=True),
             }
         )
+    if sealed is not None:
+        # the token is the server's own record of the reasoning: raw content sent beside it
+        # must say the same, or one of them was edited
+        if parts and "".join(p["text"] for p in parts) != sealed:
+            raise errors.invalid_value(
+                f"{param}.encrypted_content",
+                "holds reasoning that differs from the Item's content (send one, or both unchanged)",
+            )
+        parts = parts or [{"type": "reasoning_text", "text": sealed}]
+    elif not parts:  # absent, or no raw text: metadata alone cannot restore reasoning
+        if summary or encrypted:
+            raise errors.unsupported_value(
+                f"{param}.content", None,
+                "reasoning replay without raw reasoning_text or a reasoning token of this server",
+            )  # fmt: skip
+        if content is None:
+            raise errors.missing(f"{param}.content")
     return _reasoning_item(item, param, parts, summary, encrypted)
 
 

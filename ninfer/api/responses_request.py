@@ -9,8 +9,8 @@ fields" and "Responses input token count".
 
 - Unknown top-level fields fail with 400 `unknown_parameter`.
 - Recognised features ninfer cannot provide (Conversations, prompt templates, context
-  management, moderation, background execution, non-empty include, JSON output, forced tool
-  choice, hosted tools, ...) fail with a field-specific 400 instead of being ignored.
+  management, moderation, background execution, include values other than
+  "reasoning.encrypted_content", JSON output, forced tool choice, hosted tools, ...) fail with a field-specific 400 instead of being ignored.
 - Advisory hints (metadata, client_metadata, user, safety_identifier, prompt-cache hints,
   service_tier auto/default, stream_options.include_obfuscation) are validated and have no
   effect on generation.
@@ -33,6 +33,7 @@ from ninfer.api.fields import (
     get_str,
 )
 from ninfer.api.openai_chat_models import CONSTRAINED, REASONING_EFFORTS
+from ninfer.api.reasoning_seal import ReasoningSeal
 from ninfer.api.responses_items import parse_input
 from ninfer.api.responses_tools import FunctionDef, ToolSet, parse_tool_choice, parse_tools
 
@@ -63,6 +64,8 @@ UNSUPPORTED_FEATURES = {
     "personality": "hosted personalities",
 }
 METADATA_MAX = 16
+# `include` values ninfer honours: the reasoning token of each reasoning output Item
+INCLUDE_REASONING = "reasoning.encrypted_content"
 
 
 def unknown_parameter(name: str) -> ApiError:
@@ -79,7 +82,8 @@ class ResponsesRequest:
     """A validated Responses request. `input_items` are canonical input Items with ids (see
     responses_items); empty when `input` was omitted or empty. `input_given`: `input` was sent
     (not omitted or null). `allowed` is the allowed_tools subset or None. Sampling values and
-    `max_output_tokens` are None when omitted."""
+    `max_output_tokens` are None when omitted. `include_reasoning`: include asked for
+    "reasoning.encrypted_content" (each reasoning output Item carries a reasoning token)."""
 
     model: str
     input_items: tuple[dict[str, Any], ...]
@@ -107,6 +111,7 @@ class ResponsesRequest:
     prompt_cache_retention: str | None = None
     safety_identifier: str | None = None
     user: str | None = None
+    include_reasoning: bool = False
 
     @property
     def callable_functions(self) -> tuple[FunctionDef, ...]:
@@ -117,19 +122,30 @@ class ResponsesRequest:
         return self.tools.functions if self.allowed is None else self.allowed
 
 
-def parse_create_request(body: dict[str, Any], *, model_id: str, vision: bool) -> ResponsesRequest:
-    """Validate a `POST /v1/responses` body. Raises ApiError (404 model_not_found, else 400)."""
-    return _parse(body, CREATE_FIELDS, model_id=model_id, vision=vision, count=False)
+def parse_create_request(
+    body: dict[str, Any], *, model_id: str, vision: bool, seal: ReasoningSeal | None = None
+) -> ResponsesRequest:
+    """Validate a `POST /v1/responses` body. Raises ApiError (404 model_not_found, else 400).
+    `seal` opens reasoning `encrypted_content` tokens in the input (responses_items)."""
+    return _parse(body, CREATE_FIELDS, model_id=model_id, vision=vision, count=False, seal=seal)
 
 
-def parse_count_request(body: dict[str, Any], *, model_id: str, vision: bool) -> ResponsesRequest:
+def parse_count_request(
+    body: dict[str, Any], *, model_id: str, vision: bool, seal: ReasoningSeal | None = None
+) -> ResponsesRequest:
     """Validate a `POST /v1/responses/input_tokens` body (prompt-shaping fields only; `model`
     may be omitted and then means the served model)."""
-    return _parse(body, COUNT_FIELDS, model_id=model_id, vision=vision, count=True)
+    return _parse(body, COUNT_FIELDS, model_id=model_id, vision=vision, count=True, seal=seal)
 
 
 def _parse(
-    body: dict[str, Any], known: frozenset[str], *, model_id: str, vision: bool, count: bool
+    body: dict[str, Any],
+    known: frozenset[str],
+    *,
+    model_id: str,
+    vision: bool,
+    count: bool,
+    seal: ReasoningSeal | None,
 ) -> ResponsesRequest:
     for name, value in body.items():
         if name in UNSUPPORTED_FEATURES and value is not None:
@@ -142,7 +158,9 @@ def _parse(
         raise errors.model_not_found(model, model_id)  # type: ignore[arg-type]
     _reject_unsupported(body)
     raw_input = body.get("input")
-    items = parse_input(raw_input, "input", vision=vision) if raw_input is not None else []
+    items = (
+        parse_input(raw_input, "input", vision=vision, seal=seal) if raw_input is not None else []
+    )
     tools = parse_tools(body)
     tool_choice, allowed = parse_tool_choice(body, tools)
     reasoning = get_object(body, "reasoning")
@@ -188,6 +206,7 @@ def _parse(
         prompt_cache_retention=get_str(body, "prompt_cache_retention"),
         safety_identifier=get_str(body, "safety_identifier"),
         user=get_str(body, "user"),
+        include_reasoning=INCLUDE_REASONING in (get_array(body, "include") or []),
     )
     if not req.parallel_tool_calls and req.callable_functions:
         raise errors.unsupported_value(
@@ -224,9 +243,13 @@ def _reject_unsupported(body: dict[str, Any]) -> None:
         raise errors.unsupported_value("service_tier", tier, "service tiers other than default")
     if get_bool(body, "background"):
         raise errors.unsupported_value("background", True, "background execution")
-    include = get_array(body, "include")
-    if include:
-        raise errors.unsupported_value("include", include, "extra included output data")
+    for i, value in enumerate(get_array(body, "include") or []):
+        if not isinstance(value, str):
+            raise errors.invalid_type(f"include[{i}]", "a string", value)
+        if value != INCLUDE_REASONING:
+            raise errors.unsupported_value(
+                f"include[{i}]", value, f"included output data other than {INCLUDE_REASONING}"
+            )
     opts = get_object(body, "stream_options")
     if opts is not None:
         for key in opts:

@@ -55,11 +55,19 @@ class OutputBuilder:
     """Accumulates output Items from GenerationEvents (see module docstring).
 
     `output` holds the Items in output order; an Item's dict is final once its
-    `response.output_item.done` event was returned. `make_id(prefix)` makes Item ids.
+    `response.output_item.done` event was returned. `make_id(prefix)` makes Item ids. `seal`,
+    when given (include "reasoning.encrypted_content"), turns a closed reasoning Item's text
+    into its `encrypted_content` token.
     """
 
-    def __init__(self, tools: ToolSet, make_id: Callable[[str], str] = new_id) -> None:
+    def __init__(
+        self,
+        tools: ToolSet,
+        make_id: Callable[[str], str] = new_id,
+        seal: Callable[[str], str] | None = None,
+    ) -> None:
         self.tools = tools
+        self._seal = seal
         self.output: list[dict[str, Any]] = []
         self._make_id = make_id
         self._open: int | None = None  # output index of the open reasoning/message Item
@@ -139,6 +147,8 @@ class OutputBuilder:
             part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
             done = {"type": "response.output_text.done", **base, "text": text, "logprobs": []}
         item["content"] = [part]
+        if item["type"] == "reasoning" and self._seal is not None:
+            item["encrypted_content"] = self._seal(text)
         item["status"] = status
         return [
             done,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 import signal
 import socket
@@ -162,6 +163,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="maximum locally retained Responses objects")
     g.add_argument("--response-store-max-mib", type=int, default=256, metavar="N",
                    help="total local Responses storage budget")
+    g.add_argument("--reasoning-key-file", metavar="FILE",
+                   help="key (>= 32 bytes) of Responses reasoning tokens (encrypted_content); "
+                        "default: env NINFER_REASONING_KEY_FILE, else random per process")
 # fmt: on
 
 
@@ -228,6 +232,10 @@ def check_files(config: ServeConfig, artifact_path: Path) -> None:
         path = Path(config.chat_template)
         if not path.is_file():
             raise ConfigError(f"--chat-template {path}: no such file")
+    from ninfer.api.reasoning_seal import KEY_ENV, configured_key
+
+    if config.reasoning_key_file is not None or os.environ.get(KEY_ENV):
+        configured_key(config.reasoning_key_file)  # unreadable or short: abort before the model
     if config.context_cost_presets is not None:
         from ninfer.api.context_cost import load_presets
 

@@ -85,7 +85,7 @@ def test_tools_namespaces_and_allowed_tools():
         ({"context_management": [{"type": "compaction"}]}, "unsupported_parameter", "context_management"),
         ({"moderation": {"model": "m"}}, "unsupported_parameter", "moderation"),
         ({"background": True}, "unsupported_value", "background"),
-        ({"include": ["message.output_text.logprobs"]}, "unsupported_value", "include"),
+        ({"include": ["message.output_text.logprobs"]}, "unsupported_value", "include[0]"),
         ({"text": {"format": {"type": "json_schema"}}}, "unsupported_value", "text.format.type"),
         ({"text": {"verbosity": "low"}}, "unsupported_value", "text.verbosity"),
         ({"truncation": "auto"}, "unsupported_value", "truncation"),

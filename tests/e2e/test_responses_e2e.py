@@ -332,7 +332,6 @@ def test_stream_event_order_reasoning_text_and_tool(client, live_server):
         ({"frobnicate": 1}, "unknown_parameter", "frobnicate"),
         ({"conversation": "conv_1"}, "unsupported_parameter", "conversation"),
         ({"background": True}, "unsupported_value", "background"),
-        ({"include": ["reasoning.encrypted_content"]}, "unsupported_value", "include"),
         ({"text": {"format": {"type": "json_object"}}}, "unsupported_value", "text.format.type"),
         ({"truncation": "auto"}, "unsupported_value", "truncation"),
         ({"tools": [{"type": "web_search"}]}, "unsupported_value", "tools[0].type"),
