@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ninfer.errors import ConfigError
+from ninfer.ir.kv_formats import KV_DTYPES
 
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical", "off")
-KV_DTYPES = ("bf16", "int8", "fp8", "nvfp4", "k8v4")
 SPEC_BACKENDS = ("mtp", "dflash", "dflash2")
 DTYPES = ("float32", "bfloat16")
 MAX_LANES = 8

@@ -34,6 +34,7 @@ import numpy as np
 from ninfer.artifact.convert_hf import (
     EMBEDDING,
     LM_HEAD,
+    ModelCheck,
     check_fits,
     check_quantize_lm_head,
     quantisable,
@@ -403,6 +404,7 @@ def convert_gguf(
     chat_template: str | None = None,
     progress: bool = False,
     quantize_lm_head: bool = False,
+    check_model: ModelCheck | None = None,
 ) -> Path:
     """Convert the GGUF file `src` to the artifact `out` and return `out`.
 
@@ -410,7 +412,7 @@ def convert_gguf(
     overrides metadata.name (default: the GGUF general.name, else the file stem);
     `chat_template` (template text) overrides the file's `tokenizer.chat_template`. A progress
     bar goes to stderr when `progress` is set and stderr is a terminal. `quantize_lm_head`: the
-    head takes `weights` too (convert_hf's option).
+    head takes `weights` too (convert_hf's option). `check_model`: see convert_hf.check_fits.
     """
     src, out = Path(src), Path(out)
     if weights is not None and weights not in WEIGHT_FORMATS:
@@ -480,7 +482,7 @@ def convert_gguf(
                         stored = _requantised(part_name, stored, weights, quantize_lm_head)
                     writer.add(part_name, stored)
                 bar.advance()
-            check_fits(src, arch, config, writer.tensors)
+            check_fits(src, arch, config, writer.tensors, check_model)
     finally:
         bar.done()
     return out

@@ -13,7 +13,8 @@ import math
 
 from ninfer.artifact import Artifact
 from ninfer.errors import ConfigError
-from ninfer.passes.options import DEVICES, KV_DTYPES, CompileOptions, parse_kv_capacity
+from ninfer.ir.kv_formats import KV_DTYPES
+from ninfer.passes.options import DEVICES, CompileOptions, parse_kv_capacity
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

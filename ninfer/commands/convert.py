@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ninfer.artifact.quant import WEIGHT_FORMATS
 from ninfer.errors import ConfigError, ConvertError
+from ninfer.ir.models import check_tensors
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -61,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         "chat_template": template,
         "progress": True,
         "quantize_lm_head": args.quantize_lm_head,
+        "check_model": check_tensors,
     }
     if src.is_file():
         if src.suffix.lower() != ".gguf":

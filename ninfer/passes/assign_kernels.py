@@ -14,6 +14,7 @@ The plan says which kernel it *would* use even before that kernel exists.
 from __future__ import annotations
 
 from ninfer.ir.graph import Graph, Op
+from ninfer.ir.kv_formats import prologue_fuses
 from ninfer.passes.base import Pass
 from ninfer.passes.options import CompileOptions
 
@@ -42,8 +43,6 @@ CUDA_DECODE_KERNELS = {
     "attention": "triton.paged_attention_decode",
     "gated_delta_rule": "triton.gdn_recurrent_decode",
 }
-# KV dtypes kernels/attn_prologue.py writes (others keep the unfused prologue)
-PROLOGUE_KV_DTYPES = ("f32", "bf16", "f16", "int8", "fp8")
 # GEMM by weight storage format on cuda. GGUF blocks and f32 are converted to bf16 at load.
 CUDA_GEMMS = {"fp8": "triton.gemm_fp8", "nvfp4": "triton.gemm_nvfp4"}
 
@@ -66,7 +65,7 @@ def _attention_prologue(op: Op) -> str:
     prologue = op.attrs.get("prologue")
     if not prologue:
         return ""
-    if op.attrs.get("kv_dtype") in PROLOGUE_KV_DTYPES:
+    if prologue_fuses(op.attrs["kv_dtype"]):
         return "triton.attention_prologue+"
     norm = "rmsnorm+" if prologue == "qk_norm+rotary" else ""
     return f"triton.{norm}rotary+kv_write+"

@@ -23,7 +23,7 @@ import torch
 
 from kernels.kv_cache import alloc_kv_cache, quantize_kv
 from kernels.quant_decode import E2M1_MAX, decode_fp8, encode_fp8
-from ninfer.passes.choose_kv import split_kv
+from ninfer.ir.kv_formats import split_kv
 
 # the plan's KV storage names -> kernels.kv_cache formats
 _KERNEL_FMT = {

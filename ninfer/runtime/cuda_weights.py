@@ -21,11 +21,11 @@ import numpy as np
 import torch
 
 from kernels.fp8_mma import Fp8MmaConfig, fp8_mma, nvfp4_mma_config, usable_nvfp4
-from kernels.nvfp4_mma import Nvfp4MmaWeight, copy_bytes, copy_enabled, prepare
+from kernels.nvfp4_mma import Nvfp4MmaWeight, prepare
 from kernels.quant_gemm import dequantize_weight, quant_linear
 from kernels.silu_mul import silu_mul
 from ninfer.ir.plan import BufferSpec, Plan
-from ninfer.passes.plan_memory import NVFP4_COPIES
+from ninfer.passes.plan_memory import NVFP4_COPIES, copy_bytes, copy_enabled
 from ninfer.runtime.weights import TORCH_DTYPES
 
 QUANT_GEMMS = {"triton.gemm_fp8": "fp8", "triton.gemm_nvfp4": "nvfp4"}

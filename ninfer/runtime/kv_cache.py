@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ninfer.passes.choose_kv import split_kv
+from ninfer.ir.kv_formats import split_kv
 
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from ninfer.artifact.convert_hf import convert_hf
+from ninfer.artifact.model_spec import model_spec
 from ninfer.errors import ArtifactError, ConvertError
-from ninfer.ir.models.spec import model_spec
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
