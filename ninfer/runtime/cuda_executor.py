@@ -43,9 +43,10 @@ from ninfer.artifact.format import Artifact
 from ninfer.ir.plan import Plan
 from ninfer.passes.options import HEADROOM
 from ninfer.runtime.cuda_kv import CudaKVCache, CudaStateSlots
-from ninfer.runtime.cuda_ops import CUDA_OPS, DeviceStep
+from ninfer.runtime.cuda_ops import CUDA_KERNELS, DeviceStep
 from ninfer.runtime.cuda_weights import load_device_weights, weight_nbytes
 from ninfer.runtime.executor_base import PlanExecutorBase
+from ninfer.runtime.kernel_registry import KernelRegistry
 from ninfer.runtime.step import SeqChunk, StepBatch
 from ninfer.runtime.weights import TORCH_DTYPES
 
@@ -107,11 +108,10 @@ class CudaExecutor(PlanExecutorBase):
         device: str | torch.device = "cuda",
         *,
         collect_timings: bool = False,
+        kernels: KernelRegistry | None = None,
     ):
-        unknown = sorted({c.op for c in plan.calls} - set(CUDA_OPS))
-        if unknown:
-            raise ValueError(f"plan uses ops the CUDA executor does not know: {unknown}")
         self.plan = plan
+        self._resolve(kernels or CUDA_KERNELS)  # every call by the kernel the plan names
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -302,7 +302,7 @@ class CudaExecutor(PlanExecutorBase):
     def _forward(self, step: DeviceStep, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         if step.norm_stats is not None:
             step.norm_stats.zero_()  # the fused RMSNorms' sums of squares (fuse_norm_linear)
-        env = self._interpret(CUDA_OPS, step, {**self.weights, **inputs})
+        env = self._interpret(step, {**self.weights, **inputs}, step.decode)
         return env[self.plan.outputs[0]]
 
     def _eager(
@@ -410,7 +410,7 @@ def make_executor(
         return CudaExecutor(plan, artifact, dev, **kwargs)
     from ninfer.runtime.executor import Executor
 
-    return Executor(plan, artifact, dev)
+    return Executor(plan, artifact, dev, kernels=kwargs.get("kernels"))
 
 
 def describe(ex: CudaExecutor) -> dict[str, Any]:
