@@ -57,6 +57,7 @@ CUDA_OPS = {  # op kind -> the implementation of the kernel a cuda plan names fo
     for op in ("split", "causal_conv1d", "gdn_gates", "gated_delta_rule", "gated_rmsnorm")
 }
 
+
 def _layer(ops: dict, step, proj: torch.Tensor, w: dict[str, torch.Tensor]) -> dict:
     """Run the layer's chain on `proj` [T, CONV + HV*DV + 2 HV]; every intermediate by name."""
     out: dict[str, torch.Tensor] = {}
