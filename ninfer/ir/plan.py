@@ -18,7 +18,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ninfer.ir.printer import format_attrs
+from ninfer.ir.plan_text import summary_lines, verbose_lines
 
 PLAN_VERSION = 1
 
@@ -107,56 +107,8 @@ class Plan:
     def weights(self) -> list[BufferSpec]:
         return [b for b in self.buffers.values() if b.kind == "weight"]
 
-    def to_text(self) -> str:
-        """Deterministic human-readable form (what `ninfer compile` prints)."""
-        L: list[str] = []
-        L.append(f"plan {self.name} ({self.architecture}) device={self.device} dtype={self.dtype}")
-        L.append("options: " + " ".join(f"{k}={self.options[k]}" for k in sorted(self.options)))
-        L.append("passes: " + " -> ".join(self.passes))
-        L.append("fused: " + " ".join(f"{k}={v}" for k, v in self.fusions.items()))
-        if self.model.get("declared"):
-            L.append(
-                "declared: "
-                + " ".join(f"{k}({v})" for k, v in sorted(self.model["declared"].items()))
-            )
-        kv = self.kv
-        L.append(
-            f"kv: dtype={kv['dtype']} page_size={kv['page_size']} pages={kv.get('num_pages')} "
-            f"capacity={kv.get('capacity_tokens')} tokens layers={kv['layers']} bytes/token={kv['bytes_per_token']}"
-        )
-        if "k_layout" in kv:
-            L.append(f"  k: {kv['k_layout']}")
-            L.append(f"  v: {kv['v_layout']}")
-        st = self.state
-        if st.get("layers"):
-            L.append(
-                f"state: slots={st['slots']} bytes/slot={st['bytes_per_slot']} layers={st['layers']}"
-            )
-            L.append(f"  {st['layout']}")
-        else:
-            L.append("state: none")
-        L.append("ledger:")
-        for e in self.ledger["entries"]:
-            L.append(f"  {e['item']:<12} {e['bytes']:>16,} B  {e['detail']}")
-        L.append(
-            f"  {'total':<12} {self.ledger['total']:>16,} B  of budget {self.ledger['budget']:,} B"
-        )
-        buckets = " ".join(map(str, self.cuda_graph_buckets)) or "none"
-        L.append(f"cuda graph buckets: {buckets}")
-        L.append("kernels: " + " ".join(f"{k}x{v}" for k, v in self.kernels.items()))
-        L.append("weights:")
-        for b in self.weights():
-            how = b.layout if b.layout == "plain" else f"{b.layout}({len(b.sources)})"
-            L.append(f"  @{b.name}: {b.type} {b.format} {how}")
-        L.append("calls:")
-        for i, c in enumerate(self.calls):
-            ins = ", ".join(
-                ("@" if self.buffers[n].kind == "weight" else "%") + n for n in c.inputs
-            )
-            outs = ", ".join("%" + n for n in c.outputs)
-            types = ", ".join(self.buffers[n].type for n in c.outputs)
-            L.append(
-                f"  {i:>3} {c.kernel:<32} {outs} = {c.op}({ins}){format_attrs(c.attrs)} : {types}"
-            )
-        L.append("outputs: " + ", ".join("%" + o for o in self.outputs))
-        return "\n".join(L) + "\n"
+    def to_text(self, verbose: bool = False) -> str:
+        """Deterministic human-readable form (what `ninfer compile` prints): the summary, and
+        with `verbose` the weights and calls, identical layers folded (ninfer.ir.plan_text)."""
+        lines = summary_lines(self) + (verbose_lines(self) if verbose else [])
+        return "\n".join(lines) + "\n"

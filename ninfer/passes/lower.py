@@ -36,6 +36,7 @@ def lower(graph: Graph, options: CompileOptions) -> Plan:
         k: meta[k] for k in ("vocab", "hidden", "layer_types", "hybrid", "declared", "max_position")
     }
     opts = {k: v for k, v in asdict(options).items() if k not in ("device",)}
+    opts["cuda_graphs"] = options.cuda_graphs and options.device == "cuda"  # none on cpu
     opts["dtype"] = (
         options.dtype or {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}[meta["dtype"]]
     )
