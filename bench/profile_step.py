@@ -133,9 +133,9 @@ def profile(args: argparse.Namespace) -> None:
 
 def _table_entry(item: str) -> tuple[dict, tuple, object]:
     """One `--variant` item, `TABLE N:K[:glu]:M=CFG`: the launch table (fp8_mma, nvfp4_mma,
-    fp8_gemv, nvfp4 or dense), its key, and the config CFG (comma-separated fields, or `none`: the other
+    fp8_gemv or nvfp4), its key, and the config CFG (comma-separated fields, or `none`: the other
     path)."""
-    from kernels import fp8_gemv, fp8_mma, gemv, nvfp4_gemv
+    from kernels import fp8_gemv, fp8_mma, nvfp4_gemv
 
     name, rest = item.split(None, 1)
     where, cfg = rest.replace(" ", "").split("=")
@@ -143,11 +143,15 @@ def _table_entry(item: str) -> tuple[dict, tuple, object]:
     make = {"fp8_mma": (fp8_mma.TABLE, fp8_mma.Fp8MmaConfig),
             "nvfp4_mma": (fp8_mma.NVFP4_TABLE, fp8_mma.Fp8MmaConfig),
             "fp8_gemv": (fp8_gemv.TABLE, fp8_gemv.Fp8GemvConfig),
-            "nvfp4": (nvfp4_gemv.TABLE, nvfp4_gemv.Nvfp4GemvConfig),
-            "dense": (gemv.TABLE, gemv.DenseGemvConfig)}  # fmt: skip
+            "nvfp4": (nvfp4_gemv.TABLE, nvfp4_gemv.Nvfp4GemvConfig)}  # fmt: skip
+    if name == "dense":  # chosen when the plan is compiled, not at run time
+        raise SystemExit(
+            "--variant dense: dense GEMM launches are the plan's (ninfer/passes/gemm_launch.py); "
+            "edit kernels/gemv_table.json and profile again"
+        )
     if name not in make:
         raise SystemExit(
-            f"--variant: unknown table {name!r} (fp8_mma, nvfp4_mma, fp8_gemv, nvfp4, dense)"
+            f"--variant: unknown table {name!r} (fp8_mma, nvfp4_mma, fp8_gemv, nvfp4)"
         )
     table, config_type = make[name]
     key = (n, k, *more) if name == "nvfp4" else (n, k, bool(more[0]), more[1])

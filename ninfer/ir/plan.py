@@ -33,6 +33,15 @@ class BufferSpec:
     layout: str | None = None  # weights: plain | concat | stack | stack_concat
 
 
+def launch_for(launches: list[list[Any]], rows: int, default: str) -> tuple[str, list[int]]:
+    """(kernel, config) a call's `launch` attr gives `rows` rows of x: the launch
+    `[first_row, last_row, kernel, config]` they fall in, else (`default`, [])."""
+    for lo, hi, kernel, cfg in launches:
+        if lo <= rows <= hi:
+            return kernel, cfg
+    return default, []
+
+
 @dataclass(frozen=True)
 class KernelCall:
     kernel: str
@@ -40,6 +49,12 @@ class KernelCall:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     attrs: dict[str, Any] = field(default_factory=dict)
+
+    def kernel_for(self, rows: int, decode: bool = False) -> tuple[str, list[int]]:
+        """(kernel, launch config) that runs this call over `rows` rows of its first input,
+        in a decode step (`decode`: its decode_kernel where it names one) or any other."""
+        name = self.attrs.get("decode_kernel", self.kernel) if decode else self.kernel
+        return launch_for(self.attrs.get("launch", []), rows, name)
 
 
 @dataclass

@@ -10,6 +10,7 @@ print the same rows and are shown once: `layers 1-28 (x28):`.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
@@ -58,7 +59,44 @@ def summary_lines(plan: Plan) -> list[str]:
     buckets = " ".join(map(str, plan.cuda_graph_buckets)) or "none"
     L.append(f"cuda graph buckets: {buckets}")
     L.append("kernels: " + " ".join(f"{k}x{v}" for k, v in plan.kernels.items()))
+    return L + launch_lines(plan)
+
+
+def launch_lines(plan: Plan) -> list[str]:
+    """The GEMMs whose kernel depends on the rows of x (`launch` attrs), one line per distinct
+    weight shape and launch table: the kernel and launch shape per row range, and which of
+    them each CUDA Graph decode bucket replays."""
+    groups: dict[tuple, list[str]] = {}
+    for c in plan.calls:
+        if "launch" in c.attrs:
+            w = next(n for n in c.inputs if plan.buffers[n].kind == "weight")
+            act = "swiglu(x)" if c.attrs.get("act") == "swiglu" else "x"
+            key = (c.kernel, plan.buffers[w].type, act, json.dumps(c.attrs["launch"]))
+            groups.setdefault(key, []).append(re.sub(r"layers\.\d+\.", "layers.*.", w))
+    if not groups:
+        return []
+    L = ["gemm launches (rows of x: kernel[launch shape]):"]
+    for (kernel, wtype, act, launches), names in groups.items():
+        table = json.loads(launches)
+        rows = ", ".join(
+            f"{_span(lo, hi)} {k}[{','.join(map(str, cfg))}]" for lo, hi, k, cfg in table
+        )
+        by_bucket: list[tuple[int, str]] = []
+        for b in plan.cuda_graph_buckets:
+            by_bucket.append((b, next((k for lo, hi, k, _ in table if lo <= b <= hi), kernel)))
+        buckets = "; ".join(
+            f"{_ranges([b for b, k in by_bucket if k == name])} {name}"
+            for name in dict.fromkeys(k for _, k in by_bucket)
+        )
+        label = names[0] if len(set(names)) == 1 else f"{len(names)} weights"
+        L.append(f"  x{len(names)} @{label} {wtype} @ {act}: {rows}, else {kernel}")
+        if buckets:
+            L.append(f"      decode graph buckets: {buckets}")
     return L
+
+
+def _span(lo: int, hi: int) -> str:
+    return str(lo) if lo == hi else f"{lo}-{hi}"
 
 
 def verbose_lines(plan: Plan) -> list[str]:

@@ -3,6 +3,8 @@
 cpu: torch reference ops (`torch.<kind>`); quantised weights are dequantised to the compute
 dtype when loaded, so one `torch.linear` serves every format. cuda: Triton kernels where one is
 (or will be) written, cuBLAS for dense bf16 GEMMs, small torch ops for cheap elementwise work.
+A dense GEMM also carries `launch`: the Triton GEMV / tile kernels and launch shapes that run
+it for few rows of x (decode batches), from the measured tables (ninfer/passes/gemm_launch.py).
 Attention and the delta rule name a prefill kernel and a decode kernel (`decode_kernel`).
 An attention with a folded prologue (fuse_attention_prologue) names the prologue first:
 `triton.attention_prologue+paged_attention_decode` (q/k norm, rotary and the KV write in one
@@ -18,6 +20,7 @@ from ninfer.ir.graph import Graph, Op
 from ninfer.ir.kv_formats import prologue_fuses
 from ninfer.ir.ops import VIEW_OPS
 from ninfer.passes.base import Pass
+from ninfer.passes.gemm_launch import CUBLAS, dense_launches
 from ninfer.passes.options import CompileOptions
 
 CUDA_KERNELS = {
@@ -45,7 +48,7 @@ CUDA_DECODE_KERNELS = {
 }
 # GEMM by weight storage format on cuda. GGUF blocks and f32 are converted to bf16 at load.
 CUDA_GEMMS = {"fp8": "triton.gemm_fp8", "nvfp4": "triton.gemm_nvfp4"}
-CUBLAS_GEMM = "cublas.gemm"
+CUBLAS_GEMM = CUBLAS  # dense GEMMs: cuBLAS past the rows of their `launch` attr
 
 
 def cpu_kernel(kind: str) -> str:
@@ -83,6 +86,12 @@ def _cuda(g: Graph, op: Op) -> str:
     return CUDA_KERNELS[op.kind]
 
 
+def _dense_launches(g: Graph, op: Op) -> list:
+    """gemm_launch.dense_launches for a cuda GEMM's weight [N, K] (rows of x decide)."""
+    (n, k) = next(g.weights[i].type.shape for i in op.inputs if i in g.weights)
+    return dense_launches(n, k, op.attrs.get("act") == "swiglu")
+
+
 def _run(graph: Graph, options: CompileOptions) -> Graph:
     g = graph.copy()
     for op in g.ops:
@@ -98,6 +107,8 @@ def _run(graph: Graph, options: CompileOptions) -> Graph:
             op.kernel = _cuda(g, op)
             if op.kind in CUDA_DECODE_KERNELS:
                 op.attrs["decode_kernel"] = CUDA_DECODE_KERNELS[op.kind]
+            if op.kernel == CUBLAS_GEMM and (launches := _dense_launches(g, op)):
+                op.attrs["launch"] = launches
         if fmt is not None and op.kind in ("linear", "logits", "moe_experts", "moe_experts_gu"):
             op.attrs["weight_format"] = fmt
     g.meta["kernels_assigned"] = True

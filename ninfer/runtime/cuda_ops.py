@@ -26,7 +26,8 @@ from kernels.gated_rmsnorm import gated_rmsnorm as gated_rmsnorm_kernel
 from kernels.gdn_conv import causal_conv1d as conv1d_kernel
 from kernels.gdn_gates import gdn_gates as gdn_gates_kernel
 from kernels.gdn_recurrent import gated_delta_rule_recurrent
-from kernels.gemv import dense_linear
+from kernels.gemv import INTERPRETED_M1, DenseGemvConfig, SkinnyConfig, dense_gemv, dense_skinny
+from kernels.launch import interpreting
 from kernels.moe_gemm import moe_gemm
 from kernels.paged_decode import paged_attention_decode
 from kernels.paged_prefill import paged_attention_prefill
@@ -36,6 +37,7 @@ from kernels.silu_mul import silu_mul as silu_mul_kernel
 from ninfer.passes.assign_kernels import CUBLAS_GEMM, CUDA_GEMMS, attention_kernel
 from ninfer.passes.assign_kernels import CUDA_DECODE_KERNELS as DECODE
 from ninfer.passes.assign_kernels import CUDA_KERNELS as ASSIGNED
+from ninfer.passes.gemm_launch import GEMV, SKINNY
 from ninfer.runtime import ops_torch
 from ninfer.runtime.cuda_kv import CudaKVCache, CudaStateSlots
 from ninfer.runtime.cuda_weights import QuantWeight
@@ -138,9 +140,8 @@ def linear(
     """x @ wᵀ (+ bias); attr act=swiglu: x is [gate | up] and the input is silu(gate) * up;
     attr out=swiglu: w is [gate; up] and the result silu(gate) * up (fp8 weights: in the
     tensor-core GEMV's epilogue at batch 1).
-    Dense weights at decode batch sizes run kernels.gemv where its tables (or the batch-1
-    default) say it beats cuBLAS: the CUDA-core GEMV up to 4 rows (activation folded in), tensor-
-    core tiles up to 16; quantised weights run kernels.quant_gemm (the fp8 decode GEMV folds
+    Dense weights: cuBLAS here (the rows the plan's `launch` names run linear_gemv /
+    linear_skinny instead); quantised weights run kernels.quant_gemm (the fp8 decode GEMV folds
     the activation in too)."""
     glu = a.get("act") == "swiglu"
     out_glu = a.get("out") == "swiglu"  # (fuse_swiglu_linear folds it only where there is no bias)
@@ -157,11 +158,43 @@ def linear(
     lead = x.shape[:-1]
     if isinstance(w, QuantWeight):
         y = w.linear(x2, glu=glu, swiglu_out=out_glu)
-    else:
-        y = dense_linear(x2, w, glu=glu)
+    else:  # cuBLAS (the plan's `launch` sends few rows to linear_gemv / linear_skinny)
+        y = F.linear(silu_mul_kernel(x2) if glu else x2, w)
         y = silu_mul_kernel(y) if out_glu else y
     y = y.view(*lead, y.shape[-1])
     return y if bias is None else y + bias
+
+
+def linear_gemv(
+    s: DeviceStep, a: dict, x: torch.Tensor, w: torch.Tensor, bias=None, *, config
+) -> torch.Tensor:
+    """A dense GEMM by kernels.gemv with the plan's launch shape (bn, warps, unroll); a
+    swiglu input (act) folded in. Under the CPU interpreter it runs INTERPRETED_M1: the same
+    arithmetic in fewer programs."""
+    x2 = _rows(x)
+    cfg = INTERPRETED_M1 if interpreting() else DenseGemvConfig(*config)
+    y = dense_gemv(x2, w, cfg, glu=a.get("act") == "swiglu")
+    return _finish(a, x, y, bias)
+
+
+def linear_skinny(
+    s: DeviceStep, a: dict, x: torch.Tensor, w: torch.Tensor, bias=None, *, config
+) -> torch.Tensor:
+    """A dense GEMM of 5-16 rows by kernels.gemv's tensor-core tiles (bn, bk, stages, warps)."""
+    x2 = _rows(x)
+    x2 = silu_mul_kernel(x2) if a.get("act") == "swiglu" else x2
+    return _finish(a, x, dense_skinny(x2, w, SkinnyConfig(*config)), bias)
+
+
+def _finish(a: dict, x: torch.Tensor, y: torch.Tensor, bias) -> torch.Tensor:
+    """y [rows, N] with the gate/up swiglu (out) applied, in x's leading shape, + bias."""
+    y = silu_mul_kernel(y) if a.get("out") == "swiglu" else y
+    y = y.view(*x.shape[:-1], y.shape[-1])
+    return y if bias is None else y + bias
+
+
+def _as_logits(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    return lambda s, a, x, w, **kw: fn(s, a, x, w, **kw).float()
 
 
 def logits(s: DeviceStep, a: dict, x: torch.Tensor, w: Any) -> torch.Tensor:
@@ -398,6 +431,10 @@ CUDA_KERNELS = KernelRegistry(
             for op in ("embed", "add", "sigmoid_mul", "silu_mul", "moe_router", "select_rows")
         },
         **{(name, op): fn for name in GEMMS for op, fn in (("linear", linear), ("logits", logits))},
+        (GEMV, "linear"): linear_gemv,
+        (GEMV, "logits"): _as_logits(linear_gemv),
+        (SKINNY, "linear"): linear_skinny,
+        (SKINNY, "logits"): _as_logits(linear_skinny),
         (_K["rmsnorm"], "rmsnorm"): rmsnorm,
         (_K["add_rmsnorm"], "add_rmsnorm"): add_rmsnorm,
         (_K["rotary"], "rotary"): rotary,

@@ -8,7 +8,8 @@ never picks an implementation by op kind.
 
 A key is (kernel name, op kind): one kernel may implement ops of different signatures (the same
 GEMM serves `linear` and `logits`). `traced(log)` returns a registry whose implementations
-append their kernel name to `log` before running (tests compare it with the plan).
+append their kernel name to `log` before running (tests compare it with the plan), the
+launch a call's rows chose included.
 """
 
 from __future__ import annotations
@@ -41,9 +42,24 @@ class KernelRegistry:
         return impl
 
     def resolve(self, call: KernelCall, decode: bool) -> Impl:
-        """What runs `call` in a decode step (`decode`) or any other step."""
+        """What runs `call` in a decode step (`decode`) or any other step. A call with
+        `launch` attrs (ninfer/passes/gemm_launch.py) runs the kernel its launch names for the
+        rows of its first input, with that launch's config (`config=`), else its own kernel."""
         name = call.attrs.get("decode_kernel", call.kernel) if decode else call.kernel
-        return self.lookup(name, call.op)
+        impl = self.lookup(name, call.op)
+        launches = call.attrs.get("launch")
+        if not launches:
+            return impl
+        table = [(lo, hi, self.lookup(k, call.op), tuple(cfg)) for lo, hi, k, cfg in launches]
+
+        def by_rows(ctx: Any, attrs: dict, x: Any, *rest: Any) -> Any:
+            rows = x.numel() // x.shape[-1] if x.numel() else 0  # x [..., K]
+            for lo, hi, launch, cfg in table:
+                if lo <= rows <= hi:
+                    return launch(ctx, attrs, x, *rest, config=cfg)
+            return impl(ctx, attrs, x, *rest)
+
+        return by_rows
 
     def traced(self, log: list[str]) -> KernelRegistry:
         def wrap(name: str, impl: Impl) -> Impl:
