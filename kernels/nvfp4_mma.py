@@ -41,6 +41,8 @@ _MASK = tl.constexpr(MASK)
 # per pair k: (lowest magnitude bit, sign bit) of an element inside its 16-bit half
 PLACES = ((9, 15), (6, 12), (3, 14), (0, 13))
 DECODE_SCALE = 16384.0  # the decoded values are e2m1 * 2^-14
+
+
 @dataclass(frozen=True)
 class Nvfp4MmaWeight:
     """An nvfp4 weight [N, K] for the tensor-core GEMV: words int32 [N, K/8] in the layout

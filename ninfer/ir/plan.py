@@ -10,6 +10,7 @@ Buffers:
     weight      loaded once from the artifact (format, sources, layout say how)
     activation  values produced by calls within one step
 Caches (`kv.L<i>`, `state.L<i>`) persist across steps; calls name them in `attrs["cache"]`.
+The options, KV layout, state slots and ledger are typed sections (ninfer.ir.plan_sections).
 """
 
 from __future__ import annotations
@@ -18,7 +19,31 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ninfer.ir.plan_sections import (
+    KVLayout,
+    Ledger,
+    LedgerEntry,
+    PlanOptions,
+    StateLayout,
+    kv_from_dict,
+    ledger_from_dict,
+    options_from_dict,
+    section_dict,
+    state_from_dict,
+)
 from ninfer.ir.plan_text import summary_lines, verbose_lines
+
+__all__ = [
+    "BufferSpec",
+    "KVLayout",
+    "KernelCall",
+    "Ledger",
+    "LedgerEntry",
+    "Plan",
+    "PlanOptions",
+    "StateLayout",
+    "launch_for",
+]
 
 PLAN_VERSION = 1
 
@@ -63,7 +88,7 @@ class Plan:
     architecture: str
     device: str
     dtype: str
-    options: dict[str, Any]
+    options: PlanOptions
     passes: list[str]
     fusions: dict[str, int]
     model: dict[str, Any]  # vocab, hidden, layer_types, hybrid, declared components
@@ -72,16 +97,19 @@ class Plan:
     calls: list[KernelCall]
     inputs: list[str]
     outputs: list[str]
-    kv: dict[str, Any]
-    state: dict[str, Any]
-    ledger: dict[str, Any]
-    cuda_graph_buckets: list[int]
+    kv: KVLayout
+    state: StateLayout
+    ledger: Ledger
+    cuda_graph_buckets: tuple[int, ...]  # decode batch sizes replayed from CUDA Graphs
     version: int = PLAN_VERSION
 
     # -- serialisation --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["buffers"] = [asdict(b) for b in self.buffers.values()]
+        for name in ("options", "kv", "state", "ledger"):
+            d[name] = section_dict(getattr(self, name))
+        d["cuda_graph_buckets"] = list(self.cuda_graph_buckets)
         return d
 
     def to_json(self, indent: int | None = None) -> str:
@@ -102,6 +130,11 @@ class Plan:
             )
             for c in d["calls"]
         ]
+        d["options"] = options_from_dict(d["options"])
+        d["kv"] = kv_from_dict(d["kv"])
+        d["state"] = state_from_dict(d["state"])
+        d["ledger"] = ledger_from_dict(d["ledger"])
+        d["cuda_graph_buckets"] = tuple(d["cuda_graph_buckets"])
         return Plan(**d)
 
     @staticmethod

@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+from ninfer.ir.plan_sections import section_dict
 from ninfer.ir.printer import format_attrs
 
 if TYPE_CHECKING:
@@ -27,7 +28,8 @@ _WEIGHT_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 def summary_lines(plan: Plan) -> list[str]:
     L: list[str] = []
     L.append(f"plan {plan.name} ({plan.architecture}) device={plan.device} dtype={plan.dtype}")
-    L.append("options: " + " ".join(f"{k}={plan.options[k]}" for k in sorted(plan.options)))
+    options = section_dict(plan.options)
+    L.append("options: " + " ".join(f"{k}={options[k]}" for k in sorted(options)))
     L.append("passes: " + " -> ".join(plan.passes))
     L.append("fused: " + " ".join(f"{k}={v}" for k, v in plan.fusions.items()))
     if plan.model.get("declared"):
@@ -35,27 +37,25 @@ def summary_lines(plan: Plan) -> list[str]:
         L.append("declared: " + " ".join(f"{k}({v})" for k, v in declared))
     kv = plan.kv
     L.append(
-        f"kv: dtype={kv['dtype']} page_size={kv['page_size']} pages={kv.get('num_pages')} "
-        f"capacity={kv.get('capacity_tokens')} tokens layers={_ranges(kv['layers']) or 'none'} "
-        f"bytes/token={kv['bytes_per_token']}"
+        f"kv: dtype={kv.dtype} page_size={kv.page_size} pages={kv.num_pages} "
+        f"capacity={kv.capacity_tokens} tokens layers={_ranges(kv.layers) or 'none'} "
+        f"bytes/token={kv.bytes_per_token}"
     )
-    if "k_layout" in kv:
-        L.append(f"  k: {kv['k_layout']}")
-        L.append(f"  v: {kv['v_layout']}")
+    if kv.k_layout is not None:
+        L.append(f"  k: {kv.k_layout}")
+        L.append(f"  v: {kv.v_layout}")
     st = plan.state
-    if st.get("layers"):
+    if st.layers:
         L.append(
-            f"state: slots={st['slots']} bytes/slot={st['bytes_per_slot']} layers={_ranges(st['layers'])}"
+            f"state: slots={st.slots} bytes/slot={st.bytes_per_slot} layers={_ranges(st.layers)}"
         )
-        L.append(f"  {st['layout']}")
+        L.append(f"  {st.layout}")
     else:
         L.append("state: none")
     L.append("ledger:")
-    for e in plan.ledger["entries"]:
-        L.append(f"  {e['item']:<12} {e['bytes']:>16,} B  {e['detail']}")
-    L.append(
-        f"  {'total':<12} {plan.ledger['total']:>16,} B  of budget {plan.ledger['budget']:,} B"
-    )
+    for e in plan.ledger.entries:
+        L.append(f"  {e.item:<12} {e.bytes:>16,} B  {e.detail}")
+    L.append(f"  {'total':<12} {plan.ledger.total:>16,} B  of budget {plan.ledger.budget:,} B")
     buckets = " ".join(map(str, plan.cuda_graph_buckets)) or "none"
     L.append(f"cuda graph buckets: {buckets}")
     L.append("kernels: " + " ".join(f"{k}x{v}" for k, v in plan.kernels.items()))
@@ -186,7 +186,7 @@ def _folded(items: Iterable, layer_of: Callable, row: Callable, indent: str) -> 
     return out
 
 
-def _ranges(ns: list[int]) -> str:
+def _ranges(ns: list[int] | tuple[int, ...]) -> str:
     """[0, 1, 2, 4, 6, 7] -> "0-2,4,6-7"."""
     if not ns:
         return ""

@@ -118,22 +118,22 @@ class CudaExecutor(PlanExecutorBase):
         self.dtype = TORCH_DTYPES[plan.dtype]
         self.weights = load_device_weights(plan, artifact, self.device)
         self.weight_bytes = sum(weight_nbytes(w) for w in self.weights.values())
-        self.is_hybrid = bool(plan.state.get("layers"))
-        self.num_state_slots = int(plan.state.get("slots", 0)) if self.is_hybrid else 0
-        self.page_size = int(plan.kv["page_size"])
-        num_pages = int(plan.kv.get("num_pages") or 0)
-        if plan.options.get("kv_capacity") == "auto" and self.device.type == "cuda":
+        self.is_hybrid = bool(plan.state.layers)
+        self.num_state_slots = plan.state.slots if self.is_hybrid else 0
+        self.page_size = plan.kv.page_size
+        num_pages = plan.kv.num_pages
+        if plan.options.kv_capacity == "auto" and self.device.type == "cuda":
             num_pages = self._auto_pages()
-        self.kv = CudaKVCache(plan.kv, num_pages, self.device) if plan.kv["layers"] else None
+        self.kv = CudaKVCache(plan.kv, num_pages, self.device) if plan.kv.layers else None
         self.num_pages = num_pages
         self.state = (
             CudaStateSlots(plan.caches, self.num_state_slots, self.dtype, self.device)
             if self.is_hybrid
             else None
         )
-        self.max_pages = -(-int(plan.options.get("max_context") or 8192) // self.page_size)
+        self.max_pages = -(-plan.options.max_context // self.page_size)
         self.graph_buckets = set(plan.cuda_graph_buckets) if self.device.type == "cuda" else set()
-        if not plan.options.get("cuda_graphs", True):
+        if not plan.options.cuda_graphs:
             self.graph_buckets = set()
         self._graphs: dict[int, _DecodeGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.graph_buckets else None
@@ -171,15 +171,15 @@ class CudaExecutor(PlanExecutorBase):
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return int(self.plan.kv.get("bytes_per_token", 0))
+        return self.plan.kv.bytes_per_token
 
     def _auto_pages(self) -> int:
         free, _ = torch.cuda.mem_get_info(self.device)
-        entries = {e["item"]: e["bytes"] for e in self.plan.ledger["entries"]}
-        per_page = int(self.plan.kv.get("bytes_per_page") or 0)
+        ledger = self.plan.ledger
+        per_page = self.plan.kv.bytes_per_page
         if per_page == 0:
-            return int(self.plan.kv.get("num_pages") or 0)
-        avail = free - HEADROOM - entries.get("workspace", 0) - entries.get("state_slots", 0)
+            return self.plan.kv.num_pages
+        avail = free - HEADROOM - ledger.bytes_of("workspace") - ledger.bytes_of("state_slots")
         pages = avail // per_page - 1  # one scratch page
         if pages < 1:
             from ninfer.errors import ConfigError

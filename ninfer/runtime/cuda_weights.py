@@ -190,7 +190,7 @@ def load_device_weights(
         if c.kernel in QUANT_GEMMS:
             packed_fmt[c.inputs[1]] = QUANT_GEMMS[c.kernel]
     # the plan's memory ledger says whether the nvfp4 copies fit (ninfer/passes/plan_memory.py)
-    copies = any(e["item"] == NVFP4_COPIES for e in plan.ledger.get("entries", []))
+    copies = plan.ledger.has(NVFP4_COPIES)
     out: dict[str, torch.Tensor | QuantWeight] = {}
     for spec in plan.weights():
         loaded = [device_parts(source, s, device) for s in spec.sources]

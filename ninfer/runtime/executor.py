@@ -62,8 +62,8 @@ class Executor(PlanExecutorBase):
         self.dtype = TORCH_DTYPES[plan.dtype]
         self.weights = load_weights(plan, artifact, self.device)
         self.kv = PagedKVCache(plan.kv, self.dtype, self.device)
-        self.is_hybrid = bool(plan.state.get("layers"))
-        self.num_state_slots = int(plan.state.get("slots", 0)) if self.is_hybrid else 0
+        self.is_hybrid = bool(plan.state.layers)
+        self.num_state_slots = plan.state.slots if self.is_hybrid else 0
         self.state = (
             StateSlots(plan.caches, self.num_state_slots, self.dtype, self.device)
             if self.is_hybrid

@@ -55,7 +55,7 @@ def test_compile_json_round_trips(fixture_artifacts, capsys) -> None:
     rc, out, _ = compile_out(capsys, path, "--json", "--kv-dtype", "fp8", "--kv-capacity", "2048")
     assert rc == 0
     plan = Plan.from_json(out)
-    assert plan.kv["dtype"] == "fp8" and plan.kv["capacity_tokens"] == 2048
+    assert plan.kv.dtype == "fp8" and plan.kv.capacity_tokens == 2048
     assert json.loads(plan.to_json()) == json.loads(out)
     rc, text, _ = compile_out(capsys, path, "--kv-dtype", "fp8", "--kv-capacity", "2048")
     assert text == plan.to_text()

@@ -374,7 +374,7 @@ def test_kv_capacity_auto_fills_free_memory(fixture_artifacts):
         _plan(path, "cuda", "bfloat16", kv_capacity="auto", device_memory=1 << 34), Artifact(path)
     )
     assert isinstance(ex, CudaExecutor)
-    used = ex.num_pages * ex.plan.kv["bytes_per_page"]
+    used = ex.num_pages * ex.plan.kv.bytes_per_page
     assert used > 0.5 * (free_before - (2 << 30)), (used, free_before)
     del ex
     torch.cuda.empty_cache()
