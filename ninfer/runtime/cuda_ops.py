@@ -407,14 +407,14 @@ def gated_rmsnorm(
 
 
 def _attention_kernels() -> dict[tuple[str, str], Callable[..., Any]]:
+    """Every attention kernel name assign_kernels gives: the prologue (none, the one-launch
+    kernel, or its unfused launches) + the paged attention of a decode or any other step."""
     out = {}
     for decode in (False, True):
         for prologue in ("", "rotary", "qk_norm+rotary"):
-            for fused in (False, True):
+            for fused in (False, True) if prologue else (False,):
                 impl = _attention(_prologue_fused if fused else _prologue_unfused, decode)
-                out[(attention_kernel(prologue, fused and bool(prologue), decode), "attention")] = (
-                    impl
-                )
+                out[(attention_kernel(prologue, fused, decode), "attention")] = impl
     return out
 
 
