@@ -189,6 +189,7 @@ def build_hf_dir(arch: str, root: str | os.PathLike[str]) -> Path:
 def build_fixture(arch: str, root: str | os.PathLike[str]) -> Path:
     """`root/<arch>.ninfer`, converted from `build_hf_dir(arch, root)` (built once, then reused)."""
     from ninfer.artifact.convert_hf import convert_hf
+    from ninfer.ir.models import check_tensors
 
     if arch not in ARCHS:
         raise ValueError(f"unknown fixture architecture {arch!r} (choose from {', '.join(ARCHS)})")
@@ -197,7 +198,7 @@ def build_fixture(arch: str, root: str | os.PathLike[str]) -> Path:
     if out.exists():
         return out
     hf = build_hf_dir(arch, root)
-    return convert_hf(hf, out, name=f"tiny-{arch}")
+    return convert_hf(hf, out, name=f"tiny-{arch}", check_model=check_tensors)
 
 
 def main(argv: list[str] | None = None) -> int:

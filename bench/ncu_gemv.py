@@ -22,10 +22,12 @@ import torch
 
 from kernels.fp8_gemv import fp8_gemv, fp8_gemv_config
 from kernels.fp8_mma import fp8_mma, fp8_mma_config, nvfp4_mma_config
-from kernels.gemv import dense_gemv, dense_gemv_config
+from kernels.gemv import DenseGemvConfig, dense_gemv
 from kernels.nvfp4_gemv import nvfp4_gemv
 from kernels.nvfp4_mma import prepare
 from kernels.quant_gemm import quantize_weight_fp8, quantize_weight_nvfp4
+from ninfer.ir.plan import launch_for
+from ninfer.passes.gemm_launch import CUBLAS, dense_launches
 
 # (N, K, down projection): q/k/v, o, gate/up, down of Qwen3-8B
 SHAPES = [(6144, 4096, False), (4096, 4096, False), (24576, 4096, False), (4096, 12288, True)]
@@ -44,7 +46,8 @@ def main() -> None:
         x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
         x2 = torch.randn(1, 2 * K, device="cuda", dtype=torch.bfloat16)
         wb = w.to(torch.bfloat16)
-        dcfg = dense_gemv_config(N, K, 1, down)
+        kernel, fields = launch_for(dense_launches(N, K, down), 1, CUBLAS)  # as a plan runs it
+        dcfg = DenseGemvConfig(*fields) if kernel != CUBLAS else None
         named.append(("dense", partial(dense_gemv, x2 if down else x, wb, dcfg, glu=down)))
         q, s = quantize_weight_fp8(w)
         named.append(("fma", partial(fp8_gemv, x, q, s, fp8_gemv_config(N, K, 1))))

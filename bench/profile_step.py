@@ -125,7 +125,7 @@ def profile(args: argparse.Namespace) -> None:
               + " ".join(f"{a - b:+.3f}" for a, b in runs) + ")")  # fmt: skip
 
     for name in args.ablate.split(",") if args.ablate else []:
-        against_full(f"without {name}", lambda name=name: _ablated(name))
+        against_full(f"without {name}", lambda name=name: _ablated(name, ex))
     for spec in args.variant:
         against_full(f"with {spec}", lambda spec=spec: _table_variant(spec))
     ex.drop_graphs()
@@ -133,9 +133,9 @@ def profile(args: argparse.Namespace) -> None:
 
 def _table_entry(item: str) -> tuple[dict, tuple, object]:
     """One `--variant` item, `TABLE N:K[:glu]:M=CFG`: the launch table (fp8_mma, nvfp4_mma,
-    fp8_gemv, nvfp4 or dense), its key, and the config CFG (comma-separated fields, or `none`: the other
+    fp8_gemv or nvfp4), its key, and the config CFG (comma-separated fields, or `none`: the other
     path)."""
-    from kernels import fp8_gemv, fp8_mma, gemv, nvfp4_gemv
+    from kernels import fp8_gemv, fp8_mma, nvfp4_gemv
 
     name, rest = item.split(None, 1)
     where, cfg = rest.replace(" ", "").split("=")
@@ -143,12 +143,14 @@ def _table_entry(item: str) -> tuple[dict, tuple, object]:
     make = {"fp8_mma": (fp8_mma.TABLE, fp8_mma.Fp8MmaConfig),
             "nvfp4_mma": (fp8_mma.NVFP4_TABLE, fp8_mma.Fp8MmaConfig),
             "fp8_gemv": (fp8_gemv.TABLE, fp8_gemv.Fp8GemvConfig),
-            "nvfp4": (nvfp4_gemv.TABLE, nvfp4_gemv.Nvfp4GemvConfig),
-            "dense": (gemv.TABLE, gemv.DenseGemvConfig)}  # fmt: skip
-    if name not in make:
+            "nvfp4": (nvfp4_gemv.TABLE, nvfp4_gemv.Nvfp4GemvConfig)}  # fmt: skip
+    if name == "dense":  # chosen when the plan is compiled, not at run time
         raise SystemExit(
-            f"--variant: unknown table {name!r} (fp8_mma, nvfp4_mma, fp8_gemv, nvfp4, dense)"
+            "--variant dense: dense GEMM launches are the plan's (ninfer/passes/gemm_launch.py); "
+            "edit kernels/gemv_table.json and profile again"
         )
+    if name not in make:
+        raise SystemExit(f"--variant: unknown table {name!r} (fp8_mma, nvfp4_mma, fp8_gemv, nvfp4)")
     table, config_type = make[name]
     key = (n, k, *more) if name == "nvfp4" else (n, k, bool(more[0]), more[1])
     fields = [int(v) for v in cfg.split(",")] if cfg != "none" else None
@@ -189,22 +191,23 @@ def _copy(x: torch.Tensor) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def _ablated(name: str):
+def _ablated(name: str, ex):
     """What-if timing: the decode step with one kind of work removed (its outputs are wrong;
     the residual stream stays bounded so no kernel takes a slow path). `norms`: RMSNorm returns
     its input; `prologue`: the attention prologue (q/k norm, rotary, KV write); `merge`: the
     split-attention merge; `attention`: the whole attention op; `copy`: the attention op as
     one kernel that copies q (against `attention`: what one more kernel in the chain costs);
-    `proj:NxK`: the projections with an [N, K] weight (K of the input x) return zeros."""
+    `proj:NxK`: the projections with an [N, K] weight (K of the input x) return zeros.
+    Swaps the implementations `ex` resolved from the plan (by op kind) for the block."""
     from kernels import paged_decode
     from ninfer.runtime import cuda_ops
 
-    ops = cuda_ops.CUDA_OPS
-    saved = (dict(ops), cuda_ops.attention_prologue, paged_decode._merge_kernel,
+    ops: dict = {}  # op kind -> (the plan's implementation -> its replacement)
+    saved = (None, cuda_ops.attention_prologue, paged_decode._merge_kernel,
              cuda_ops.paged_attention_decode)  # fmt: skip
     if name == "norms":
-        ops["rmsnorm"] = lambda s, a, x, w: x
-        ops["add_rmsnorm"] = lambda s, a, x, r, w: (r, r)
+        ops["rmsnorm"] = lambda impl: lambda s, a, x, w: x
+        ops["add_rmsnorm"] = lambda impl: lambda s, a, x, r, w: (r, r)
     elif name == "prologue":
         cuda_ops.attention_prologue = lambda q, *rest, **kw: q
     elif name == "merge":  # the output then stays as first made: zeros, not whatever was there
@@ -218,36 +221,48 @@ def _ablated(name: str):
 
         cuda_ops.paged_attention_decode = decode_into_zeros
     elif name == "attention":
-        ops["attention"] = lambda s, a, q, *rest: q
+        ops["attention"] = lambda impl: lambda s, a, q, *rest: q
     elif name == "copy":  # the attention op as one trivial kernel: the cost of a kernel boundary
-        ops["attention"] = lambda s, a, q, *rest: _copy(q)
+        ops["attention"] = lambda impl: lambda s, a, q, *rest: _copy(q)
     elif name.startswith("proj:"):  # proj:NxK, the projections of weight [N, K]: zeros instead
         shape = tuple(int(v) for v in name[5:].split("x"))
         made: dict[tuple, torch.Tensor] = {}
 
-        def linear(s, a, x, w, *rest):
-            xs = getattr(x, "s", x)  # a NormedX input carries its rows as s
-            ws = (w.out_features, xs.shape[-1]) if hasattr(w, "out_features") else tuple(w.shape)
-            if ws != shape:
-                return saved[0]["linear"](s, a, x, w, *rest)
-            key = (tuple(xs.shape), a.get("out"))
-            if key not in made:  # made in the warm-up before capture
-                out = saved[0]["linear"](s, a, x, w, *rest)
-                if isinstance(out, cuda_ops._PendingProjection):  # left for its residual add,
-                    out = xs.new_zeros((xs.shape[0], ws[0]))  # which then runs unfused instead
-                made[key] = torch.zeros_like(out)
-            return made[key]
+        def zeroed(impl):
+            return lambda s, a, x, w, *rest: _zero_proj(impl, shape, made, s, a, x, w, *rest)
 
-        ops["linear"] = linear
+        ops["linear"] = zeroed
     else:
         raise SystemExit(f"--ablate: unknown part {name!r}")
+    plan_impls = (list(ex._step_impls), list(ex._decode_impls))
+    for impls in (ex._step_impls, ex._decode_impls):
+        for i, call in enumerate(ex.plan.calls):
+            if call.op in ops:
+                impls[i] = ops[call.op](impls[i])
     try:
         yield
     finally:
-        ops.clear()
-        ops.update(saved[0])
+        ex._step_impls, ex._decode_impls = plan_impls
         cuda_ops.attention_prologue, paged_decode._merge_kernel = saved[1], saved[2]
         cuda_ops.paged_attention_decode = saved[3]
+
+
+def _zero_proj(impl, shape, made, s, a, x, w, *rest):
+    """A projection of weight `shape` returning zeros (made once, in the warm-up before capture);
+    other projections run `impl`."""
+    from ninfer.runtime import cuda_ops
+
+    xs = getattr(x, "s", x)  # a NormedX input carries its rows as s
+    ws = (w.out_features, xs.shape[-1]) if hasattr(w, "out_features") else tuple(w.shape)
+    if ws != shape:
+        return impl(s, a, x, w, *rest)
+    key = (tuple(xs.shape), a.get("out"))
+    if key not in made:
+        out = impl(s, a, x, w, *rest)
+        if isinstance(out, cuda_ops._PendingProjection):  # left for its residual add,
+            out = xs.new_zeros((xs.shape[0], ws[0]))  # which then runs unfused instead
+        made[key] = torch.zeros_like(out)
+    return made[key]
 
 
 def main() -> None:

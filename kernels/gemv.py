@@ -14,8 +14,9 @@ kernel streams the weight once with every load 16 bytes wide and no second pass:
   of the activation fewer).
 
 Launch shapes (`DenseGemvConfig`) come from the H200 sweep (gemv_table.json, written by
-``bench/gemv_bench.py --write-table``); a shape is in the table only where this kernel beat
-cuBLAS there, and `dense_gemv_config` returns None for the others (the caller uses F.linear).
+``bench/dense_gemv_bench.py --write-table``); a shape is in the table only where this kernel beat
+cuBLAS there. The compiler reads the table and the plan names the kernel and shape each GEMM
+runs with per number of rows (ninfer/passes/gemm_launch.py); this module only launches.
 """
 
 from __future__ import annotations
@@ -29,8 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch import WEIGHT_EVICT, f32_dot, interpreting, pdl_args, pdl_wait
-from kernels.silu_mul import silu_mul
+from kernels.launch import WEIGHT_EVICT, f32_dot, pdl_args, pdl_wait
 
 VEC = 8  # K elements per thread per chunk: one 16-byte load of bf16
 MAX_M = 4  # rows of x one program takes
@@ -187,8 +187,6 @@ def load_table(path: Path = TABLE_PATH, config_type: type = DenseGemvConfig) -> 
     return table
 
 
-TABLE = load_table()  # read once at import
-DEFAULT_M1 = DenseGemvConfig(1, 4, 2)  # batch 1 beat cuBLAS at every shape of the sweep
 INTERPRETED_M1 = DenseGemvConfig(32, 1, 1)  # CPU interpreter: few programs, same arithmetic
 
 
@@ -202,12 +200,6 @@ def table_config(table: dict, N: int, K: int, M: int, glu: bool, default_m1: Any
     if any((N, K, glu, m) in table for m in (0, 1, 2, MAX_M)):
         return table.get((N, K, glu, bucket))
     return default_m1 if M == 1 else None
-
-
-def dense_gemv_config(N: int, K: int, M: int, glu: bool = False) -> DenseGemvConfig | None:
-    """The launch shape for M rows of x against an [N, K] weight, or None where cuBLAS is the
-    faster path (table_config of TABLE, DEFAULT_M1 for unmeasured shapes at batch 1)."""
-    return table_config(TABLE, N, K, M, glu, INTERPRETED_M1 if interpreting() else DEFAULT_M1)
 
 
 def dense_gemv(
@@ -290,31 +282,6 @@ SKINNY_MAX_M = 16
 SKINNY_TABLE_PATH = Path(__file__).with_name("skinny_table.json")
 
 
-def load_skinny_table(path: Path = SKINNY_TABLE_PATH) -> dict[tuple[int, int, int], SkinnyConfig]:
-    """{(N, K, M): config} for the weights and batch buckets (M = 8, 16) where the H200 sweep
-    found the tensor-core tiles faster than cuBLAS. File format: {"N:K": {"M": [bn, bk, stages,
-    warps]}}."""
-    if not path.exists():
-        return {}
-    table = {}
-    for key, per_m in json.loads(path.read_text()).items():
-        n, k = (int(v) for v in key.split(":"))
-        for m, (bn, bk, stages, warps) in per_m.items():
-            table[(n, k, int(m))] = SkinnyConfig(int(bn), int(bk), int(stages), int(warps))
-    return table
-
-
-SKINNY_TABLE = load_skinny_table()
-
-
-def skinny_config(N: int, K: int, M: int) -> SkinnyConfig | None:
-    """The measured tile shape for 4 < M <= 16 rows against an [N, K] weight (M rounded up to
-    8 or 16), or None: cuBLAS."""
-    if not MAX_M < M <= SKINNY_MAX_M:
-        return None
-    return SKINNY_TABLE.get((N, K, 8 if M <= 8 else 16))
-
-
 def dense_skinny(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig) -> torch.Tensor:
     """y [M, N] in x.dtype = x @ wᵀ for M <= 16 on tensor cores; x [M, K], w [N, K] with
     contiguous last dims and the same dtype."""
@@ -331,20 +298,3 @@ def dense_skinny(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig) -> torc
         BN=c.bn, BK=c.bk, STAGES=c.stages, F32_DOT=f32_dot(x.dtype), num_warps=c.warps,
     )  # fmt: skip
     return y
-
-
-def dense_linear(x: torch.Tensor, w: torch.Tensor, *, glu: bool = False) -> torch.Tensor:
-    """y [M, N] = x @ wᵀ (glu: silu(x[:, :K]) * x[:, K:] @ wᵀ) by the fastest measured path:
-    the GEMV (activation folded in) where dense_gemv_config names a shape, the tensor-core
-    tiles where skinny_config does, else cuBLAS (F.linear). x [M, K or 2K] with contiguous
-    last dim."""
-    N, K = w.shape
-    M = x.shape[0]
-    same = x.dtype == w.dtype
-    cfg = dense_gemv_config(N, K, M, glu) if M and same else None
-    if cfg is not None:
-        return dense_gemv(x, w, cfg, glu=glu)
-    if glu:
-        x = silu_mul(x)
-    tiles = skinny_config(N, K, M) if same else None
-    return torch.nn.functional.linear(x, w) if tiles is None else dense_skinny(x, w, tiles)

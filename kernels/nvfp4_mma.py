@@ -22,12 +22,12 @@ values times its scale are exact in f16 (e2m1 * e4m3 * 2^-14 lies in [2^-24, 268
 has at most 6 significant bits), and the row scale (the global scale, times 2^14) multiplies
 each row's fp32 sum once at the end. The repacked words are a second copy of the weight (the
 prefill and batch > 1 kernels read the stored layout): 0.5 bytes per value, plus 4 per row,
-more on the device (MMA_COPY_ENV=0 leaves it out; the plan's memory ledger counts it).
+more on the device (NINFER_NVFP4_MMA=0 leaves it out; the plan's memory ledger counts it:
+ninfer/passes/plan_memory.py, where its size is computed).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -41,17 +41,6 @@ _MASK = tl.constexpr(MASK)
 # per pair k: (lowest magnitude bit, sign bit) of an element inside its 16-bit half
 PLACES = ((9, 15), (6, 12), (3, 14), (0, 13))
 DECODE_SCALE = 16384.0  # the decoded values are e2m1 * 2^-14
-MMA_COPY_ENV = "NINFER_NVFP4_MMA"  # "0": the CUDA runtime makes no repacked copies
-
-
-def copy_enabled() -> bool:
-    return os.environ.get(MMA_COPY_ENV, "1") != "0"
-
-
-def copy_bytes(n: int, k: int) -> int:
-    """Device bytes of the repacked copy of an [n, k] nvfp4 weight (0 where none is made:
-    k % 32 != 0)."""
-    return n * k // 2 + 4 * n if k % 32 == 0 else 0
 
 
 @dataclass(frozen=True)

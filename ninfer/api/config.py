@@ -21,7 +21,6 @@ from ninfer.errors import ConfigError
 from ninfer.runtime.config import EngineOptions
 
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical", "off")
-KV_DTYPES = ("bf16", "int8", "fp8", "nvfp4", "k8v4")
 SPEC_BACKENDS = ("mtp", "dflash", "dflash2")
 DTYPES = ("float32", "bfloat16")
 # Draft tokens per speculative round each backend accepts (inclusive).

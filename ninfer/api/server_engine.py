@@ -6,6 +6,7 @@ that accepts connections has a compiled plan, loaded weights and a warmed-up ste
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -129,18 +130,18 @@ def memory_layout(plan: Any, executor: Any) -> dict[str, Any]:
     which device budget), the one workspace allocation, the KV pool as the executor sized it
     (after `auto`), recurrent-state slots and the CUDA Graph buckets captured. No vision runtime
     exists, so `vision_workspace` is null (--vision is refused for every current artifact)."""
-    entries = [dict(e) for e in plan.ledger.get("entries", [])]
+    entries = [dataclasses.asdict(e) for e in plan.ledger.entries]
     planned = {e["item"]: e["bytes"] for e in entries}
-    per_page = int(plan.kv.get("bytes_per_page") or 0)
+    per_page = plan.kv.bytes_per_page
     pages = int(executor.num_pages)
     return {
-        "budget_bytes": plan.ledger.get("budget"),
+        "budget_bytes": plan.ledger.budget,
         "ledger": entries,
-        "ledger_total_bytes": plan.ledger.get("total"),
+        "ledger_total_bytes": plan.ledger.total,
         "workspace": {"capacity_bytes": int(planned.get("workspace", 0))},
         "vision_workspace": None,
         "kv": {
-            "dtype": plan.kv.get("dtype"),
+            "dtype": plan.kv.dtype,
             "page_size": int(executor.page_size),
             "bytes_per_page": per_page,
             "pages": pages,
@@ -148,8 +149,8 @@ def memory_layout(plan: Any, executor: Any) -> dict[str, Any]:
             "bytes": pages * per_page,
         },
         "state_slots": {
-            "slots": int(plan.state.get("slots", 0)),
-            "bytes_per_slot": int(plan.state.get("bytes_per_slot", 0)),
+            "slots": plan.state.slots,
+            "bytes_per_slot": plan.state.bytes_per_slot,
         },
         "cuda_graphs": {"buckets": sorted(getattr(executor, "graph_buckets", ()) or ())},
     }

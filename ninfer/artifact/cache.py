@@ -49,10 +49,16 @@ def cache_dir() -> Path:
     return Path(base).expanduser() / "ninfer"
 
 
-def servable_path(source: str | os.PathLike[str] | None, cache: Path | None = None) -> Path:
+def servable_path(
+    source: str | os.PathLike[str] | None,
+    cache: Path | None = None,
+    check_model: Callable[..., None] | None = None,
+) -> Path:
     """The .ninfer file that serves `source`: the file itself when it is an artifact, the cached
     conversion of a .gguf file or Hugging Face directory (converted now if the cache has none for
-    the source as it is), the demo model when `source` is None.
+    the source as it is), the demo model when `source` is None. `check_model` is passed to the
+    converter (the IR's check that the tensors build the configured model; artifact code cannot
+    import the IR itself).
 
     Raises ArtifactError, one line naming the path, for anything else.
     """
@@ -66,7 +72,7 @@ def servable_path(source: str | os.PathLike[str] | None, cache: Path | None = No
             raise ArtifactError(
                 f"{path}: a directory without config.json, not a Hugging Face model directory"
             )
-        return cached_conversion(path, cache)
+        return cached_conversion(path, cache, check_model)
     if not path.is_file():
         raise ArtifactError(f"{path}: no such file or directory")
     from ninfer.artifact.format import MAGIC
@@ -76,7 +82,7 @@ def servable_path(source: str | os.PathLike[str] | None, cache: Path | None = No
     if head == MAGIC:
         return path
     if head.startswith(GGUF_MAGIC):
-        return cached_conversion(path, cache)
+        return cached_conversion(path, cache, check_model)
     raise ArtifactError(
         f"{path}: not a .ninfer artifact, a .gguf file or a Hugging Face model directory "
         "(`ninfer convert SRC -o OUT.ninfer` converts a model)"
@@ -102,7 +108,9 @@ def source_identity(source: Path) -> dict[str, Any]:
     return {"source": str(source.resolve()), "files": out}
 
 
-def cached_conversion(source: Path, cache: Path | None = None) -> Path:
+def cached_conversion(
+    source: Path, cache: Path | None = None, check_model: Callable[..., None] | None = None
+) -> Path:
     """The cached artifact of the .gguf file or Hugging Face directory `source`, converted (with
     a progress report on stderr) unless the cache holds one of the source as it is now."""
     out = cached_path(source, cache)
@@ -123,11 +131,11 @@ def cached_conversion(source: Path, cache: Path | None = None) -> Path:
         if source.is_file():
             from ninfer.artifact.convert_gguf import convert_gguf
 
-            convert_gguf(source, path, progress=True)
+            convert_gguf(source, path, progress=True, check_model=check_model)
         else:
             from ninfer.artifact.convert_hf import convert_hf
 
-            convert_hf(source, path, progress=True)
+            convert_hf(source, path, progress=True, check_model=check_model)
         tmp = record.with_name(record.name + ".tmp")
         tmp.write_text(json.dumps(identity), encoding="utf-8")
         os.replace(tmp, record)

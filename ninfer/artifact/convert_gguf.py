@@ -35,6 +35,7 @@ import numpy as np
 from ninfer.artifact.convert_hf import (
     EMBEDDING,
     LM_HEAD,
+    ModelCheck,
     check_fits,
     check_quantize_lm_head,
     quantisable,
@@ -406,6 +407,7 @@ def convert_gguf(
     progress: bool = False,
     quantize_lm_head: bool = False,
     generation: Mapping[str, float | int] | None = None,
+    check_model: ModelCheck | None = None,
 ) -> Path:
     """Convert the GGUF file `src` to the artifact `out` and return `out`.
 
@@ -413,8 +415,9 @@ def convert_gguf(
     overrides metadata.name (default: the GGUF general.name, else the file stem);
     `chat_template` (template text) overrides the file's `tokenizer.chat_template`. A progress
     bar goes to stderr when `progress` is set and stderr is a terminal. `quantize_lm_head`: the
-    head takes `weights` too (convert_hf's option). The generation defaults recorded are the
-    file's `general.sampling.*` keys overlaid by `generation` (ninfer/artifact/generation.py).
+    head takes `weights` too (convert_hf's option). `check_model`: see convert_hf.check_fits.
+    The generation defaults recorded are the file's `general.sampling.*` keys overlaid by
+    `generation` (ninfer/artifact/generation.py).
     """
     src, out = Path(src), Path(out)
     if weights is not None and weights not in WEIGHT_FORMATS:
@@ -484,7 +487,7 @@ def convert_gguf(
                         stored = _requantised(part_name, stored, weights, quantize_lm_head)
                     writer.add(part_name, stored)
                 bar.advance()
-            check_fits(src, arch, config, writer.tensors)
+            check_fits(src, arch, config, writer.tensors, check_model)
     finally:
         bar.done()
     return out

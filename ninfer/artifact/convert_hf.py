@@ -11,17 +11,17 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ninfer.artifact.format import ArtifactWriter, StoredTensor
+from ninfer.artifact.model_spec import model_spec
 from ninfer.artifact.progress import Progress
 from ninfer.artifact.quant import WEIGHT_FORMATS, bf16_encode, plain, quantize
 from ninfer.errors import ArtifactError, ConvertError
-from ninfer.ir.models.spec import model_spec
 
 log = logging.getLogger("ninfer.convert")
 
@@ -94,14 +94,26 @@ def _head_differs(files: list[Path]) -> bool:
     return emb.shape != head.shape or not bool((emb == head).all())
 
 
-def check_fits(src: Path | str, arch: str, config: dict[str, Any], tensors: dict[str, Any]) -> None:
-    """The written tensors must build the model the config describes, as loading will build
-    it: a ConvertError (and no artifact) instead of a file that fails only when served."""
-    from ninfer.ir.models import build_graph
+ModelCheck = Callable[[str, dict[str, Any], dict[str, tuple[str, tuple[int, ...]]]], None]
 
+
+def check_fits(
+    src: Path | str,
+    arch: str,
+    config: dict[str, Any],
+    tensors: dict[str, Any],
+    check_model: ModelCheck | None,
+) -> None:
+    """The written tensors must build the model the config describes, as loading will build
+    it: a ConvertError (and no artifact) instead of a file that fails only when served.
+    `check_model(arch, config, {name: (format, shape)})` raises ArtifactError when they do not;
+    the caller supplies it (ninfer.ir.models.check_tensors: the artifact layer does not import
+    the IR builders); None checks nothing beyond what the converter itself reads."""
+    if check_model is None:
+        return
     table = {n: (t["format"], tuple(t["shape"])) for n, t in tensors.items()}
     try:
-        build_graph(arch, config, table)
+        check_model(arch, config, table)
     except ArtifactError as e:
         raise ConvertError(f"{src}: {e}") from None
 
@@ -299,11 +311,12 @@ def convert_hf(
     progress: bool = False,
     quantize_lm_head: bool = False,
     generation: Mapping[str, float | int] | None = None,
+    check_model: ModelCheck | None = None,
 ) -> Path:
     """`quantize_lm_head`: the head takes `weights` too (a tied one becomes a quantised copy of
     the embedding, and the artifact's config untied). generation_config.json is recorded as the
     generation defaults, with the fields of `generation` (ninfer/artifact/generation.py) set over
-    it."""
+    it. `check_model`: see check_fits."""
     src = Path(src)
     if not src.is_dir():
         raise ConvertError(f"{src}: not a directory or .gguf file")
@@ -384,7 +397,7 @@ def convert_hf(
                     kept += quantisable(n, quantize_lm_head)
                 writer.add(n, stored)
         writer.header["components"] = sorted(components, key=["text", "mtp", "vision"].index)
-        check_fits(src, arch, config, writer.tensors)
+        check_fits(src, arch, config, writer.tensors, check_model)
     bar.done()
     if kept:
         log.warning(

@@ -319,7 +319,7 @@ def run_engine(args: argparse.Namespace) -> dict[str, Any]:
         "weights": args.weights if args.synthetic else "artifact",
         "device": ceilings.device,
         "dtype": plan.dtype,
-        "kv_dtype": plan.kv["dtype"],
+        "kv_dtype": plan.kv.dtype,
         "cuda_graphs": bool(plan.cuda_graph_buckets),
         "overlap": not args.no_overlap,
         "fusions": {k: v for k, v in plan.fusions.items() if v},

@@ -1,4 +1,6 @@
-"""`ninfer compile ARTIFACT [--device cpu|cuda] [engine options] [--json]`: print the plan.
+"""`ninfer compile ARTIFACT [--device cpu|cuda] [engine options] [--verbose] [--json]`: print
+the plan: a summary (options, passes, fusions, KV layout, memory ledger, CUDA Graph buckets,
+kernels and their launches); `--verbose` adds every weight and call, identical layers folded.
 
 Compiling does not run anything, so `--device cuda` works on a machine without a GPU: the plan
 says which kernels it would use, how the KV cache is laid out and how memory is spent.
@@ -13,7 +15,8 @@ import math
 
 from ninfer.artifact import Artifact
 from ninfer.errors import ConfigError
-from ninfer.passes.options import DEVICES, KV_DTYPES, CompileOptions, parse_kv_capacity
+from ninfer.ir.kv_formats import KV_DTYPES
+from ninfer.passes.options import DEVICES, CompileOptions, parse_kv_capacity
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,6 +54,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="memory the plan may use (default: 139 on cuda, 16 on cpu)",
     )
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also print every weight and call (rows of identical layers folded)",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
@@ -84,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
 
     options = options_from_args(args)
     plan = compile_artifact(Artifact(args.artifact), options)
-    print(
-        plan.to_json(indent=2) if args.json else plan.to_text(), end="" if not args.json else "\n"
-    )
+    if args.json:
+        print(plan.to_json(indent=2))
+    else:
+        print(plan.to_text(verbose=args.verbose), end="")
     return 0

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ninfer.artifact.quant import WEIGHT_FORMATS
 from ninfer.errors import ConfigError, ConvertError
+from ninfer.ir.models import check_tensors
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -77,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
         "progress": True,
         "quantize_lm_head": args.quantize_lm_head,
         "generation": generation,
+        "check_model": check_tensors,
     }
     if src.is_file() and src.suffix.lower() != ".gguf":
         raise ConvertError(f"{src}: not a .gguf file or a Hugging Face model directory")

@@ -25,7 +25,6 @@ from typing import Any
 
 from ninfer.api.config import (
     DRAFT_TOKEN_RANGE,
-    KV_DTYPES,
     LOG_LEVELS,
     SPEC_BACKENDS,
     ServeConfig,
@@ -33,6 +32,7 @@ from ninfer.api.config import (
     model_context_warning,
 )
 from ninfer.errors import ConfigError
+from ninfer.ir.kv_formats import KV_DTYPES
 from ninfer.passes.options import CompileOptions
 from ninfer.runtime.config import EngineOptions
 
@@ -298,9 +298,10 @@ def open_artifact(config: ServeConfig) -> Any:
     trained context)."""
     from ninfer.artifact import Artifact
     from ninfer.artifact.cache import servable_path
+    from ninfer.ir.models import check_tensors
 
     # an artifact as it is; a .gguf / model directory / None (the demo) converted once, cached
-    artifact = Artifact(servable_path(config.artifact))
+    artifact = Artifact(servable_path(config.artifact, check_model=check_tensors))
     check_capabilities(config, artifact.components)
     if warning := model_context_warning(config, artifact.config):
         logging.getLogger("ninfer.serve").warning(warning)

@@ -353,6 +353,8 @@ SIGNATURES: dict[str, OpSig] = {
     ]
 }
 
+VIEW_OPS = ("split", "split_gated_q")  # views of their input: kernel `view.split`, no launch
+
 
 def signature(kind: str) -> OpSig:
     try:

@@ -10,6 +10,7 @@ Buffers:
     weight      loaded once from the artifact (format, sources, layout say how)
     activation  values produced by calls within one step
 Caches (`kv.L<i>`, `state.L<i>`) persist across steps; calls name them in `attrs["cache"]`.
+The options, KV layout, state slots and ledger are typed sections (ninfer.ir.plan_sections).
 """
 
 from __future__ import annotations
@@ -18,7 +19,31 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ninfer.ir.printer import format_attrs
+from ninfer.ir.plan_sections import (
+    KVLayout,
+    Ledger,
+    LedgerEntry,
+    PlanOptions,
+    StateLayout,
+    kv_from_dict,
+    ledger_from_dict,
+    options_from_dict,
+    section_dict,
+    state_from_dict,
+)
+from ninfer.ir.plan_text import summary_lines, verbose_lines
+
+__all__ = [
+    "BufferSpec",
+    "KVLayout",
+    "KernelCall",
+    "Ledger",
+    "LedgerEntry",
+    "Plan",
+    "PlanOptions",
+    "StateLayout",
+    "launch_for",
+]
 
 PLAN_VERSION = 1
 
@@ -33,6 +58,15 @@ class BufferSpec:
     layout: str | None = None  # weights: plain | concat | stack | stack_concat
 
 
+def launch_for(launches: list[list[Any]], rows: int, default: str) -> tuple[str, list[int]]:
+    """(kernel, config) a call's `launch` attr gives `rows` rows of x: the launch
+    `[first_row, last_row, kernel, config]` they fall in, else (`default`, [])."""
+    for lo, hi, kernel, cfg in launches:
+        if lo <= rows <= hi:
+            return kernel, cfg
+    return default, []
+
+
 @dataclass(frozen=True)
 class KernelCall:
     kernel: str
@@ -41,6 +75,12 @@ class KernelCall:
     outputs: tuple[str, ...]
     attrs: dict[str, Any] = field(default_factory=dict)
 
+    def kernel_for(self, rows: int, decode: bool = False) -> tuple[str, list[int]]:
+        """(kernel, launch config) that runs this call over `rows` rows of its first input,
+        in a decode step (`decode`: its decode_kernel where it names one) or any other."""
+        name = self.attrs.get("decode_kernel", self.kernel) if decode else self.kernel
+        return launch_for(self.attrs.get("launch", []), rows, name)
+
 
 @dataclass
 class Plan:
@@ -48,7 +88,7 @@ class Plan:
     architecture: str
     device: str
     dtype: str
-    options: dict[str, Any]
+    options: PlanOptions
     passes: list[str]
     fusions: dict[str, int]
     model: dict[str, Any]  # vocab, hidden, layer_types, hybrid, declared components
@@ -57,16 +97,19 @@ class Plan:
     calls: list[KernelCall]
     inputs: list[str]
     outputs: list[str]
-    kv: dict[str, Any]
-    state: dict[str, Any]
-    ledger: dict[str, Any]
-    cuda_graph_buckets: list[int]
+    kv: KVLayout
+    state: StateLayout
+    ledger: Ledger
+    cuda_graph_buckets: tuple[int, ...]  # decode batch sizes replayed from CUDA Graphs
     version: int = PLAN_VERSION
 
     # -- serialisation --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["buffers"] = [asdict(b) for b in self.buffers.values()]
+        for name in ("options", "kv", "state", "ledger"):
+            d[name] = section_dict(getattr(self, name))
+        d["cuda_graph_buckets"] = list(self.cuda_graph_buckets)
         return d
 
     def to_json(self, indent: int | None = None) -> str:
@@ -87,6 +130,11 @@ class Plan:
             )
             for c in d["calls"]
         ]
+        d["options"] = options_from_dict(d["options"])
+        d["kv"] = kv_from_dict(d["kv"])
+        d["state"] = state_from_dict(d["state"])
+        d["ledger"] = ledger_from_dict(d["ledger"])
+        d["cuda_graph_buckets"] = tuple(d["cuda_graph_buckets"])
         return Plan(**d)
 
     @staticmethod
@@ -107,56 +155,8 @@ class Plan:
     def weights(self) -> list[BufferSpec]:
         return [b for b in self.buffers.values() if b.kind == "weight"]
 
-    def to_text(self) -> str:
-        """Deterministic human-readable form (what `ninfer compile` prints)."""
-        L: list[str] = []
-        L.append(f"plan {self.name} ({self.architecture}) device={self.device} dtype={self.dtype}")
-        L.append("options: " + " ".join(f"{k}={self.options[k]}" for k in sorted(self.options)))
-        L.append("passes: " + " -> ".join(self.passes))
-        L.append("fused: " + " ".join(f"{k}={v}" for k, v in self.fusions.items()))
-        if self.model.get("declared"):
-            L.append(
-                "declared: "
-                + " ".join(f"{k}({v})" for k, v in sorted(self.model["declared"].items()))
-            )
-        kv = self.kv
-        L.append(
-            f"kv: dtype={kv['dtype']} page_size={kv['page_size']} pages={kv.get('num_pages')} "
-            f"capacity={kv.get('capacity_tokens')} tokens layers={kv['layers']} bytes/token={kv['bytes_per_token']}"
-        )
-        if "k_layout" in kv:
-            L.append(f"  k: {kv['k_layout']}")
-            L.append(f"  v: {kv['v_layout']}")
-        st = self.state
-        if st.get("layers"):
-            L.append(
-                f"state: slots={st['slots']} bytes/slot={st['bytes_per_slot']} layers={st['layers']}"
-            )
-            L.append(f"  {st['layout']}")
-        else:
-            L.append("state: none")
-        L.append("ledger:")
-        for e in self.ledger["entries"]:
-            L.append(f"  {e['item']:<12} {e['bytes']:>16,} B  {e['detail']}")
-        L.append(
-            f"  {'total':<12} {self.ledger['total']:>16,} B  of budget {self.ledger['budget']:,} B"
-        )
-        buckets = " ".join(map(str, self.cuda_graph_buckets)) or "none"
-        L.append(f"cuda graph buckets: {buckets}")
-        L.append("kernels: " + " ".join(f"{k}x{v}" for k, v in self.kernels.items()))
-        L.append("weights:")
-        for b in self.weights():
-            how = b.layout if b.layout == "plain" else f"{b.layout}({len(b.sources)})"
-            L.append(f"  @{b.name}: {b.type} {b.format} {how}")
-        L.append("calls:")
-        for i, c in enumerate(self.calls):
-            ins = ", ".join(
-                ("@" if self.buffers[n].kind == "weight" else "%") + n for n in c.inputs
-            )
-            outs = ", ".join("%" + n for n in c.outputs)
-            types = ", ".join(self.buffers[n].type for n in c.outputs)
-            L.append(
-                f"  {i:>3} {c.kernel:<32} {outs} = {c.op}({ins}){format_attrs(c.attrs)} : {types}"
-            )
-        L.append("outputs: " + ", ".join("%" + o for o in self.outputs))
-        return "\n".join(L) + "\n"
+    def to_text(self, verbose: bool = False) -> str:
+        """Deterministic human-readable form (what `ninfer compile` prints): the summary, and
+        with `verbose` the weights and calls, identical layers folded (ninfer.ir.plan_text)."""
+        lines = summary_lines(self) + (verbose_lines(self) if verbose else [])
+        return "\n".join(lines) + "\n"

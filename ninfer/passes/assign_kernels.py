@@ -3,21 +3,25 @@
 cpu: torch reference ops (`torch.<kind>`); quantised weights are dequantised to the compute
 dtype when loaded, so one `torch.linear` serves every format. cuda: Triton kernels where one is
 (or will be) written, cuBLAS for dense bf16 GEMMs, small torch ops for cheap elementwise work.
+A dense GEMM also carries `launch`: the Triton GEMV / tile kernels and launch shapes that run
+it for few rows of x (decode batches), from the measured tables (ninfer/passes/gemm_launch.py).
 Attention and the delta rule name a prefill kernel and a decode kernel (`decode_kernel`).
 An attention with a folded prologue (fuse_attention_prologue) names the prologue first:
 `triton.attention_prologue+paged_attention_decode` (q/k norm, rotary and the KV write in one
 kernel), or, for KV formats that kernel does not write (nvfp4, k8v4), the unfused launches
 `triton.rmsnorm+rotary+kv_write+paged_attention_decode`.
-The plan says which kernel it *would* use even before that kernel exists.
+Every name is one the executors' kernel registries implement (ninfer/runtime/kernel_registry.py:
+an executor refuses a plan naming another, and runs each call by the name the plan gives it).
 """
 
 from __future__ import annotations
 
 from ninfer.ir.graph import Graph, Op
+from ninfer.ir.kv_formats import prologue_fuses
+from ninfer.ir.ops import VIEW_OPS
 from ninfer.passes.base import Pass
+from ninfer.passes.gemm_launch import CUBLAS, dense_launches
 from ninfer.passes.options import CompileOptions
-
-VIEW_OPS = ("split", "split_gated_q")
 
 CUDA_KERNELS = {
     "embed": "torch.embedding",
@@ -27,7 +31,7 @@ CUDA_KERNELS = {
     "rotary": "triton.rotary",
     "attention": "triton.paged_attention_prefill",
     "sigmoid_mul": "torch.sigmoid_mul",
-    "silu_mul": "triton.silu_mul",
+    "silu_mul": "torch.silu_mul",  # separate gate and up inputs (fuse_gate_up makes swiglu)
     "swiglu": "triton.silu_mul",
     "moe_router": "torch.moe_router",
     "moe_experts": "triton.moe_gemm",
@@ -42,10 +46,31 @@ CUDA_DECODE_KERNELS = {
     "attention": "triton.paged_attention_decode",
     "gated_delta_rule": "triton.gdn_recurrent_decode",
 }
-# KV dtypes kernels/attn_prologue.py writes (others keep the unfused prologue)
-PROLOGUE_KV_DTYPES = ("f32", "bf16", "f16", "int8", "fp8")
 # GEMM by weight storage format on cuda. GGUF blocks and f32 are converted to bf16 at load.
 CUDA_GEMMS = {"fp8": "triton.gemm_fp8", "nvfp4": "triton.gemm_nvfp4"}
+CUBLAS_GEMM = CUBLAS  # dense GEMMs: cuBLAS past the rows of their `launch` attr
+
+
+def cpu_kernel(kind: str) -> str:
+    """The cpu kernel of an op kind: its torch reference, or the view of a split."""
+    return "view.split" if kind in VIEW_OPS else f"torch.{kind}"
+
+
+def attention_kernel(prologue: str, fused: bool, decode: bool) -> str:
+    """A cuda attention's kernel name: the folded prologue's launches (none, the one-launch
+    kernel when `fused`, else the unfused norm / rotary / KV write) + the paged attention."""
+    base = CUDA_DECODE_KERNELS["attention"] if decode else CUDA_KERNELS["attention"]
+    if not prologue:
+        return base
+    if fused:
+        head = "triton.attention_prologue+"
+    else:
+        head = (
+            "triton.rmsnorm+rotary+kv_write+"
+            if prologue == "qk_norm+rotary"
+            else "triton.rotary+kv_write+"
+        )
+    return head + base.removeprefix("triton.")
 
 
 def _weight_format(g: Graph, op: Op) -> str | None:
@@ -57,37 +82,33 @@ def _weight_format(g: Graph, op: Op) -> str | None:
 
 def _cuda(g: Graph, op: Op) -> str:
     if op.kind in ("linear", "logits"):
-        return CUDA_GEMMS.get(_weight_format(g, op) or "", "cublas.gemm")
+        return CUDA_GEMMS.get(_weight_format(g, op) or "", CUBLAS_GEMM)
     return CUDA_KERNELS[op.kind]
 
 
-def _attention_prologue(op: Op) -> str:
-    """Kernel-name prefix of an attention's folded prologue ("" when none is folded)."""
-    prologue = op.attrs.get("prologue")
-    if not prologue:
-        return ""
-    if op.attrs.get("kv_dtype") in PROLOGUE_KV_DTYPES:
-        return "triton.attention_prologue+"
-    norm = "rmsnorm+" if prologue == "qk_norm+rotary" else ""
-    return f"triton.{norm}rotary+kv_write+"
+def _dense_launches(g: Graph, op: Op) -> list:
+    """gemm_launch.dense_launches for a cuda GEMM's weight [N, K] (rows of x decide)."""
+    (n, k) = next(g.weights[i].type.shape for i in op.inputs if i in g.weights)
+    return dense_launches(n, k, op.attrs.get("act") == "swiglu")
 
 
 def _run(graph: Graph, options: CompileOptions) -> Graph:
     g = graph.copy()
     for op in g.ops:
         fmt = _weight_format(g, op)
-        if op.kind in VIEW_OPS:
-            op.kernel = "view.split"
-        elif options.device == "cpu":
-            op.kernel = f"torch.{op.kind}"
+        if op.kind in VIEW_OPS or options.device == "cpu":
+            op.kernel = cpu_kernel(op.kind)
+        elif op.kind == "attention":
+            prologue = op.attrs.get("prologue", "")
+            fused = prologue_fuses(op.attrs["kv_dtype"])
+            op.kernel = attention_kernel(prologue, fused, decode=False)
+            op.attrs["decode_kernel"] = attention_kernel(prologue, fused, decode=True)
         else:
             op.kernel = _cuda(g, op)
             if op.kind in CUDA_DECODE_KERNELS:
                 op.attrs["decode_kernel"] = CUDA_DECODE_KERNELS[op.kind]
-            if op.kind == "attention" and (prefix := _attention_prologue(op)):
-                decode = op.attrs["decode_kernel"]
-                op.kernel = prefix + op.kernel.removeprefix("triton.")
-                op.attrs["decode_kernel"] = prefix + decode.removeprefix("triton.")
+            if op.kernel == CUBLAS_GEMM and (launches := _dense_launches(g, op)):
+                op.attrs["launch"] = launches
         if fmt is not None and op.kind in ("linear", "logits", "moe_experts", "moe_experts_gu"):
             op.attrs["weight_format"] = fmt
     g.meta["kernels_assigned"] = True

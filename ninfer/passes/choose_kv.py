@@ -20,6 +20,7 @@ from typing import Any
 
 from ninfer.errors import ConfigError
 from ninfer.ir.graph import Graph
+from ninfer.ir.kv_formats import PLAIN_KV_FORMATS, split_kv
 from ninfer.ir.types import DTYPE_BYTES
 from ninfer.passes.base import Pass
 from ninfer.passes.options import CompileOptions
@@ -27,7 +28,7 @@ from ninfer.passes.options import CompileOptions
 
 def token_bytes(fmt: str, head_dim: int) -> int:
     """Bytes one KV head of one token takes in storage format `fmt` (one of K or V)."""
-    if fmt in ("f32", "bf16", "f16"):
+    if fmt in PLAIN_KV_FORMATS:
         return head_dim * DTYPE_BYTES[fmt]
     if fmt in ("int8", "fp8"):
         return head_dim + 4
@@ -36,14 +37,9 @@ def token_bytes(fmt: str, head_dim: int) -> int:
     raise ValueError(fmt)
 
 
-def split_kv(kv_dtype: str) -> tuple[str, str]:
-    """Storage format of K and of V."""
-    return ("fp8", "nvfp4") if kv_dtype == "k8v4" else (kv_dtype, kv_dtype)
-
-
 def _layout(fmt: str, kv_heads: int, head_dim: int) -> str:
     base = f"[pages, page_size, {kv_heads}, {head_dim}]"
-    if fmt in ("f32", "bf16", "f16"):
+    if fmt in PLAIN_KV_FORMATS:
         return f"{fmt}{base}"
     if fmt == "nvfp4":
         return f"u8[pages, page_size, {kv_heads}, {head_dim // 2}] + e4m3[.., {head_dim // 16}] + f32[.., 1]"

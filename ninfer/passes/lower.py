@@ -1,15 +1,17 @@
 """The last phase: lower a kernel-assigned graph to an execution plan (ninfer.ir.plan.Plan).
 
 Every op becomes one KernelCall in graph order; inputs, weights and op outputs become named
-buffers; the decisions of earlier phases (kv, state, ledger, buckets, fusions) are copied in.
+buffers; the decisions of earlier phases (kv, state, ledger, buckets, fusions) become the
+plan's typed sections.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import fields
 
 from ninfer.ir.graph import Graph
-from ninfer.ir.plan import BufferSpec, KernelCall, Plan
+from ninfer.ir.plan import BufferSpec, KernelCall, Ledger, LedgerEntry, Plan, PlanOptions
+from ninfer.ir.plan_sections import kv_from_dict, state_from_dict
 from ninfer.passes.options import CompileOptions
 
 
@@ -35,16 +37,18 @@ def lower(graph: Graph, options: CompileOptions) -> Plan:
     model = {
         k: meta[k] for k in ("vocab", "hidden", "layer_types", "hybrid", "declared", "max_position")
     }
-    opts = {k: v for k, v in asdict(options).items() if k not in ("device",)}
-    opts["dtype"] = (
+    recorded = {f.name: getattr(options, f.name) for f in fields(PlanOptions)}
+    recorded["cuda_graphs"] = options.cuda_graphs and options.device == "cuda"  # none on cpu
+    recorded["dtype"] = (
         options.dtype or {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}[meta["dtype"]]
     )
+    ledger = meta["ledger"]
     return Plan(
         name=meta.get("model_name", graph.name),
         architecture=meta["architecture"],
         device=options.device,
         dtype=meta["dtype"],
-        options=opts,
+        options=PlanOptions(**recorded),
         passes=list(meta.get("passes", [])) + ["lower"],
         fusions=dict(meta.get("fusions", {})),
         model=model,
@@ -53,8 +57,10 @@ def lower(graph: Graph, options: CompileOptions) -> Plan:
         calls=calls,
         inputs=list(graph.inputs),
         outputs=list(graph.outputs),
-        kv=dict(meta["kv"]),
-        state=dict(meta["state"]),
-        ledger=dict(meta["ledger"]),
-        cuda_graph_buckets=list(meta.get("cuda_graph_buckets", [])),
+        kv=kv_from_dict(meta["kv"]),
+        state=state_from_dict(meta["state"]),
+        ledger=Ledger(
+            tuple(LedgerEntry(**e) for e in ledger["entries"]), ledger["total"], ledger["budget"]
+        ),
+        cuda_graph_buckets=tuple(meta.get("cuda_graph_buckets", [])),
     )

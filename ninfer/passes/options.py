@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ninfer.errors import ConfigError
+from ninfer.ir.kv_formats import KV_DTYPES
 from ninfer.ir.types import COMPUTE_DTYPES
 
 DEVICES = ("cpu", "cuda")
-KV_DTYPES = ("f32", "bf16", "int8", "fp8", "nvfp4", "k8v4")
 MAX_CONCURRENCY = 8
 GIB = 1 << 30
 # Memory the planner may use when the caller does not say (`device_memory`): an H200 for cuda

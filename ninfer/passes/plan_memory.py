@@ -18,6 +18,7 @@ A plan that does not fit `options.memory_budget` is refused with a one-line Conf
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ninfer.errors import ConfigError
@@ -27,6 +28,17 @@ from ninfer.passes.base import Pass
 from ninfer.passes.options import GIB, HEADROOM, CompileOptions
 
 NVFP4_COPIES = "nvfp4_copies"  # the ledger item (present only where the copies are budgeted)
+MMA_COPY_ENV = "NINFER_NVFP4_MMA"  # "0": the plan budgets (so the CUDA runtime makes) no copies
+
+
+def copy_enabled() -> bool:
+    return os.environ.get(MMA_COPY_ENV, "1") != "0"
+
+
+def copy_bytes(n: int, k: int) -> int:
+    """Device bytes of the repacked copy (kernels/nvfp4_mma.py) of an [n, k] nvfp4 weight:
+    0.5 per value + a 4-byte row scale; 0 where none is made (k % 32 != 0)."""
+    return n * k // 2 + 4 * n if k % 32 == 0 else 0
 
 
 def _numel(shape: tuple) -> int:
@@ -55,8 +67,6 @@ def nvfp4_copy_bytes(g: Graph, options: CompileOptions) -> int:
     ws = [w for w in g.weights.values() if w.format == "nvfp4" and w.type.rank == 2]
     if options.device != "cuda" or not ws:
         return 0
-    from kernels.nvfp4_mma import copy_bytes, copy_enabled
-
     return sum(copy_bytes(*w.type.shape) for w in ws) if copy_enabled() else 0
 
 

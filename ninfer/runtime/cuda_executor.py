@@ -43,9 +43,10 @@ from ninfer.artifact.format import Artifact
 from ninfer.ir.plan import Plan
 from ninfer.passes.options import HEADROOM
 from ninfer.runtime.cuda_kv import CudaKVCache, CudaStateSlots
-from ninfer.runtime.cuda_ops import CUDA_OPS, DeviceStep
+from ninfer.runtime.cuda_ops import CUDA_KERNELS, DeviceStep
 from ninfer.runtime.cuda_weights import load_device_weights, weight_nbytes
 from ninfer.runtime.executor_base import PlanExecutorBase
+from ninfer.runtime.kernel_registry import KernelRegistry
 from ninfer.runtime.step import SeqChunk, StepBatch
 from ninfer.runtime.weights import TORCH_DTYPES
 
@@ -107,33 +108,32 @@ class CudaExecutor(PlanExecutorBase):
         device: str | torch.device = "cuda",
         *,
         collect_timings: bool = False,
+        kernels: KernelRegistry | None = None,
     ):
-        unknown = sorted({c.op for c in plan.calls} - set(CUDA_OPS))
-        if unknown:
-            raise ValueError(f"plan uses ops the CUDA executor does not know: {unknown}")
         self.plan = plan
+        self._resolve(kernels or CUDA_KERNELS)  # every call by the kernel the plan names
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.dtype = TORCH_DTYPES[plan.dtype]
         self.weights = load_device_weights(plan, artifact, self.device)
         self.weight_bytes = sum(weight_nbytes(w) for w in self.weights.values())
-        self.is_hybrid = bool(plan.state.get("layers"))
-        self.num_state_slots = int(plan.state.get("slots", 0)) if self.is_hybrid else 0
-        self.page_size = int(plan.kv["page_size"])
-        num_pages = int(plan.kv.get("num_pages") or 0)
-        if plan.options.get("kv_capacity") == "auto" and self.device.type == "cuda":
+        self.is_hybrid = bool(plan.state.layers)
+        self.num_state_slots = plan.state.slots if self.is_hybrid else 0
+        self.page_size = plan.kv.page_size
+        num_pages = plan.kv.num_pages
+        if plan.options.kv_capacity == "auto" and self.device.type == "cuda":
             num_pages = self._auto_pages()
-        self.kv = CudaKVCache(plan.kv, num_pages, self.device) if plan.kv["layers"] else None
+        self.kv = CudaKVCache(plan.kv, num_pages, self.device) if plan.kv.layers else None
         self.num_pages = num_pages
         self.state = (
             CudaStateSlots(plan.caches, self.num_state_slots, self.dtype, self.device)
             if self.is_hybrid
             else None
         )
-        self.max_pages = -(-int(plan.options.get("max_context") or 8192) // self.page_size)
+        self.max_pages = -(-plan.options.max_context // self.page_size)
         self.graph_buckets = set(plan.cuda_graph_buckets) if self.device.type == "cuda" else set()
-        if not plan.options.get("cuda_graphs", True):
+        if not plan.options.cuda_graphs:
             self.graph_buckets = set()
         self._graphs: dict[int, _DecodeGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.graph_buckets else None
@@ -171,18 +171,18 @@ class CudaExecutor(PlanExecutorBase):
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return int(self.plan.kv.get("bytes_per_token", 0))
+        return self.plan.kv.bytes_per_token
 
     def _auto_pages(self) -> int:
         free, _ = torch.cuda.mem_get_info(self.device)
-        entries = {e["item"]: e["bytes"] for e in self.plan.ledger["entries"]}
-        per_page = int(self.plan.kv.get("bytes_per_page") or 0)
+        ledger = self.plan.ledger
+        per_page = self.plan.kv.bytes_per_page
         if per_page == 0:
-            return int(self.plan.kv.get("num_pages") or 0)
-        avail = free - HEADROOM - entries.get("workspace", 0) - entries.get("state_slots", 0)
+            return self.plan.kv.num_pages
+        avail = free - HEADROOM - ledger.bytes_of("workspace") - ledger.bytes_of("state_slots")
         # one scratch page; never more than the plan's pool, which auto caps at what the lanes
         # can use (a small model's whole GPU was more tokens than the engine addresses)
-        pages = min(avail // per_page - 1, int(self.plan.kv.get("num_pages") or 0))
+        pages = min(avail // per_page - 1, self.plan.kv.num_pages)
         if pages < 1:
             from ninfer.errors import ConfigError
 
@@ -304,7 +304,7 @@ class CudaExecutor(PlanExecutorBase):
     def _forward(self, step: DeviceStep, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         if step.norm_stats is not None:
             step.norm_stats.zero_()  # the fused RMSNorms' sums of squares (fuse_norm_linear)
-        env = self._interpret(CUDA_OPS, step, {**self.weights, **inputs})
+        env = self._interpret(step, {**self.weights, **inputs}, step.decode)
         return env[self.plan.outputs[0]]
 
     def _eager(
@@ -412,7 +412,7 @@ def make_executor(
         return CudaExecutor(plan, artifact, dev, **kwargs)
     from ninfer.runtime.executor import Executor
 
-    return Executor(plan, artifact, dev)
+    return Executor(plan, artifact, dev, kernels=kwargs.get("kernels"))
 
 
 def describe(ex: CudaExecutor) -> dict[str, Any]:

@@ -23,7 +23,8 @@ import torch
 
 from kernels.kv_cache import alloc_kv_cache, quantize_kv
 from kernels.quant_decode import E2M1_MAX, decode_fp8, encode_fp8
-from ninfer.passes.choose_kv import split_kv
+from ninfer.ir.kv_formats import split_kv
+from ninfer.ir.plan import KVLayout
 
 # the plan's KV storage names -> kernels.kv_cache formats
 _KERNEL_FMT = {
@@ -42,20 +43,20 @@ _E2M1_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 class CudaKVCache:
     """Paged K/V storage for every attention layer of a plan, on one device."""
 
-    def __init__(self, kv: dict[str, Any], num_pages: int, device: torch.device):
-        self.page_size = int(kv["page_size"])
+    def __init__(self, kv: KVLayout, num_pages: int, device: torch.device):
+        self.page_size = kv.page_size
         self.num_pages = num_pages
         self.scratch_page = num_pages
-        self.kv_dtype = kv["dtype"]
+        self.kv_dtype = kv.dtype
         k_store, v_store = split_kv(self.kv_dtype)
         self.k_fmt, self.v_fmt = _KERNEL_FMT[k_store], _KERNEL_FMT[v_store]
         self._thresholds = torch.tensor(_E2M1_MIDPOINTS, dtype=torch.float32, device=device)
         self.k: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
         self.v: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
-        for layer in kv["layers"]:
+        for layer in kv.layers:
             for store, fmt, table in ((k_store, self.k_fmt, self.k), (v_store, self.v_fmt, self.v)):
                 table[layer] = alloc_kv_cache(
-                    num_pages + 1, self.page_size, kv["kv_heads"], kv["head_dim"], fmt,
+                    num_pages + 1, self.page_size, kv.kv_heads, kv.head_dim, fmt,
                     _PLAIN_DTYPE.get(store, torch.bfloat16), device, torch.uint8,
                 )  # fmt: skip
 

@@ -161,8 +161,8 @@ def work_model(plan: Plan, weight_bytes: dict[str, int]) -> WorkModel:
     for name, nbytes in weight_bytes.items():
         if name not in seen and name not in embed_names:
             dense += nbytes
-    state = int(plan.state.get("bytes_per_slot", 0)) if plan.state.get("layers") else 0
-    return WorkModel(dense, expert, experts, top_k, embed_row, int(plan.kv.get("bytes_per_token", 0)), state,
+    state = plan.state.bytes_per_slot if plan.state.layers else 0
+    return WorkModel(dense, expert, experts, top_k, embed_row, plan.kv.bytes_per_token, state,
                      active, head, attn_layers, heads, head_dim)  # fmt: skip
 
 

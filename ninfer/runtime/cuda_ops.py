@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kernels.attn_prologue import FUSED_FORMATS, attention_prologue
+from kernels.attn_prologue import attention_prologue
 from kernels.folded_norm import NormedX, ResidualNorm
 from kernels.fp8_mma import Fp8MmaConfig, fp8_mma, fp8_mma_config
 from kernels.fp8_mma import usable as fp8_mma_usable
@@ -26,16 +26,24 @@ from kernels.gated_rmsnorm import gated_rmsnorm as gated_rmsnorm_kernel
 from kernels.gdn_conv import causal_conv1d as conv1d_kernel
 from kernels.gdn_gates import gdn_gates as gdn_gates_kernel
 from kernels.gdn_recurrent import gated_delta_rule_recurrent
-from kernels.gemv import dense_linear
+from kernels.gemv import INTERPRETED_M1, DenseGemvConfig, SkinnyConfig, dense_gemv, dense_skinny
+from kernels.launch import interpreting
 from kernels.moe_gemm import moe_gemm
 from kernels.paged_decode import paged_attention_decode
 from kernels.paged_prefill import paged_attention_prefill
 from kernels.rmsnorm import rmsnorm as rmsnorm_kernel
 from kernels.rotary import rotary_
 from kernels.silu_mul import silu_mul as silu_mul_kernel
+from ninfer.passes.assign_kernels import CUBLAS_GEMM, CUDA_GEMMS, attention_kernel
+from ninfer.passes.assign_kernels import CUDA_DECODE_KERNELS as DECODE
+from ninfer.passes.assign_kernels import CUDA_KERNELS as ASSIGNED
+from ninfer.passes.gemm_launch import GEMV, SKINNY
 from ninfer.runtime import ops_torch
 from ninfer.runtime.cuda_kv import CudaKVCache, CudaStateSlots
 from ninfer.runtime.cuda_weights import QuantWeight
+from ninfer.runtime.kernel_registry import KernelRegistry
+
+GEMMS = (CUBLAS_GEMM, *CUDA_GEMMS.values())
 
 # Opt-in (NINFER_GDN_PREFILL=fla, package `fla-core`): the chunked Gated DeltaNet rule of fla for
 # prefill chunks of GDN_CHUNKED_MIN_TOKENS or more. On the H200 at Qwen3.5-9B shapes the recurrent
@@ -132,9 +140,8 @@ def linear(
     """x @ wᵀ (+ bias); attr act=swiglu: x is [gate | up] and the input is silu(gate) * up;
     attr out=swiglu: w is [gate; up] and the result silu(gate) * up (fp8 weights: in the
     tensor-core GEMV's epilogue at batch 1).
-    Dense weights at decode batch sizes run kernels.gemv where its tables (or the batch-1
-    default) say it beats cuBLAS: the CUDA-core GEMV up to 4 rows (activation folded in), tensor-
-    core tiles up to 16; quantised weights run kernels.quant_gemm (the fp8 decode GEMV folds
+    Dense weights: cuBLAS here (the rows the plan's `launch` names run linear_gemv /
+    linear_skinny instead); quantised weights run kernels.quant_gemm (the fp8 decode GEMV folds
     the activation in too)."""
     glu = a.get("act") == "swiglu"
     out_glu = a.get("out") == "swiglu"  # (fuse_swiglu_linear folds it only where there is no bias)
@@ -151,11 +158,43 @@ def linear(
     lead = x.shape[:-1]
     if isinstance(w, QuantWeight):
         y = w.linear(x2, glu=glu, swiglu_out=out_glu)
-    else:
-        y = dense_linear(x2, w, glu=glu)
+    else:  # cuBLAS (the plan's `launch` sends few rows to linear_gemv / linear_skinny)
+        y = F.linear(silu_mul_kernel(x2) if glu else x2, w)
         y = silu_mul_kernel(y) if out_glu else y
     y = y.view(*lead, y.shape[-1])
     return y if bias is None else y + bias
+
+
+def linear_gemv(
+    s: DeviceStep, a: dict, x: torch.Tensor, w: torch.Tensor, bias=None, *, config
+) -> torch.Tensor:
+    """A dense GEMM by kernels.gemv with the plan's launch shape (bn, warps, unroll); a
+    swiglu input (act) folded in. Under the CPU interpreter it runs INTERPRETED_M1: the same
+    arithmetic in fewer programs."""
+    x2 = _rows(x)
+    cfg = INTERPRETED_M1 if interpreting() else DenseGemvConfig(*config)
+    y = dense_gemv(x2, w, cfg, glu=a.get("act") == "swiglu")
+    return _finish(a, x, y, bias)
+
+
+def linear_skinny(
+    s: DeviceStep, a: dict, x: torch.Tensor, w: torch.Tensor, bias=None, *, config
+) -> torch.Tensor:
+    """A dense GEMM of 5-16 rows by kernels.gemv's tensor-core tiles (bn, bk, stages, warps)."""
+    x2 = _rows(x)
+    x2 = silu_mul_kernel(x2) if a.get("act") == "swiglu" else x2
+    return _finish(a, x, dense_skinny(x2, w, SkinnyConfig(*config)), bias)
+
+
+def _finish(a: dict, x: torch.Tensor, y: torch.Tensor, bias) -> torch.Tensor:
+    """y [rows, N] with the gate/up swiglu (out) applied, in x's leading shape, + bias."""
+    y = silu_mul_kernel(y) if a.get("out") == "swiglu" else y
+    y = y.view(*x.shape[:-1], y.shape[-1])
+    return y if bias is None else y + bias
+
+
+def _as_logits(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    return lambda s, a, x, w, **kw: fn(s, a, x, w, **kw).float()
 
 
 def logits(s: DeviceStep, a: dict, x: torch.Tensor, w: Any) -> torch.Tensor:
@@ -210,50 +249,63 @@ def rotary(s: DeviceStep, a: dict, q: torch.Tensor, k: torch.Tensor, pos: torch.
     return out[0], out[1]
 
 
-def attention(
-    s: DeviceStep,
-    a: dict,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    pos: torch.Tensor | None = None,
-    q_norm: torch.Tensor | None = None,
-    k_norm: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Folded prologue (attr `prologue`): q/k norm, rotary and the KV write in one launch of
-    kernels.attn_prologue when both KV formats are ones it writes (plain, int8, fp8), else the
-    unfused rmsnorm / rotary kernels and kv.write. Then paged attention, decode or prefill."""
+def _prologue_fused(s: DeviceStep, a: dict, q, k, v, pos, q_norm, k_norm) -> torch.Tensor:
+    """q/k norm, rotary and the KV write in one launch of kernels.attn_prologue; q [T, H, D]."""
     assert s.kv is not None
-    h, kvh, d, layer = a["heads"], a["kv_heads"], a["head_dim"], a["layer"]
-    T = q.shape[0]
-    args = s.kv.kernel_args(layer)
-    prologue = a.get("prologue")
-    if prologue and s.kv.k_fmt in FUSED_FORMATS and s.kv.v_fmt in FUSED_FORMATS:
-        q3 = attention_prologue(
-            q.unflatten(-1, (h, d)), k.unflatten(-1, (kvh, d)), v.unflatten(-1, (kvh, d)),
-            pos, _rope_inv_freq(s, a, q.device), q_norm_w=q_norm, k_norm_w=k_norm,
-            eps=a.get("eps", 0.0), zero_centered=a.get("zero_centered", False),
-            slots=s.slot_mapping, scale=ops_torch.rope_scale(a["rope"]), **args,
-        )  # fmt: skip
-    else:
-        if prologue:
-            if q_norm is not None:
-                q, k = rmsnorm(s, a, q, q_norm), rmsnorm(s, a, k, k_norm)
-            q, k = rotary(s, a, q, k, pos)
-        s.kv.write(layer, k.unflatten(-1, (kvh, d)), v.unflatten(-1, (kvh, d)), s.slot_mapping)
-        q3 = q.unflatten(-1, (h, d))  # [T, H, D]
-        if q3.stride(-1) != 1:
-            q3 = q3.contiguous()
-    if s.decode:
-        out = paged_attention_decode(
-            q3, block_tables=s.block_tables, seq_lens=s.seq_lens, scale=a["scale"], **args
-        )
-    else:
-        out = paged_attention_prefill(
-            q3, block_tables=s.block_tables, cu_seqlens_q=s.cu_seqlens, seq_lens=s.seq_lens, scale=a["scale"],
-            max_q_len=s.max_q_len, **args,
-        )  # fmt: skip
-    return out.reshape(T, h * d)
+    h, kvh, d = a["heads"], a["kv_heads"], a["head_dim"]
+    return attention_prologue(
+        q.unflatten(-1, (h, d)), k.unflatten(-1, (kvh, d)), v.unflatten(-1, (kvh, d)),
+        pos, _rope_inv_freq(s, a, q.device), q_norm_w=q_norm, k_norm_w=k_norm,
+        eps=a.get("eps", 0.0), zero_centered=a.get("zero_centered", False),
+        slots=s.slot_mapping, scale=ops_torch.rope_scale(a["rope"]),
+        **s.kv.kernel_args(a["layer"]),
+    )  # fmt: skip
+
+
+def _prologue_unfused(s: DeviceStep, a: dict, q, k, v, pos, q_norm, k_norm) -> torch.Tensor:
+    """The folded prologue's ops as separate launches (where there is one), then the KV write
+    (kernels.kv_cache formats); q [T, H, D]."""
+    assert s.kv is not None
+    h, kvh, d = a["heads"], a["kv_heads"], a["head_dim"]
+    if a.get("prologue"):
+        if q_norm is not None:
+            q, k = rmsnorm(s, a, q, q_norm), rmsnorm(s, a, k, k_norm)
+        q, k = rotary(s, a, q, k, pos)
+    s.kv.write(a["layer"], k.unflatten(-1, (kvh, d)), v.unflatten(-1, (kvh, d)), s.slot_mapping)
+    q3 = q.unflatten(-1, (h, d))  # [T, H, D]
+    return q3 if q3.stride(-1) == 1 else q3.contiguous()
+
+
+def _attention(prologue: Callable[..., torch.Tensor], decode: bool) -> Callable[..., torch.Tensor]:
+    """An attention kernel: `prologue` (fills the KV cache, returns q [T, H, D]) then the paged
+    attention kernel of a decode step (`decode`, every chunk one token) or of any other step."""
+
+    def run(
+        s: DeviceStep,
+        a: dict,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        pos: torch.Tensor | None = None,
+        q_norm: torch.Tensor | None = None,
+        k_norm: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        assert s.kv is not None
+        h, d, T = a["heads"], a["head_dim"], q.shape[0]
+        q3 = prologue(s, a, q, k, v, pos, q_norm, k_norm)
+        args = s.kv.kernel_args(a["layer"])
+        if decode:
+            out = paged_attention_decode(
+                q3, block_tables=s.block_tables, seq_lens=s.seq_lens, scale=a["scale"], **args
+            )
+        else:
+            out = paged_attention_prefill(
+                q3, block_tables=s.block_tables, cu_seqlens_q=s.cu_seqlens, seq_lens=s.seq_lens,
+                scale=a["scale"], max_q_len=s.max_q_len, **args,
+            )  # fmt: skip
+        return out.reshape(T, h * d)
+
+    return run
 
 
 def swiglu(s: DeviceStep, a: dict, gu: torch.Tensor) -> torch.Tensor:
@@ -354,21 +406,47 @@ def gated_rmsnorm(
     return y.reshape(x.shape)
 
 
-# ops without a dedicated kernel run the reference's torch code (no host syncs in any of them)
-_REFERENCE = (
-    "embed",
-    "add",
-    "split",
-    "split_gated_q",
-    "sigmoid_mul",
-    "silu_mul",
-    "moe_router",
-    "select_rows",
+def _attention_kernels() -> dict[tuple[str, str], Callable[..., Any]]:
+    """Every attention kernel name assign_kernels gives: the prologue (none, the one-launch
+    kernel, or its unfused launches) + the paged attention of a decode or any other step."""
+    out = {}
+    for decode in (False, True):
+        for prologue in ("", "rotary", "qk_norm+rotary"):
+            for fused in (False, True) if prologue else (False,):
+                impl = _attention(_prologue_fused if fused else _prologue_unfused, decode)
+                out[(attention_kernel(prologue, fused, decode), "attention")] = impl
+    return out
+
+
+_K = ASSIGNED  # the kernel names assign_kernels gives cuda ops, by op kind
+# (kernel name the plan prints, op kind) -> implementation; the torch references where the plan
+# names a torch kernel (no host syncs in any of them)
+CUDA_KERNELS = KernelRegistry(
+    "cuda",
+    {
+        ("view.split", "split"): ops_torch.split,
+        ("view.split", "split_gated_q"): ops_torch.split_gated_q,
+        **{
+            (_K[op], op): getattr(ops_torch, op)
+            for op in ("embed", "add", "sigmoid_mul", "silu_mul", "moe_router", "select_rows")
+        },
+        **{(name, op): fn for name in GEMMS for op, fn in (("linear", linear), ("logits", logits))},
+        (GEMV, "linear"): linear_gemv,
+        (GEMV, "logits"): _as_logits(linear_gemv),
+        (SKINNY, "linear"): linear_skinny,
+        (SKINNY, "logits"): _as_logits(linear_skinny),
+        (_K["rmsnorm"], "rmsnorm"): rmsnorm,
+        (_K["add_rmsnorm"], "add_rmsnorm"): add_rmsnorm,
+        (_K["rotary"], "rotary"): rotary,
+        (_K["swiglu"], "swiglu"): swiglu,
+        (_K["moe_experts"], "moe_experts"): moe_experts,
+        (_K["moe_experts_gu"], "moe_experts_gu"): moe_experts_gu,
+        (_K["causal_conv1d"], "causal_conv1d"): causal_conv1d,
+        (_K["gdn_gates"], "gdn_gates"): gdn_gates,
+        (_K["gated_rmsnorm"], "gated_rmsnorm"): gated_rmsnorm,
+        # one recurrent kernel serves both (fla's chunked rule for long prefills, see above)
+        (_K["gated_delta_rule"], "gated_delta_rule"): gated_delta_rule,
+        (DECODE["gated_delta_rule"], "gated_delta_rule"): gated_delta_rule,
+        **_attention_kernels(),
+    },
 )
-CUDA_OPS: dict[str, Callable[..., Any]] = {name: getattr(ops_torch, name) for name in _REFERENCE}
-CUDA_OPS.update(
-    linear=linear, logits=logits, rmsnorm=rmsnorm, add_rmsnorm=add_rmsnorm, rotary=rotary, attention=attention,
-    swiglu=swiglu, moe_experts=moe_experts, moe_experts_gu=moe_experts_gu, causal_conv1d=causal_conv1d,
-    gated_delta_rule=gated_delta_rule,
-)  # fmt: skip
-CUDA_OPS.update(gdn_gates=gdn_gates, gated_rmsnorm=gated_rmsnorm)

@@ -21,11 +21,11 @@ import numpy as np
 import torch
 
 from kernels.fp8_mma import Fp8MmaConfig, fp8_mma, nvfp4_mma_config, usable_nvfp4
-from kernels.nvfp4_mma import Nvfp4MmaWeight, copy_bytes, copy_enabled, prepare
+from kernels.nvfp4_mma import Nvfp4MmaWeight, prepare
 from kernels.quant_gemm import dequantize_weight, quant_linear
 from kernels.silu_mul import silu_mul
 from ninfer.ir.plan import BufferSpec, Plan
-from ninfer.passes.plan_memory import NVFP4_COPIES
+from ninfer.passes.plan_memory import NVFP4_COPIES, copy_bytes, copy_enabled
 from ninfer.runtime.weights import TORCH_DTYPES
 
 QUANT_GEMMS = {"triton.gemm_fp8": "fp8", "triton.gemm_nvfp4": "nvfp4"}
@@ -190,7 +190,7 @@ def load_device_weights(
         if c.kernel in QUANT_GEMMS:
             packed_fmt[c.inputs[1]] = QUANT_GEMMS[c.kernel]
     # the plan's memory ledger says whether the nvfp4 copies fit (ninfer/passes/plan_memory.py)
-    copies = any(e["item"] == NVFP4_COPIES for e in plan.ledger.get("entries", []))
+    copies = plan.ledger.has(NVFP4_COPIES)
     out: dict[str, torch.Tensor | QuantWeight] = {}
     for spec in plan.weights():
         loaded = [device_parts(source, s, device) for s in spec.sources]

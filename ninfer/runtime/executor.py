@@ -17,9 +17,10 @@ the step's tokens. It writes each chunk's K/V into the pages its block table nam
 advances each chunk's state slot; it mutates nothing else. Pages and slots are owned by the
 caller (scheduler or `LLM`): the executor never allocates or frees them.
 
-Every op runs its torch reference from ninfer.runtime.ops_torch, keyed by op kind, whatever
-kernel the plan names (a cuda plan runs here too, on the torch device given, with reference
-numerics; the Triton executor replaces this where the named kernels exist).
+Every call runs the kernel the plan names for it, looked up in CPU_KERNELS: the torch
+references of ninfer.runtime.ops_torch under the names assign_kernels gives them on cpu
+(`torch.<op>`, `view.split`). A plan compiled for cuda names kernels this executor does not
+have and is refused at construction (run it with ninfer.runtime.cuda_executor).
 """
 
 from __future__ import annotations
@@ -31,25 +32,38 @@ import torch
 
 from ninfer.artifact.format import Artifact
 from ninfer.ir.plan import Plan
+from ninfer.passes.assign_kernels import cpu_kernel
 from ninfer.runtime.executor_base import PlanExecutorBase
+from ninfer.runtime.kernel_registry import KernelRegistry
 from ninfer.runtime.kv_cache import PagedKVCache, StateSlots
 from ninfer.runtime.ops_torch import OPS, ChunkView, StepContext
 from ninfer.runtime.step import StepBatch
 from ninfer.runtime.weights import TORCH_DTYPES, load_weights
 
+# the names assign_kernels gives cpu ops: the reference of each op kind, views as view.split
+CPU_KERNELS = KernelRegistry(
+    "cpu",
+    {(cpu_kernel(op), op): impl for op, impl in OPS.items()},
+)
+
 
 class Executor(PlanExecutorBase):
-    def __init__(self, plan: Plan, artifact: Artifact, device: str | torch.device = "cpu"):
-        unknown = sorted({c.op for c in plan.calls} - set(OPS))
-        if unknown:
-            raise ValueError(f"plan uses ops the executor does not know: {unknown}")
+    def __init__(
+        self,
+        plan: Plan,
+        artifact: Artifact,
+        device: str | torch.device = "cpu",
+        *,
+        kernels: KernelRegistry | None = None,
+    ):
         self.plan = plan
+        self._resolve(kernels or CPU_KERNELS)
         self.device = torch.device(device)
         self.dtype = TORCH_DTYPES[plan.dtype]
         self.weights = load_weights(plan, artifact, self.device)
         self.kv = PagedKVCache(plan.kv, self.dtype, self.device)
-        self.is_hybrid = bool(plan.state.get("layers"))
-        self.num_state_slots = int(plan.state.get("slots", 0)) if self.is_hybrid else 0
+        self.is_hybrid = bool(plan.state.layers)
+        self.num_state_slots = plan.state.slots if self.is_hybrid else 0
         self.state = (
             StateSlots(plan.caches, self.num_state_slots, self.dtype, self.device)
             if self.is_hybrid
@@ -111,7 +125,7 @@ class Executor(PlanExecutorBase):
         env["positions"] = torch.tensor(positions, dtype=torch.int32, device=self.device)
         env["logit_rows"] = torch.tensor(rows, dtype=torch.int32, device=self.device)
         ctx = StepContext(chunks, self.kv, self.state, self._rope)
-        env = self._interpret(OPS, ctx, env)
+        env = self._interpret(ctx, env, decode=False)
         self.last_step_seconds = time.perf_counter() - t0
         self.tokens_computed += batch.num_tokens
         return env[self.plan.outputs[0]]

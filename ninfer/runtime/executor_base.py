@@ -20,6 +20,7 @@ from ninfer.runtime.host_snapshot import (
     restore_tensors,
     snapshot_tensors,
 )
+from ninfer.runtime.kernel_registry import KernelRegistry
 from ninfer.runtime.step import StepBatch
 
 
@@ -37,12 +38,20 @@ class PlanExecutorBase:
                 out.setdefault(i, []).append(n)
         return out
 
-    def _interpret(self, ops: dict[str, Any], ctx: Any, env: dict[str, Any]) -> dict[str, Any]:
-        """Run the plan's calls in order, `ops[call.op](ctx, call.attrs, *inputs)`, binding
-        outputs in `env` (weights and step inputs on entry) and dropping each activation after
-        its last reader; returns `env`."""
+    def _resolve(self, kernels: KernelRegistry) -> None:
+        """Look every call's kernels up once (ValueError for a kernel `kernels` lacks)."""
+        self.kernels = kernels
+        self._step_impls = [kernels.resolve(c, decode=False) for c in self.plan.calls]
+        self._decode_impls = [kernels.resolve(c, decode=True) for c in self.plan.calls]
+
+    def _interpret(self, ctx: Any, env: dict[str, Any], decode: bool) -> dict[str, Any]:
+        """Run the plan's calls in order, each by the kernel the plan names for it (its
+        `decode_kernel` in a `decode` step), `impl(ctx, call.attrs, *inputs)`, binding outputs
+        in `env` (weights and step inputs on entry) and dropping each activation after its last
+        reader; returns `env`."""
+        impls = self._decode_impls if decode else self._step_impls
         for i, call in enumerate(self.plan.calls):
-            out = ops[call.op](ctx, call.attrs, *[env[n] for n in call.inputs])
+            out = impls[i](ctx, call.attrs, *[env[n] for n in call.inputs])
             if len(call.outputs) == 1:
                 env[call.outputs[0]] = out
             else:

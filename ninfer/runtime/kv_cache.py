@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from ninfer.passes.choose_kv import split_kv
+from ninfer.ir.kv_formats import split_kv
+from ninfer.ir.plan import KVLayout
 
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
@@ -58,15 +59,15 @@ def fake_quant(x: torch.Tensor, fmt: str) -> torch.Tensor:
 
 
 class PagedKVCache:
-    def __init__(self, kv: dict[str, Any], dtype: torch.dtype, device: torch.device):
-        self.page_size = int(kv["page_size"])
-        self.num_pages = int(kv.get("num_pages") or 0)
-        self.kv_dtype = kv["dtype"]
+    def __init__(self, kv: KVLayout, dtype: torch.dtype, device: torch.device):
+        self.page_size = kv.page_size
+        self.num_pages = kv.num_pages
+        self.kv_dtype = kv.dtype
         self.k_fmt, self.v_fmt = split_kv(self.kv_dtype)
         self.k: dict[int, torch.Tensor] = {}
         self.v: dict[int, torch.Tensor] = {}
-        for layer in kv["layers"]:
-            shape = (self.num_pages, self.page_size, kv["kv_heads"], kv["head_dim"])
+        for layer in kv.layers:
+            shape = (self.num_pages, self.page_size, kv.kv_heads, kv.head_dim)
             self.k[layer] = torch.zeros(shape, dtype=dtype, device=device)
             self.v[layer] = torch.zeros(shape, dtype=dtype, device=device)
 

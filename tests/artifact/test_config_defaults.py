@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from ninfer.artifact.convert_hf import convert_hf
+from ninfer.artifact.model_spec import model_spec
 from ninfer.errors import ArtifactError, ConvertError
-from ninfer.ir.models.spec import model_spec
+from ninfer.ir.models import check_tensors
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -100,12 +101,13 @@ def test_convert_refuses_what_loading_would(tmp_path):
     LlamaForCausalLM(cfg).save_pretrained(src)
     (src / "tokenizer.json").write_text(Tokenizer(models.BPE()).to_str())
     with pytest.raises(ConvertError, match="hidden_act 'gelu' is not supported"):
-        convert_hf(src, tmp_path / "out.ninfer")
+        convert_hf(src, tmp_path / "out.ninfer", check_model=check_tensors)
     assert not list(tmp_path.glob("out.ninfer*"))
 
 
 def test_weights_that_do_not_fit_the_config_are_refused_at_conversion(tmp_path):
-    """The check loading makes (the graph builder's) runs before the artifact is kept."""
+    """The check loading makes (the graph builder's, which `ninfer convert` passes to the
+    converter) runs before the artifact is kept."""
     from tokenizers import Tokenizer, models
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -117,5 +119,5 @@ def test_weights_that_do_not_fit_the_config_are_refused_at_conversion(tmp_path):
     config["head_dim"] = 8  # the stored q/k norms and projections are for 16
     (src / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConvertError, match="the weights do not fit the config"):
-        convert_hf(src, tmp_path / "out.ninfer")
+        convert_hf(src, tmp_path / "out.ninfer", check_model=check_tensors)
     assert not list(tmp_path.glob("out.ninfer*"))

@@ -11,7 +11,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ninfer.artifact.convert_hf import convert_hf
+from ninfer.cli import main
 from ninfer.errors import ConvertError
+from ninfer.ir.models import check_tensors
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -39,7 +41,7 @@ def _edit_config(src: Path, **changes) -> None:
 
 def _refused(src: Path, out_dir: Path, match: str) -> None:
     with pytest.raises(ConvertError, match=match):
-        convert_hf(src, out_dir / "out.ninfer")
+        convert_hf(src, out_dir / "out.ninfer", check_model=check_tensors)
     assert not list(out_dir.glob("out.ninfer*"))
 
 
@@ -105,6 +107,16 @@ def test_sizes_the_config_names_must_be_the_weights(tmp_path, change, message):
     src = _llama(tmp_path / "m")
     _edit_config(src, **change)
     _refused(src, tmp_path, message)
+
+
+def test_ninfer_convert_checks_the_weights_build_the_model(tmp_path, capsys):
+    """The command supplies the IR's check (the artifact layer does not import the builders)."""
+    src = _llama(tmp_path / "m")
+    _edit_config(src, intermediate_size=96)
+    out = tmp_path / "cli.ninfer"
+    assert main(["convert", str(src), "-o", str(out)]) == 2
+    assert "the config's intermediate_size is 96" in capsys.readouterr().err
+    assert not list(tmp_path.glob("cli.ninfer*"))
 
 
 def test_projections_nvfp4_cannot_hold_are_reported(tmp_path, caplog):

@@ -9,8 +9,8 @@ import math
 import pytest
 
 from ninfer.artifact.convert_gguf import _config
+from ninfer.artifact.model_spec import _rope
 from ninfer.errors import ConvertError
-from ninfer.ir.models.spec import _rope
 
 BASE = {
     "qwen3.embedding_length": 64, "qwen3.block_count": 2, "qwen3.attention.head_count": 4,

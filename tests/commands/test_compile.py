@@ -21,14 +21,33 @@ def compile_out(capsys, *argv: str) -> tuple[int, str, str]:
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_compile_plan_snapshot(arch, device, fixture_artifacts, capsys, snapshot) -> None:
-    rc, out, err = compile_out(
-        capsys, str(fixture_artifacts(arch)), "--device", device, "--max-concurrency", "4"
-    )
+@pytest.mark.parametrize("verbose", [False, True], ids=["summary", "verbose"])
+def test_compile_plan_snapshot(arch, device, verbose, fixture_artifacts, capsys, snapshot) -> None:
+    """The summary by default; --verbose adds the weights and calls, identical layers folded."""
+    argv = [str(fixture_artifacts(arch)), "--device", device, "--max-concurrency", "4"]
+    rc, out, err = compile_out(capsys, *argv, *(["--verbose"] if verbose else []))
     assert rc == 0, err
     assert out == snapshot
     assert "fused: fuse_qkv=" in out and "ledger:" in out
     assert ("cuda graph buckets: 1 2 3 4" in out) == (device == "cuda")
+    assert f"cuda_graphs={device == 'cuda'}" in out  # a cpu plan has none
+    assert ("calls:" in out) == verbose
+
+
+def test_kv_dtype_is_one_vocabulary_for_compile_and_serve(fixture_artifacts, capsys) -> None:
+    """`--kv-dtype` takes the same values in `ninfer compile` and `ninfer serve`."""
+    import argparse
+
+    from ninfer.commands.serve import add_arguments as serve_arguments
+    from ninfer.ir.kv_formats import KV_DTYPES
+
+    serve = argparse.ArgumentParser()
+    serve_arguments(serve)
+    kv_action = next(a for a in serve._actions if a.dest == "kv_dtype")
+    assert tuple(kv_action.choices) == KV_DTYPES
+    for kv in KV_DTYPES:
+        rc, out, err = compile_out(capsys, str(fixture_artifacts("llama")), "--kv-dtype", kv)
+        assert rc == 0 and f"kv: dtype={kv} " in out, err
 
 
 def test_compile_json_round_trips(fixture_artifacts, capsys) -> None:
@@ -36,7 +55,7 @@ def test_compile_json_round_trips(fixture_artifacts, capsys) -> None:
     rc, out, _ = compile_out(capsys, path, "--json", "--kv-dtype", "fp8", "--kv-capacity", "2048")
     assert rc == 0
     plan = Plan.from_json(out)
-    assert plan.kv["dtype"] == "fp8" and plan.kv["capacity_tokens"] == 2048
+    assert plan.kv.dtype == "fp8" and plan.kv.capacity_tokens == 2048
     assert json.loads(plan.to_json()) == json.loads(out)
     rc, text, _ = compile_out(capsys, path, "--kv-dtype", "fp8", "--kv-capacity", "2048")
     assert text == plan.to_text()
@@ -124,3 +143,66 @@ def test_a_closed_pipe_is_not_an_error(fixture_artifacts) -> None:
     p.stdout.close()  # as head does after its line
     err = p.stderr.read().decode()
     assert p.wait(timeout=60) == 0 and "Traceback" not in err, err
+
+
+BLOCK_IMPORTS = """
+import sys
+class _Absent:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "triton", "kernels"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, _Absent())
+from ninfer.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("weights", ["bf16", "nvfp4"])
+def test_a_cuda_plan_compiles_without_torch_or_triton(weights, fixture_hf_dir, tmp_path) -> None:
+    """The README's promise: a GPU plan compiles on any machine (it was refused with
+    ModuleNotFoundError: triton, from the nvfp4 copies' size in plan_memory)."""
+    import subprocess
+    import sys
+
+    from ninfer.artifact.convert_hf import convert_hf
+
+    path = convert_hf(fixture_hf_dir("qwen3"), tmp_path / f"q-{weights}.ninfer", weights=weights)
+    argv = ["compile", str(path), "--device", "cuda", "--verbose"]
+    p = subprocess.run(
+        [sys.executable, "-c", BLOCK_IMPORTS, *argv],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    assert "triton.gemm_nvfp4" in p.stdout if weights == "nvfp4" else "cublas.gemm" in p.stdout
+    assert ("nvfp4_copies" in p.stdout) == (weights == "nvfp4")
+
+
+def test_verbose_folds_identical_layers(fixture_hf_dir, tmp_path, capsys) -> None:
+    """A 5-layer llama: layer 0 (no residual before it) and layer 4 (the last residual add)
+    differ, layers 1-3 run the same rows and are printed once."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    from ninfer.artifact.convert_hf import convert_hf
+
+    src = tmp_path / "llama5"
+    shutil.copytree(fixture_hf_dir("llama"), src)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 5}))
+    (shard,) = src.glob("*.safetensors")
+    tensors = load_file(shard)
+    for name, t in list(tensors.items()):
+        if ".layers.1." in name:
+            for i in (2, 3, 4):
+                tensors[name.replace(".layers.1.", f".layers.{i}.")] = t.copy()
+    save_file(tensors, shard, metadata={"format": "pt"})
+    path = convert_hf(src, tmp_path / "llama5.ninfer")
+    rc, out, err = compile_out(capsys, str(path), "--device", "cuda", "--verbose")
+    assert rc == 0, err
+    heads = [ln.strip() for ln in out.splitlines() if ln.strip().startswith("layer")]
+    assert heads == ["layers 0-4 (x5):", "layer 0:", "layers 1-3 (x3):", "layer 4:"]
+    assert "kv: dtype=bf16" in out and "layers=0-4 " in out

@@ -3,14 +3,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import gemv
 from kernels.gemv import (
     DenseGemvConfig,
     SkinnyConfig,
     dense_gemv,
     dense_gemv_reference,
     dense_skinny,
-    load_skinny_table,
     load_table,
 )
 
@@ -71,26 +69,6 @@ def test_table_round_trip(tmp_path) -> None:
     assert load_table(tmp_path / "missing.json") == {}
 
 
-def test_config_choice(monkeypatch) -> None:
-    """Measured shapes follow the table per batch bucket (no entry: cuBLAS); others take the
-    batch-1 default and cuBLAS above it."""
-    monkeypatch.setattr(
-        gemv,
-        "TABLE",
-        {
-            (64, 32, False, 1): DenseGemvConfig(2, 4, 1),
-            (64, 32, False, 4): DenseGemvConfig(4, 8, 1),
-        },
-    )
-    assert gemv.dense_gemv_config(64, 32, 1) == DenseGemvConfig(2, 4, 1)
-    assert gemv.dense_gemv_config(64, 32, 2) is None  # cuBLAS won at M = 2
-    assert gemv.dense_gemv_config(64, 32, 3) == DenseGemvConfig(4, 8, 1)
-    assert gemv.dense_gemv_config(64, 32, 5) is None
-    default = gemv.INTERPRETED_M1 if gemv.interpreting() else gemv.DEFAULT_M1
-    assert gemv.dense_gemv_config(64, 32, 1, glu=True) == default
-    assert gemv.dense_gemv_config(96, 32, 2) is None
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "N,K,glu", [(6144, 4096, False), (4096, 12288, True), (151936, 4096, False)]
@@ -116,14 +94,3 @@ def test_skinny_matches_reference(device, M, cfg, N, K) -> None:
     y = dense_skinny(x, w, cfg)
     assert y.shape == (M, N) and y.dtype == torch.bfloat16
     torch.testing.assert_close(y.float(), dense_gemv_reference(x, w).float(), rtol=2e-2, atol=2e-2)
-
-
-def test_skinny_table(tmp_path, monkeypatch) -> None:
-    p = tmp_path / "s.json"
-    p.write_text('{"4096:4096": {"8": [32, 256, 4, 4]}}')
-    t = load_skinny_table(p)
-    assert t == {(4096, 4096, 8): SkinnyConfig(32, 256, 4, 4)}
-    monkeypatch.setattr(gemv, "SKINNY_TABLE", t)
-    assert gemv.skinny_config(4096, 4096, 6) == SkinnyConfig(32, 256, 4, 4)
-    assert gemv.skinny_config(4096, 4096, 12) is None  # no M = 16 entry: cuBLAS
-    assert gemv.skinny_config(4096, 4096, 4) is None  # the GEMV's range

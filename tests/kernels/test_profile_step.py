@@ -33,3 +33,10 @@ def test_variant_is_undone_after_the_timing() -> None:
         assert fp8_mma.TABLE[absent] == fp8_mma.Fp8MmaConfig(2, 2, 0)
         assert fp8_gemv.TABLE[(6144, 4096, False, 1)] is None
     assert fp8_mma.TABLE == before_mma and fp8_gemv.TABLE == before_fma
+
+
+def test_dense_variants_are_refused_as_the_plan_chooses_them() -> None:
+    """Dense GEMM launches are chosen when the plan is compiled: swapping the kernel module's
+    table at run time would change nothing, so the variant is refused rather than timed."""
+    with pytest.raises(SystemExit, match="dense GEMM launches are the plan's"):
+        _table_entry("dense 4096:4096:0:1=1,4,2")

@@ -18,7 +18,7 @@ from ninfer.passes.options import CompileOptions
 from ninfer.passes.pipeline import build_pipeline, compile_artifact, graph_for_artifact, run_passes
 from ninfer.passes.plan_memory import PLAN_MEMORY
 from ninfer.passes.verify import VERIFY
-from ninfer.runtime.config import EngineConfig
+from ninfer.runtime.config import EngineOptions
 
 ARCHS = ("llama", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe")
 CPU = CompileOptions(device="cpu")
@@ -219,7 +219,7 @@ def test_plan_memory_auto_and_refusal(fixture_artifacts) -> None:
         planned = PLAN_MEMORY(g, h200).meta["kv"]
         want = -(-lanes_of[0] * lanes_of[1] // h200.page_size) * h200.page_size
         assert planned["capacity_tokens"] == want and planned["num_pages"] * h200.page_size == want
-        EngineConfig(
+        EngineOptions.of(
             max_concurrency=lanes_of[0], max_context=lanes_of[1],
             page_size=h200.page_size, kv_capacity=want,
         )  # fmt: skip  # the engine takes the planned pool (it refused the uncapped one)

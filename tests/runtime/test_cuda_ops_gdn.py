@@ -2,7 +2,7 @@
 
 One DeltaNet layer's non-GEMM chain, as the plan runs it (split views of the fused in_proj
 output -> causal_conv1d -> split -> gdn_gates -> gated_delta_rule -> gated_rmsnorm), through
-`cuda_ops.CUDA_OPS` on a `DeviceStep` with a `CudaStateSlots` pool, and through `ops_torch.OPS`
+the CUDA kernels the plan names (`cuda_ops.CUDA_KERNELS`) on a `DeviceStep` with a `CudaStateSlots` pool, and through `ops_torch.OPS`
 on a `StepContext` with the reference `StateSlots`: a prefill of two sequences in scattered
 slots, then a decode step. On CPU the Triton kernels run under the interpreter.
 """
@@ -18,9 +18,10 @@ if not torch.cuda.is_available():
 
 import pytest
 
+from ninfer.passes.assign_kernels import CUDA_KERNELS as NAMES
 from ninfer.runtime import cuda_ops, ops_torch
 from ninfer.runtime.cuda_kv import CudaStateSlots
-from ninfer.runtime.cuda_ops import CUDA_OPS, DeviceStep
+from ninfer.runtime.cuda_ops import CUDA_KERNELS, DeviceStep
 from ninfer.runtime.kv_cache import StateSlots
 from ninfer.runtime.ops_torch import ChunkView, StepContext
 
@@ -48,6 +49,12 @@ ATTRS = {
         "v_dim": DV,
     },
     "norm": {"eps": 1e-6, "head_dim": DV},
+}
+
+
+CUDA_OPS = {  # op kind -> the implementation of the kernel a cuda plan names for it
+    op: CUDA_KERNELS.lookup("view.split" if op == "split" else NAMES[op], op)
+    for op in ("split", "causal_conv1d", "gdn_gates", "gated_delta_rule", "gated_rmsnorm")
 }
 
 
@@ -93,7 +100,7 @@ def _context(lens: list[int], starts: list[int], state: StateSlots) -> StepConte
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gdn_layer_ops_match_reference(dtype) -> None:
-    assert set(cuda_ops._REFERENCE).isdisjoint({"gdn_gates", "gated_rmsnorm"})
+    assert all(CUDA_OPS[op] is not getattr(ops_torch, op) for op in ("gdn_gates", "gated_rmsnorm"))
     gen = torch.Generator().manual_seed(0)
     w = {
         "conv": torch.randn(CONV, 1, KS, generator=gen),

@@ -102,7 +102,7 @@ def test_fused_plan_equals_unfused_plan(arch, fixture_artifacts) -> None:
     unfused = lower(PLAN_MEMORY(ASSIGN_KERNELS(CHOOSE_KV(g, OPTS), OPTS), OPTS), OPTS)
     fused = compile_artifact(a, OPTS)
     assert len(fused.calls) < len(unfused.calls)
-    prompt = SeqChunk(1, ids(30, 7), 0, (0, 1), 0 if unfused.state.get("layers") else None)
+    prompt = SeqChunk(1, ids(30, 7), 0, (0, 1), 0 if unfused.state.layers else None)
     x = Executor(unfused, a).run(StepBatch((prompt,)), all_logits=True)
     y = Executor(fused, a).run(StepBatch((prompt,)), all_logits=True)
     torch.testing.assert_close(x, y, atol=1e-5, rtol=0)

@@ -27,8 +27,8 @@ import pytest
 from ninfer import LLM, SamplingParams
 from ninfer.artifact import Artifact
 from ninfer.artifact.convert_hf import convert_hf
+from ninfer.artifact.model_spec import model_spec
 from ninfer.errors import ArtifactError
-from ninfer.ir.models.spec import model_spec
 from ninfer.passes.options import CompileOptions
 from ninfer.passes.pipeline import compile_artifact
 from ninfer.runtime.cuda_executor import CudaExecutor

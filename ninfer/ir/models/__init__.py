@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ninfer.artifact.model_spec import ModelSpec, model_spec
 from ninfer.errors import ArtifactError
 from ninfer.ir.builder import MissingTensor, TensorTable
 from ninfer.ir.graph import Graph
 from ninfer.ir.models import llama, qwen3, qwen3_5
-from ninfer.ir.models.spec import ModelSpec, model_spec
 from ninfer.ir.ops import SignatureError
 
 BUILDERS = {
@@ -37,4 +37,10 @@ def build_graph(
         raise ArtifactError(f"{architecture}: the weights do not fit the config: {e}") from None
 
 
-__all__ = ["BUILDERS", "ModelSpec", "build_graph", "model_spec"]
+def check_tensors(architecture: str, config: dict[str, Any], tensors: TensorTable) -> None:
+    """Raise ArtifactError unless `tensors` build the model `config` describes (the check a
+    converter runs before it writes an artifact: ninfer.artifact.convert_hf.check_fits)."""
+    build_graph(architecture, config, tensors)
+
+
+__all__ = ["BUILDERS", "ModelSpec", "build_graph", "check_tensors", "model_spec"]

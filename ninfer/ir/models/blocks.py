@@ -10,8 +10,8 @@ Every block reads `h` ([T, hidden], the normed residual stream) and returns its 
 
 from __future__ import annotations
 
+from ninfer.artifact.model_spec import ModelSpec
 from ninfer.ir.builder import GraphBuilder
-from ninfer.ir.models.spec import ModelSpec
 
 
 def linear(

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ninfer.artifact.model_spec import ModelSpec
 from ninfer.ir.builder import GraphBuilder, TensorTable
 from ninfer.ir.graph import Graph
-from ninfer.ir.models.spec import ModelSpec
 from ninfer.ir.types import TensorType
 
 Block = Callable[[GraphBuilder, ModelSpec, int, str], str]

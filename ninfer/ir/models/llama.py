@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from ninfer.artifact.model_spec import ModelSpec
 from ninfer.ir.builder import GraphBuilder, TensorTable
 from ninfer.ir.graph import Graph
 from ninfer.ir.models import blocks
 from ninfer.ir.models.decoder import build_decoder
-from ninfer.ir.models.spec import ModelSpec
 
 
 def _mixer(b: GraphBuilder, s: ModelSpec, i: int, h: str) -> str:

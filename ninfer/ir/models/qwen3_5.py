@@ -10,11 +10,11 @@ are declared in `meta["declared"]` when present but not executed.
 
 from __future__ import annotations
 
+from ninfer.artifact.model_spec import ModelSpec
 from ninfer.ir.builder import GraphBuilder, TensorTable
 from ninfer.ir.graph import Graph
 from ninfer.ir.models import blocks
 from ninfer.ir.models.decoder import build_decoder
-from ninfer.ir.models.spec import ModelSpec
 
 
 def _mixer(b: GraphBuilder, s: ModelSpec, i: int, h: str) -> str:
