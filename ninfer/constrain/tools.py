@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ninfer.constrain.errors import ConstraintError, join_path
+from ninfer.constrain.schema import JSON_OPTIONS
 from ninfer.constrain.spec import ToolSpec
 from ninfer.constrain.tokenizer_info import TokenizerInfo
 
@@ -34,9 +35,17 @@ TOOL_OPEN = "<tool_call>"
 TOOL_CLOSE = "</tool_call>"
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
 _JSON_TYPES = frozenset({"string", "number", "integer", "boolean", "null", "object", "array"})
-# a string value: any text without parameter markup (lark lexeme; `&` / `~` are llguidance's
-# intersection and complement)
-_FREE_VALUE = r"/(.|\n)*/ & ~/(.|\n)*<\/?parameter(.|\n)*/"
+# A string value is one lexeme together with its closer: llguidance's lexer is greedy, so a free
+# text lexeme followed by a separate "\n</parameter>" lexeme could never end (the text would
+# swallow the closer). `&` / `~` are llguidance's lexeme intersection and complement.
+_NO_MARKUP = r"~/(.|\n)*<\/?parameter(.|\n)*/"
+_CLOSE = r'"\n</parameter>\n"'
+_ANY_TEXT = r"/(.|\n)*/"
+
+
+def _string_value_lexeme(body: str) -> str:
+    """A lexeme: `body` (a lexeme expression) without parameter markup, then the closer."""
+    return f"(({body}) & {_NO_MARKUP}) {_CLOSE}"
 
 
 def forced_calls_lark(tools: tuple[ToolSpec, ...], info: TokenizerInfo, parallel: bool) -> str:
@@ -99,8 +108,9 @@ def _param_rules(tool: ToolSpec, prefix: str) -> list[str]:
         return ['""']
     if not tool.strict:
         names = " | ".join(json.dumps(str(n)) for n in props)
-        rule = f'{prefix}_any: "<parameter=" ({names}) ">\\n" {prefix}_FREE "\\n</parameter>\\n"'
-        return [f"{prefix}_any*", rule, f"{prefix}_FREE: {_FREE_VALUE}"]
+        rule = f'{prefix}_any: "<parameter=" ({names}) ">\\n" {prefix.upper()}_FREE'
+        free = f"{prefix.upper()}_FREE: " + _string_value_lexeme(_ANY_TEXT)
+        return [f"{prefix}_any*", rule, free]
     required = set(schema.get("required") or ())
     defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
     seq, rules = [], []
@@ -110,20 +120,20 @@ def _param_rules(tool: ToolSpec, prefix: str) -> list[str]:
         path = join_path(tool.path, ("properties", name))
         value = _value_expr(sub, defs, f"{prefix.upper()}_P{j}", path, rules)
         opener = json.dumps(f"<parameter={name}>\n")
-        rules.append(f'{rule}: {opener} {value} "\\n</parameter>\\n"')
+        rules.append(f"{rule}: {opener} {value}")
     return [" ".join(seq), *rules]
 
 
 def _value_expr(sub: Any, defs: dict[str, Any], token: str, path: str, rules: list[str]) -> str:
-    """Lark expression of one parameter value; appends the lexeme it needs to `rules`."""
+    """Lark expression of one parameter value and its closer; appends the lexeme it needs to
+    `rules`."""
     branches = _string_branches(sub)
     if branches is None:  # not string-typed: JSON text valid against the schema
-        return "%json " + json.dumps({**defs, **sub} if isinstance(sub, Mapping) else sub)
+        # x-guidance: the same fixed layout as response_format JSON (no whitespace loops)
+        schema = {**defs, **sub} if isinstance(sub, Mapping) else {"anyOf": [sub]}
+        return f"%json {json.dumps({**schema, 'x-guidance': JSON_OPTIONS})} {_CLOSE}"
     alternatives = [_string_lexeme(b, join_path(path, p)) for p, b in branches]
-    rules.append(
-        f"{token}: "
-        + " | ".join(f"({a}) & ~/(.|\\n)*<\\/?parameter(.|\\n)*/" for a in alternatives)
-    )
+    rules.append(f"{token}: " + _string_value_lexeme(" | ".join(f"({a})" for a in alternatives)))
     return token
 
 

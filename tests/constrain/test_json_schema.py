@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from ninfer.constrain import JsonObject, JsonSchema, compile_constraint
-from tests.constrain.conftest import Vocab, decode_random
+from tests.constrain.helpers import Vocab, decode_random
 
 NESTED = {
     "type": "object",
