@@ -50,8 +50,8 @@ def json_schema_grammar(
     grammar = llguidance.LLMatcher.grammar_from_json_schema(_plain(schema), overrides=options)
     message = llguidance.LLMatcher.validate_grammar(grammar, info.ll_tokenizer)
     if message:
-        parts = locate(schema, message, info, options)
-        raise ConstraintError(join_path(path, parts), _first_line(message))
+        parts, reason = locate(schema, message, info, options)
+        raise ConstraintError(join_path(path, parts), reason)
     return grammar
 
 
@@ -65,55 +65,64 @@ def check_schema(schema: Any, path: str) -> None:
         raise ConstraintError(join_path(path, e.path), _first_line(e.message)) from None
 
 
-def subschemas(schema: Any, parts: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:
-    """Every subschema reachable through schema keywords, with its path parts (root first)."""
-    yield parts, schema
+def children(schema: Any) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """The immediate subschemas of `schema`, with their path parts relative to it."""
     if not isinstance(schema, Mapping):
         return
     for key in _CHILD_MAPS:
-        children = schema.get(key)
-        if isinstance(children, Mapping):
-            for name, child in children.items():
-                yield from subschemas(child, (*parts, key, name))
+        kids = schema.get(key)
+        if isinstance(kids, Mapping):
+            for name, child in kids.items():
+                yield (key, name), child
     for key in _CHILD_LISTS:
-        children = schema.get(key)
-        if isinstance(children, list):
-            for i, child in enumerate(children):
-                yield from subschemas(child, (*parts, key, i))
+        kids = schema.get(key)
+        if isinstance(kids, list):
+            for i, child in enumerate(kids):
+                yield (key, i), child
     for key in _CHILD_ONE:
-        child = schema.get(key)
-        if isinstance(child, (Mapping, bool)) and key in schema:
-            yield from subschemas(child, (*parts, key))
+        if key in schema and isinstance(schema[key], (Mapping, bool)):
+            yield (key,), schema[key]
 
 
 def locate(
     schema: Any, message: str, info: TokenizerInfo, options: Mapping[str, Any]
-) -> tuple[Any, ...]:
-    """Path parts of the deepest subschema that fails alone with the same first message line,
-    plus the keyword of that subschema the message names (e.g. `minimum`); () if none does."""
-    first = _first_line(message)
+) -> tuple[tuple[Any, ...], str]:
+    """Where llguidance's `message` about `schema` comes from: follows, from the root, a child
+    that fails on its own as long as there is one; returns its path parts (plus the keyword its
+    message names, e.g. `minimum`) and that message (the most specific)."""
     defs = {
         k: schema[k]
         for k in ("$defs", "definitions")
         if isinstance(schema, Mapping) and k in schema
     }
-    found: tuple[Any, ...] = ()
-    for parts, sub in sorted(subschemas(schema), key=lambda ps: -len(ps[0])):
-        if not parts or not isinstance(sub, Mapping):
-            continue
-        alone = {**defs, **sub} if "$ref" in str(sub) else dict(sub)
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(
-            _plain(alone), overrides=dict(options)
-        )
-        if _first_line(llguidance.LLMatcher.validate_grammar(grammar, info.ll_tokenizer)) == first:
-            found = parts
+    parts: tuple[Any, ...] = ()
+    node = schema
+    while True:
+        for rel, child in children(node):
+            if not isinstance(child, Mapping) or rel[0] in ("$defs", "definitions"):
+                continue  # a definition fails where it is used (its $ref), not where it sits
+            alone = {**defs, **child} if "$ref" in str(child) else dict(child)
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                _plain(alone), overrides=dict(options)
+            )
+            failure = llguidance.LLMatcher.validate_grammar(grammar, info.ll_tokenizer)
+            if failure:
+                parts, node, message = (*parts, *rel), child, failure
+                break
+        else:
             break
-    sub = _at(schema, found)
-    if isinstance(sub, Mapping):
-        named = [k for k in sub if isinstance(k, str) and k in first]
+    first = _first_line(message)
+    if isinstance(node, Mapping):
+        # the keyword the message names, or whose value it quotes (a `$ref` target)
+        named = [
+            k
+            for k, v in node.items()
+            if isinstance(k, str)
+            and (k in first or (isinstance(v, str) and v.lstrip("#") in first))
+        ]
         if named:
-            return (*found, max(named, key=len))
-    return found
+            return (*parts, max(named, key=len)), first
+    return parts, first
 
 
 def _at(schema: Any, parts: tuple[Any, ...]) -> Any:
