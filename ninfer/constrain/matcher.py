@@ -73,9 +73,13 @@ class Matcher:
             allowed = self.engine.is_accepting() or self.engine.is_stopped()
         else:
             allowed = self.engine.validate_tokens([token_id]) == 1
-        if not allowed or not self.engine.consume_token(token_id):
+        if not allowed:
             self.error = f"token {token_id} is not allowed by the constraint here"
             return False
+        if not self.engine.consume_token(token_id):
+            raise RuntimeError(
+                f"grammar engine refused a validated token: {self.engine.get_error()}"
+            )
         self._log.append("fed")
         return True
 

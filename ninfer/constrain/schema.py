@@ -46,6 +46,10 @@ def json_schema_grammar(
     """The llguidance grammar of `schema`; raises ConstraintError naming `path` + the schema
     path of the first problem. Not strict: keywords the engine does not implement are ignored."""
     check_schema(schema, path)
+    if schema is False:
+        raise ConstraintError(path, "the schema false admits no value")
+    if schema is True:
+        schema = {}
     options = {**JSON_OPTIONS, "lenient": not strict}
     grammar = llguidance.LLMatcher.grammar_from_json_schema(_plain(schema), overrides=options)
     message = llguidance.LLMatcher.validate_grammar(grammar, info.ll_tokenizer)

@@ -64,7 +64,7 @@ def strict_tools_lark(tools: tuple[ToolSpec, ...], info: TokenizerInfo, parallel
         lines = [
             "%llguidance {}",
             f"start: TEXT | TEXT {calls}",
-            "TEXT: /(.|\\n)*/",
+            f"TEXT: {no_call}",  # nor "<tool_call>" spelled out: the parser would read it
         ]
     else:
         # a lazy lexeme ends at the first "<tool_call>": text + opener, then the rest of a call

@@ -44,6 +44,13 @@ def test_invalid_schema_names_its_path(smol: Vocab, schema: dict, path: str, rea
     assert isinstance(e.value, NinferError)  # a user error: the API answers 400
 
 
+def test_boolean_schemas(tiny: Vocab) -> None:
+    m = compile_constraint(JsonSchema(True), tiny.info).matcher()
+    assert all(m.advance(t) for t in tiny.encode('[1, "a"]')) and m.is_accepting()
+    with pytest.raises(ConstraintError, match="admits no value"):
+        compile_constraint(JsonSchema(False), tiny.info)
+
+
 def test_non_strict_schema_ignores_what_it_cannot_enforce(smol: Vocab) -> None:
     schema = obj(a={"type": "array", "uniqueItems": True})
     m = compile_constraint(JsonSchema(schema, strict=False), smol.info).matcher()

@@ -133,3 +133,12 @@ def test_non_strict_tool_keeps_free_values(tiny: Vocab) -> None:
     text = "<tool_call>\n<function=get_weather>\n<parameter=days>\nnext week\n</parameter>\n</function>\n</tool_call>"
     assert all(m.advance(t) for t in tiny.encode(text)), m.error
     assert m.is_accepting()
+
+
+def test_strict_tools_text_cannot_spell_the_call_marker(tiny: Vocab) -> None:
+    """The parser reads `<tool_call>` in decoded text whatever its tokens: free text may not
+    spell it out in pieces (the call must start with the marker token and be valid)."""
+    m = compile_constraint(StrictTools(specs("get_weather")), tiny.info).matcher()
+    pieces = tiny.encode("Sure <tool") + tiny.encode("_call") + tiny.encode(">")
+    assert tiny.info.added_tokens["<tool_call>"] not in pieces
+    assert not all(m.advance(t) for t in pieces)
