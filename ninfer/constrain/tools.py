@@ -50,7 +50,9 @@ def _string_value_lexeme(body: str) -> str:
 
 def forced_calls_lark(tools: tuple[ToolSpec, ...], info: TokenizerInfo, parallel: bool) -> str:
     """Only tool calls: at least one (exactly one unless `parallel`) to the given tools."""
-    lines = ["%llguidance {}", "start: call" + (' ("\\n" call)*' if parallel else "")]
+    # up to two newlines first: Qwen models (and our template) put a blank line after </think>
+    more = ' ("\\n" call)*' if parallel else ""
+    lines = ["%llguidance {}", f"start: LEAD? call{more}", "LEAD: /\\n\\n?/"]
     return "\n".join(lines + _call_rules(tools, info)) + "\n"
 
 
