@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import llguidance
 from tokenizers import Tokenizer as HFTokenizer
+
+if TYPE_CHECKING:
+    from ninfer.artifact.format import Artifact
 
 THINK_END = "</think>"
 
@@ -53,15 +57,10 @@ class TokenizerInfo:
         return cls(vocab_size, eos, added, added.get(THINK_END), ll)
 
     @classmethod
-    def from_artifact(cls, artifact: object) -> TokenizerInfo:
-        """From a loaded `ninfer.artifact.format.Artifact` (its tokenizer, EOS ids and config)."""
-        config = artifact.config  # type: ignore[attr-defined]
-        special = artifact.special_tokens  # type: ignore[attr-defined]
-        return cls.build(
-            artifact.tokenizer_json,  # type: ignore[attr-defined]
-            tuple(special.get("eos_token_ids") or ()),
-            int(config["vocab_size"]),
-        )
+    def from_artifact(cls, artifact: Artifact) -> TokenizerInfo:
+        """From a loaded artifact: its tokenizer, EOS ids and logits width (config vocab_size)."""
+        eos = tuple(artifact.special_tokens.get("eos_token_ids") or ())
+        return cls.build(artifact.tokenizer_json, eos, int(artifact.config["vocab_size"]))
 
 
 def _without_padding(tokenizer_json: str) -> str:

@@ -93,8 +93,14 @@ def test_invalid_grammar_or_regex(tiny: Vocab, spec: object, path: str) -> None:
 def test_gbnf_lark_and_regex_constrain(smol: Vocab) -> None:
     gbnf = 'root ::= "yes" | "no" | num\nnum ::= [0-9]+'
     lark = 'start: "a" B\nB: /[xy]{2}/'
+    # llama.cpp's grammars/list.gbnf: comments, negated classes with escapes, repetition
+    listing = (
+        "root ::= item+\n# Excludes various line break characters\n"
+        'item ::= "- " [^\\r\\n\\x0b\\x0c\\x85\\u2028\\u2029]+ "\\n"\n'
+    )
     for spec, good, bad in [
         (Grammar(gbnf), "42", "maybe"),
+        (Grammar(listing), "- milk\n- eggs\n", "- milk\n\n"),
         (Grammar(lark, syntax="lark"), "axy", "axz"),
         (Regex(r"[A-Z][a-z]+ [0-9]{2}"), "Paris 75", "paris 75"),
     ]:
