@@ -16,7 +16,7 @@ tiny agent fixture, a Qwen-style vocab of 512):
   one, *ignores* it when it accepts both, *rejects* the schema when compiling fails.
 
 Both engines run with the same JSON layout (separators ", " and ": ", no free whitespace), the
-one ninfer uses. Writes the figures as markdown to --out and prints them.
+one ninfer uses. Writes the figures as markdown to --out (and as JSON beside it) and prints them.
 """
 
 from __future__ import annotations
@@ -355,6 +355,14 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     args.out.write_text(text, encoding="utf-8")
+    report = {
+        "command": f"python3 bench/grammar_mask.py --steps {args.steps} --seed {args.seed}",
+        "batch": BATCH,
+        "schema": NESTED_SCHEMA,
+        "steps": [{"tokenizer": t, "vocab": v, "engine": n, **r} for t, v, n, r in rows],
+        "coverage": cover,
+    }
+    args.out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
