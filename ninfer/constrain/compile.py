@@ -1,0 +1,83 @@
+"""`compile_constraint(spec, info) -> Constraint`: a request's spec checked and turned into an
+llguidance grammar, once per request; `Constraint.matcher()` starts its per-sequence state.
+
+The grammar engine is llguidance (bench/results/grammar_mask.md says why). Everything the
+sampler touches goes through this package, so the engine is named in no other module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import llguidance
+from llguidance.gbnf_to_lark import any_to_lark
+
+from ninfer.constrain.errors import ConstraintError
+from ninfer.constrain.matcher import Matcher
+from ninfer.constrain.schema import json_schema_grammar
+from ninfer.constrain.spec import (
+    ConstraintSpec,
+    ForcedToolCall,
+    Grammar,
+    JsonObject,
+    JsonSchema,
+    Regex,
+    StrictTools,
+)
+from ninfer.constrain.tokenizer_info import TokenizerInfo
+from ninfer.constrain.tools import forced_calls_lark, strict_tools_lark
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A compiled constraint: immutable, shareable by the `n` choices of one request."""
+
+    spec: ConstraintSpec
+    grammar: str = field(repr=False)
+    info: TokenizerInfo = field(repr=False)
+
+    def matcher(self, *, thinking: bool = False) -> Matcher:
+        """Fresh per-sequence state. `thinking`: the output starts inside a thinking block, and
+        the constraint applies from the token after `</think>` (the tokenizer must have it)."""
+        if thinking and self.info.think_end_id is None:
+            raise ValueError("thinking gate requested, but the tokenizer has no </think> token")
+        engine = llguidance.LLMatcher(self.info.ll_tokenizer, self.grammar, log_level=0)
+        if engine.is_error():  # the grammar was validated at compile time
+            raise RuntimeError(f"grammar engine refused a validated grammar: {engine.get_error()}")
+        return Matcher(engine, self.info, self.info.think_end_id if thinking else None)
+
+
+def compile_constraint(spec: ConstraintSpec, info: TokenizerInfo) -> Constraint:
+    """Check `spec` and compile it for `info`'s vocabulary. Raises ConstraintError (naming the
+    request field and schema path) for anything invalid or not enforceable."""
+    if isinstance(spec, JsonObject):
+        grammar = json_schema_grammar({"type": "object"}, info, strict=True, path=spec.path)
+    elif isinstance(spec, JsonSchema):
+        grammar = json_schema_grammar(spec.schema, info, strict=spec.strict, path=spec.path)
+    elif isinstance(spec, Grammar):
+        text = spec.text
+        if spec.syntax == "gbnf":
+            try:
+                text = any_to_lark(text)
+            except Exception as e:  # noqa: BLE001  (the converter raises plain exceptions)
+                raise ConstraintError(spec.path, f"invalid GBNF grammar: {e}") from None
+        grammar = _checked(llguidance.LLMatcher.grammar_from_lark(text), info, spec.path)
+    elif isinstance(spec, Regex):
+        grammar = _checked(llguidance.LLMatcher.grammar_from_regex(spec.pattern), info, spec.path)
+    elif isinstance(spec, (ForcedToolCall, StrictTools)):
+        for tool in spec.tools:  # each schema's own errors first, with their paths
+            if tool.strict:
+                json_schema_grammar(tool.parameters, info, strict=True, path=tool.path)
+        build = forced_calls_lark if isinstance(spec, ForcedToolCall) else strict_tools_lark
+        lark = build(spec.tools, info, spec.parallel)
+        grammar = _checked(llguidance.LLMatcher.grammar_from_lark(lark), info, "tools")
+    else:
+        raise TypeError(f"not a constraint spec: {spec!r}")
+    return Constraint(spec, grammar, info)
+
+
+def _checked(grammar: str, info: TokenizerInfo, path: str) -> str:
+    message = llguidance.LLMatcher.validate_grammar(grammar, info.ll_tokenizer)
+    if message:
+        raise ConstraintError(path, message.strip().splitlines()[0])
+    return grammar
