@@ -13,8 +13,12 @@ routes, unknown routes, errors and streams alike:
                    the request-id headers exposed, on every response (401/413 included)
     ApiKeyAuth     (--api-key) Bearer or x-api-key, compared in constant time; /health and
                    CORS preflight (OPTIONS + Access-Control-Request-Method) pass unauthenticated
+    JsonOnly       a body must be application/json without a content coding (415 otherwise),
+                   so that a browser page cannot post to the API without a CORS preflight
     BodyLimit      a body over --max-request-mib is answered 413 request_too_large before any
-                   handler parses it (Content-Length checked first, chunked bodies counted)
+                   handler parses it (Content-Length checked first, chunked bodies counted);
+                   at most max_concurrency + max_pending_requests bodies are held at once
+                   (429 beyond), each within --client-timeout-s (408)
     HeadAsGet      HEAD is answered as GET without its body, on every resource
 
 Error bodies use the OpenAI shape (`ApiError.body()`), and the Anthropic shape on the Anthropic
@@ -31,6 +35,7 @@ and the server through `request.app.state.server` or the `state` its module was 
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import importlib
 import json
@@ -100,8 +105,13 @@ def create_app(
     app.state.server = state
     # Outer layers around Litestar's handler, innermost first (see the module docstring).
     inner: ASGIApp = BodyLimit(
-        HeadAsGet(app.asgi_handler), cfg.max_request_bytes, cfg.max_request_mib
+        HeadAsGet(app.asgi_handler),
+        cfg.max_request_bytes,
+        cfg.max_request_mib,
+        slots=cfg.max_concurrency + cfg.max_pending_requests,
+        timeout_s=cfg.client_timeout_s,
     )
+    inner = JsonOnly(inner)
     if cfg.api_key is not None:
         inner = ApiKeyAuth(inner, cfg.api_key)
     if cfg.cors:
@@ -324,56 +334,168 @@ class ApiKeyAuth:
 
 
 class BodyLimit:
-    """Answers 413 request_too_large for a body over `limit` bytes, before the app sees it.
+    """Reads each request body whole, within a count, a size and a time limit, before the app
+    sees it (it would be read whole for JSON parsing anyway), and replays it as one message;
+    later `receive()` calls go to the server, so handlers still observe `http.disconnect`.
 
-    The body is read here (it would be read whole for JSON parsing anyway) and replayed to the
-    app as one message; later `receive()` calls go to the server, so handlers still observe
-    `http.disconnect`.
+    - size: a body over `limit` bytes is 413 request_too_large (Content-Length checked first,
+      chunked bodies counted);
+    - count: at most `slots` requests with a body (max_concurrency + max_pending_requests, the
+      outstanding-request capacity) are read or served at once; one more is 429
+      server_overloaded before a byte of its body is read, so buffered bodies never hold more
+      than slots x --max-request-mib (an unfinished upload keeps its slot);
+    - time: a body not complete `timeout_s` after its headers is 408 request_timeout
+      (--client-timeout-s), which frees the slot a stalled upload would hold.
     """
 
-    def __init__(self, app: ASGIApp, limit: int, limit_mib: int) -> None:
+    def __init__(
+        self, app: ASGIApp, limit: int, limit_mib: int, slots: int, timeout_s: float
+    ) -> None:
         self.app = app
         self.limit = limit
         self.limit_mib = limit_mib
+        self.slots = slots
+        self.timeout_s = timeout_s
+        self.in_flight = 0  # requests holding a body slot (read on the event loop only)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        for name, value in scope.get("headers", ()):
-            if name.lower() == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = 0
-                if declared > self.limit:
-                    await send_error(send, errors.request_too_large(self.limit_mib), scope)
-                    return
+        declared, has_body = _declared_body(scope)
+        if declared > self.limit:
+            await send_error(send, errors.request_too_large(self.limit_mib), scope)
+            return
+        if not has_body:
+            await self.app(scope, receive, send)
+            return
+        if self.in_flight >= self.slots:
+            await send_error(send, errors.server_overloaded(), scope)
+            return
+        self.in_flight += 1
+        try:
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    body = await self._read(receive)
+            except TimeoutError:
+                await send_error(send, errors.request_timeout(self.timeout_s), scope)
+                return
+            if body is None:  # the client went away, or the body was too large (answered)
+                return
+            if isinstance(body, ApiError):
+                await send_error(send, body, scope)
+                return
+            replayed = False
+
+            async def replay() -> Message:
+                nonlocal replayed, body
+                if not replayed:
+                    replayed = True
+                    message = {"type": "http.request", "body": body, "more_body": False}
+                    body = b""  # the handler holds it now; do not keep a second reference
+                    return message  # type: ignore[return-value]
+                return await receive()
+
+            await self.app(scope, replay, send)
+        finally:
+            self.in_flight -= 1
+
+    async def _read(self, receive: Receive) -> bytes | ApiError | None:
+        """The whole body, an ApiError 413 when it passes the limit, None on a disconnect."""
         chunks: list[bytes] = []
         size = 0
         while True:
             message = await receive()
             if message["type"] != "http.request":  # disconnect before the body was complete
-                return
+                return None
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.limit:
-                await send_error(send, errors.request_too_large(self.limit_mib), scope)
-                return
+                return errors.request_too_large(self.limit_mib)
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        body = b"".join(chunks)
-        replayed = False
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
 
-        await self.app(scope, replay, send)
+def _declared_body(scope: Scope) -> tuple[int, bool]:
+    """(Content-Length or 0, whether the request carries a body at all)."""
+    declared, chunked = 0, False
+    for name, value in scope.get("headers", ()):
+        name = name.lower()
+        if name == b"content-length":
+            try:
+                declared = int(value)
+            except ValueError:
+                declared = 0
+        elif name == b"transfer-encoding":
+            chunked = True
+    return declared, declared > 0 or chunked
+
+
+JSON_MEDIA_TYPE = "application/json"
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+class JsonOnly:
+    """Every request body must be `Content-Type: application/json` (charset utf-8, if given)
+    with no content coding: anything else is 415 unsupported_media_type before the body is read.
+
+    Why: a page in a browser may send text/plain, form or untyped bodies to any origin without a
+    CORS preflight; an API that took them could be driven cross-site when it has no --api-key.
+    application/json needs a preflight, which only --cors answers. A Content-Encoding (gzip...)
+    is refused rather than read as JSON: the server decodes none.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in BODY_METHODS:
+            await self.app(scope, receive, send)
+            return
+        if not _declared_body(scope)[1]:
+            await self.app(scope, receive, send)
+            return
+        refusal = json_body_refusal(scope)
+        if refusal is not None:
+            await send_error(send, refusal, scope)
+            return
+        await self.app(scope, receive, send)
+
+
+def json_body_refusal(scope: Scope) -> ApiError | None:
+    """The 415 for a body that is not plain application/json, else None."""
+    content_type: bytes | None = None
+    for name, value in scope.get("headers", ()):
+        name = name.lower()
+        if name == b"content-type":
+            content_type = value
+        elif name == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
+            return errors.unsupported_media_type(
+                f"Content-Encoding {errors.clip(value.decode('latin-1'), 40)} is not supported; "
+                "send the JSON body uncompressed"
+            )
+    if content_type is None:
+        return errors.unsupported_media_type(
+            "the request has a body but no Content-Type; send it as application/json"
+        )
+    media, _, params = content_type.decode("latin-1").partition(";")
+    if media.strip().lower() != JSON_MEDIA_TYPE:
+        return errors.unsupported_media_type(
+            f"Content-Type {errors.clip(media.strip(), 60)} is not supported; "
+            "send the body as application/json"
+        )
+    for param in params.split(";"):
+        key, _, value = param.partition("=")
+        if key.strip().lower() == "charset" and value.strip().strip('"').lower() not in (
+            "utf-8",
+            "utf8",
+        ):
+            return errors.unsupported_media_type(
+                f"charset {errors.clip(value.strip(), 30)} is not supported; JSON is UTF-8"
+            )
+    return None
 
 
 class PermissiveCors:

@@ -62,6 +62,7 @@ class ServeConfig:
     dtype: str = "float32"
     context_cost_presets: str | None = None
     max_request_mib: int = 384
+    client_timeout_s: float = 30.0  # idle / slow-header connections closed, slow bodies 408
     media_cache_mib: int = 1024
     media_live_mib: int = 2048
     media_preprocess_threads: int = 0  # 0: min(16, host concurrency)
@@ -115,6 +116,7 @@ class ServeConfig:
             )
         _choice("dtype", self.dtype, DTYPES)
         _int("max_request_mib", self.max_request_mib, 1, 1 << 20)
+        _float("client_timeout_s", self.client_timeout_s, 0.001, 86400.0)
         _int("media_cache_mib", self.media_cache_mib, 0, 1 << 24)
         _int("media_live_mib", self.media_live_mib, 1, 1 << 24)
         _int("media_preprocess_threads", self.media_preprocess_threads, 0, 1024)

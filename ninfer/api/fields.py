@@ -19,13 +19,25 @@ from typing import Any
 
 from ninfer.api import errors
 
+# The deepest nesting a request body may have. Protocol bodies need a dozen levels (a tool
+# schema inside a tool inside the request); deeper input only exercises recursion in the
+# template engine and the JSON encoder, whose limits are a RecursionError (a 500), not a 400.
+MAX_DEPTH = 64
+
 
 def parse_json_object(raw: bytes | str) -> dict[str, Any]:
     """Decode a request body that must be one JSON object.
 
     Member order is kept (Python dicts preserve insertion order; a duplicated member keeps its
-    last value). NaN and Infinity are refused: they are not JSON. Raises 400 invalid_json.
+    last value). NaN and Infinity are refused: they are not JSON. Raises 400 invalid_json for
+    a body that is not JSON, 400 request_too_complex for one too dense to parse within
+    `body_cost.MAX_PARSE_FACTOR` times its size, and 400 invalid_value naming the field for
+    nesting deeper than MAX_DEPTH or a UTF-16 surrogate (escaped, or as raw UTF-8 bytes, which
+    Python's JSON decoder lets through) in any string.
     """
+    from ninfer.api.body_cost import check_parse_cost
+
+    check_parse_cost(raw)
 
     def no_constants(name: str) -> Any:
         raise ValueError(f"{name} is not a JSON number")
@@ -38,32 +50,71 @@ def parse_json_object(raw: bytes | str) -> dict[str, Any]:
         raise errors.invalid_json(str(e).split("\n")[0]) from None
     if not isinstance(value, dict):
         raise errors.invalid_json("the body must be a JSON object")
-    if isinstance(raw, str) or _SURROGATE_ESCAPE.search(raw):
-        _refuse_lone_surrogates(value, "")
+    if isinstance(raw, str):
+        surrogates = True
+    else:  # the walk looks for surrogates only when the raw bytes can hold one
+        surrogates = bool(_SURROGATE_ESCAPE.search(raw) or _SURROGATE_BYTES.search(raw))
+    check_tree(value, surrogates=surrogates)
+    return value
+
+
+def parse_json_text(text: str, param: str) -> Any:
+    """Decode JSON text held in a request field (tool-call arguments): the value, or
+    json.JSONDecodeError when it is not JSON. Raises 400 invalid_value naming `param` when it
+    nests deeper than MAX_DEPTH (Python's decoder recurses; templates recurse again)."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise errors.invalid_value(param, f"nests JSON deeper than {MAX_DEPTH} levels") from None
+    check_tree(value, surrogates=False, root=param)
     return value
 
 
 # JSON may escape a UTF-16 surrogate; a pair decodes to one character, a lone one stays a
-# surrogate, which is not Unicode text (no tokenizer, encoder or client can take it)
+# surrogate, which is not Unicode text (no tokenizer, encoder or client can take it). Raw
+# surrogate bytes (ED A0..BF xx, invalid UTF-8) are decoded to surrogates too by json.loads.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE_BYTES = re.compile(rb"\xed[\xa0-\xbf]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _refuse_lone_surrogates(value: Any, path: str) -> None:
-    """400 invalid_value naming the first field (or member name) holding an unpaired surrogate."""
-    if isinstance(value, str):
-        if _SURROGATE.search(value):
+def check_tree(value: Any, *, surrogates: bool = True, root: str = "") -> None:
+    """Walk a decoded body without recursion: 400 invalid_value naming the first field nested
+    deeper than MAX_DEPTH, or (with `surrogates`) holding a UTF-16 surrogate in a string or a
+    member name."""
+    stack: list[tuple[Any, str, int]] = [(value, root, 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        if isinstance(item, str):
+            if surrogates and _SURROGATE.search(item):
+                raise errors.invalid_value(
+                    path or "body",
+                    "contains a UTF-16 surrogate code point, which is not Unicode text",
+                )
+            continue
+        if not isinstance(item, (dict, list)):
+            continue
+        if depth >= MAX_DEPTH:
             raise errors.invalid_value(
-                path or "body", "contains an unpaired UTF-16 surrogate escape, not Unicode text"
+                _clip_path(path or "body"), f"is nested deeper than {MAX_DEPTH} levels"
             )
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            here = f"{path}.{key}" if path else key
-            _refuse_lone_surrogates(key, path or "body")
-            _refuse_lone_surrogates(item, here)
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            _refuse_lone_surrogates(item, f"{path}[{i}]")
+        if isinstance(item, dict):
+            children = []
+            for key, child in item.items():
+                if surrogates and _SURROGATE.search(key):
+                    raise errors.invalid_value(
+                        path or "body",
+                        "has a member name with a UTF-16 surrogate code point, not Unicode text",
+                    )
+                children.append((child, f"{path}.{key}" if path else key, depth + 1))
+        else:
+            children = [(child, f"{path}[{i}]", depth + 1) for i, child in enumerate(item)]
+        stack.extend(reversed(children))  # depth-first in document order: the first offender
+
+
+def _clip_path(path: str, limit: int = 120) -> str:
+    """A field path of bounded length (a deep path repeats `[0]` hundreds of times)."""
+    return path if len(path) <= limit else path[: limit - 3] + "..."
 
 
 def _present(obj: Mapping[str, Any], key: str, param: str, required: bool) -> Any:
@@ -100,7 +151,7 @@ def get_int(
     if isinstance(value, bool) or not isinstance(value, int):
         raise errors.invalid_type(param, "an integer", value)
     if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise errors.invalid_value(param, f"must be {_range(lo, hi)}, got {value}")
+        raise errors.invalid_value(param, f"must be {_range(lo, hi)}, got {errors.clip(value)}")
     return value
 
 
@@ -120,13 +171,19 @@ def get_number(
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise errors.invalid_type(param, "a number", value)
-    if not math.isfinite(value):
+    try:
+        number = float(value)
+    except OverflowError:  # an integer of hundreds of digits: beyond any double
+        raise errors.invalid_value(
+            param, "must be a finite number, got an integer beyond the float range"
+        ) from None
+    if not math.isfinite(number):
         raise errors.invalid_value(param, "must be a finite number")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         raise errors.invalid_value(
-            param, f"must be in [{_num(lo, '-inf')}, {_num(hi, 'inf')}], got {value}"
+            param, f"must be in [{_num(lo, '-inf')}, {_num(hi, 'inf')}], got {errors.clip(value)}"
         )
-    return float(value)
+    return number
 
 
 def get_str(
@@ -160,7 +217,7 @@ def get_enum(
     value = get_str(obj, key, param, required=required)
     if value is not None and value not in choices:
         raise errors.invalid_value(
-            param, f"must be one of {', '.join(repr(c) for c in choices)}, got {value!r}"
+            param, f"must be one of {', '.join(repr(c) for c in choices)}, got {errors.clip(value)}"
         )
     return value
 
