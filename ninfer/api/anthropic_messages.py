@@ -42,8 +42,8 @@ from ninfer.api.anthropic_sse import (
 )
 from ninfer.api.disconnect import unless_disconnected
 from ninfer.api.errors import CLIENT_CLOSED_STATUS, ApiError
-from ninfer.api.fields import parse_json_object
 from ninfer.api.generation import Finished, GenerationEvent
+from ninfer.api.offload import decode_body
 from ninfer.api.state import ServerState
 from ninfer.api.template_options import ThinkingDefaults
 
@@ -54,14 +54,16 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
     """The Anthropic handlers bound to `state` (registered by app.PROTOCOL_MODULES)."""
 
     async def parse(request: Request[Any, Any, Any], *, count_only: bool) -> MessagesRequest:
-        body = parse_json_object(await request.body())
         cfg = state.config
-        return parse_messages_request(
-            body,
-            vision=cfg.vision,
-            default_max_tokens=cfg.default_max_tokens,
-            thinking_defaults=ThinkingDefaults.from_flags(cfg.thinking, cfg.preserve_thinking),
-            count_only=count_only,
+        return await decode_body(
+            request,
+            lambda body: parse_messages_request(
+                body,
+                vision=cfg.vision,
+                default_max_tokens=cfg.default_max_tokens,
+                thinking_defaults=ThinkingDefaults.from_flags(cfg.thinking, cfg.preserve_thinking),
+                count_only=count_only,
+            ),
         )
 
     @post("/v1/messages", status_code=200, exception_handlers={Exception: handle_exception})

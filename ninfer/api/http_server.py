@@ -9,7 +9,7 @@ and enough of them exhaust the process's file descriptors, after which `accept()
   opening or of its previous response (so idle, never-used and slow-header connections are
   closed after that long); the body then has its own deadline (ninfer.api.app.BodyLimit);
 - connection cap: at most `max_connections` are open (derived from RLIMIT_NOFILE, leaving room
-  for the process's own files); a connection beyond it closes the longest-idle connection that
+  for the process's own files and one accept burst, `connection_limits`); a connection beyond it closes the longest-idle connection that
   has no request in progress (HTTP/1.1 lets a server close an idle connection at any time;
   clients retry), or is itself closed when every connection is busy. So `accept()` never runs
   out of descriptors and /health keeps answering.
@@ -25,8 +25,9 @@ from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-FD_RESERVE = 64  # descriptors kept free for the process itself (logs, the artifact, threads)
+FD_RESERVE = 32  # descriptors kept free for the process itself (logs, files it opens later)
 MIN_CONNECTIONS = 8
+MAX_BACKLOG = 2048
 
 
 def open_fds() -> int:
@@ -37,15 +38,18 @@ def open_fds() -> int:
         return 0
 
 
-def connection_cap(soft_limit: int | None = None, in_use: int | None = None) -> int:
-    """How many client connections may be open: the RLIMIT_NOFILE soft limit less what the
-    process already uses and FD_RESERVE, at least MIN_CONNECTIONS."""
+def connection_limits(soft_limit: int | None = None, in_use: int | None = None) -> tuple[int, int]:
+    """(listen backlog, connection cap) for the RLIMIT_NOFILE soft limit and the descriptors in
+    use. asyncio accepts up to `backlog` connections in one burst before any of them runs its
+    `connection_made`, so the cap leaves room for one burst: in_use + cap + backlog stays
+    FD_RESERVE below the limit, and accept() never fails for want of a descriptor."""
     if soft_limit is None:
         soft_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft_limit == resource.RLIM_INFINITY:
         soft_limit = 1 << 20
-    used = open_fds() if in_use is None else in_use
-    return max(MIN_CONNECTIONS, soft_limit - used - FD_RESERVE)
+    free = soft_limit - (open_fds() if in_use is None else in_use) - FD_RESERVE
+    backlog = min(MAX_BACKLOG, max(MIN_CONNECTIONS, free // 4))
+    return backlog, max(MIN_CONNECTIONS, free - backlog)
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -114,10 +118,30 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.close()
 
     def _make_room(self) -> None:
-        idle = [c for c in self.connections if isinstance(c, GuardedH11Protocol) and not c.busy()]
-        idle = [c for c in idle if c is not self] or ([self] if not self.busy() else [])
-        if idle:
-            min(idle, key=lambda c: c._idle_since)._close()
+        """Close idle connections, longest-idle first, until at most `max_connections` remain
+        open (closing ones still sit in `connections` until their connection_lost runs); this
+        one last, and only if no other is idle."""
+        open_ = [c for c in self.connections if not _closing(c)]
+        excess = len(open_) - self.max_connections
+        if excess <= 0:
+            return
+        idle = sorted(
+            (
+                c
+                for c in open_
+                if isinstance(c, GuardedH11Protocol) and c is not self and not c.busy()
+            ),
+            key=lambda c: c._idle_since,
+        )
+        for c in idle[:excess]:
+            c._close()
+        if len(idle) < excess and not self.busy():
+            self._close()
+
+
+def _closing(protocol: Any) -> bool:
+    transport = getattr(protocol, "transport", None)
+    return transport is None or transport.is_closing()
 
 
 def guarded_protocol(header_timeout_s: float, max_connections: int) -> type[GuardedH11Protocol]:
@@ -134,10 +158,11 @@ def uvicorn_config(app: Any, *, client_timeout_s: float, log_level: str, **optio
     timeouts of `client_timeout_s`, access log off, uvicorn's own logging config off."""
     import uvicorn
 
-    protocol = guarded_protocol(client_timeout_s, connection_cap())
+    backlog, cap = connection_limits()
     return uvicorn.Config(
         app,
-        http=protocol,
+        http=guarded_protocol(client_timeout_s, cap),
+        backlog=backlog,
         timeout_keep_alive=max(1, round(client_timeout_s)),
         log_level=log_level,
         access_log=False,

@@ -28,7 +28,6 @@ from litestar.response import Stream
 from ninfer.api import errors
 from ninfer.api.disconnect import unless_disconnected
 from ninfer.api.errors import CLIENT_CLOSED_STATUS, ApiError
-from ninfer.api.fields import parse_json_object
 from ninfer.api.generation import (
     Admitted,
     ContentText,
@@ -40,6 +39,7 @@ from ninfer.api.generation import (
     ToolCallArgs,
     ToolCallStart,
 )
+from ninfer.api.offload import decode_body
 from ninfer.api.openai_chat_models import ChatRequest, parse_chat_request
 from ninfer.api.sse import (
     KEEPALIVE,
@@ -280,8 +280,12 @@ async def _last_event(events: AsyncIterator[GenerationEvent]) -> GenerationEvent
 def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
     @post("/v1/chat/completions", status_code=200)
     async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
-        body = parse_json_object(await request.body())
-        chat = parse_chat_request(body, model_id=state.model_id, vision=state.config.vision)
+        chat = await decode_body(
+            request,
+            lambda body: parse_chat_request(
+                body, model_id=state.model_id, vision=state.config.vision
+            ),
+        )
         service = state.extra.get("service")
         if service is None:
             raise errors.engine_unavailable()

@@ -38,9 +38,9 @@ from litestar.response import Stream
 from ninfer.api import errors
 from ninfer.api.disconnect import unless_disconnected
 from ninfer.api.errors import CLIENT_CLOSED_STATUS, ApiError
-from ninfer.api.fields import parse_json_object
 from ninfer.api.generation import Finished, GenerationEvent, GenerationRequest, SamplingOptions
 from ninfer.api.observe import RequestTrack
+from ninfer.api.offload import decode_body
 from ninfer.api.responses_history import has_user_message, items_to_messages
 from ninfer.api.responses_items import check_unique_ids, new_id
 from ninfer.api.responses_request import ResponsesRequest, parse_count_request, parse_create_request
@@ -378,8 +378,12 @@ async def _chain(
 def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
     @post("/v1/responses", status_code=200)
     async def create(request: Request[Any, Any, Any]) -> Response[Any]:
-        body = parse_json_object(await request.body())
-        req = parse_create_request(body, model_id=state.model_id, vision=state.config.vision)
+        req = await decode_body(
+            request,
+            lambda body: parse_create_request(
+                body, model_id=state.model_id, vision=state.config.vision
+            ),
+        )
         p = prepare(state, req)
         _precheck_store(state, p, state.model_id)
         if req.store:
@@ -415,10 +419,16 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
 
     @post("/v1/responses/input_tokens", status_code=200)
     async def input_tokens(request: Request[Any, Any, Any]) -> dict[str, Any]:
-        body = parse_json_object(await request.body())
-        req = parse_count_request(body, model_id=state.model_id, vision=state.config.vision)
+        req = await decode_body(
+            request,
+            lambda body: parse_count_request(
+                body, model_id=state.model_id, vision=state.config.vision
+            ),
+        )
         p = prepare(state, req)
-        count = _service(state).count_tokens(p.generation)
+        # rendering and tokenising run in a thread: on the event loop they stalled every
+        # connection for seconds on a large input
+        count = await asyncio.to_thread(_service(state).count_tokens, p.generation)
         return {"object": "response.input_tokens", "input_tokens": count}
 
     @post("/v1/responses/compact", status_code=200)
