@@ -12,11 +12,11 @@ tracemalloc over bodies made of one repeated shape, tests/adversarial/test_body_
 
     per '{'  100 B   a dict with its GC header and a small key table, plus its slot
     per '['   80 B   a list and its slot
-    per ',' or ':'   40 B   a number (24-32 B) or a member's key-table entry, plus a slot
+    per ',' or ':'   36 B   a number (24-32 B) or a member's key-table entry, plus a slot
     per '"'   30 B   half of a short string object (~57 B with its slot)
-    per byte   8 B   the text itself: UTF-8 -> str can take 4 bytes a character (one emoji in
-                     ASCII text widens the whole string), and the decoder holds one copy
-                     while it builds the next
+    per byte  2w B   the text itself, twice (the decoded body and the strings built from it),
+                     w bytes a character: 1 for ASCII, 2 once any byte >= 0xC0 is present,
+                     4 once a 4-byte UTF-8 sequence is (one emoji widens the whole body)
 
 Characters inside strings are counted too, so the estimate only errs high. Bodies up to
 `EXEMPT_BYTES` are not judged: their worst case is bounded anyway (~48x of 1 MiB).
@@ -28,14 +28,15 @@ from ninfer.api import errors
 
 MAX_PARSE_FACTOR = 16  # estimated decoded bytes per body byte beyond which a body is refused
 EXEMPT_BYTES = 1 << 20
-_COSTS = ((b"{", 100), (b"[", 80), (b",", 40), (b":", 40), (b'"', 30))
-_PER_BYTE = 8
+_COSTS = ((b"{", 100), (b"[", 80), (b",", 36), (b":", 36), (b'"', 30))
 
 
 def parse_cost(raw: bytes | str) -> int:
     """The estimated bytes Python allocates to decode `raw` (see the module docstring)."""
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
-    return _PER_BYTE * len(data) + sum(cost * data.count(ch) for ch, cost in _COSTS)
+    top = max(data, default=0)
+    width = 4 if top >= 0xF0 else 2 if top >= 0xC0 else 1
+    return 2 * width * len(data) + sum(cost * data.count(ch) for ch, cost in _COSTS)
 
 
 def check_parse_cost(raw: bytes | str) -> None:

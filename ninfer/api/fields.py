@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ninfer.api import errors
@@ -81,35 +81,58 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 def check_tree(value: Any, *, surrogates: bool = True, root: str = "") -> None:
     """Walk a decoded body without recursion: 400 invalid_value naming the first field nested
     deeper than MAX_DEPTH, or (with `surrogates`) holding a UTF-16 surrogate in a string or a
-    member name."""
-    stack: list[tuple[Any, str, int]] = [(value, root, 0)]
+    member name. Allocates per open container only (paths are built for containers, never for
+    scalars), so a walk costs little next to the decoded body itself."""
+    if isinstance(value, str):
+        _check_text(value, root, surrogates)
+        return
+    if not isinstance(value, (dict, list)):
+        return
+    stack: list[tuple[Iterator[tuple[Any, Any]], str]] = [(_members(value), root)]
     while stack:
-        item, path, depth = stack.pop()
-        if isinstance(item, str):
-            if surrogates and _SURROGATE.search(item):
-                raise errors.invalid_value(
-                    path or "body",
-                    "contains a UTF-16 surrogate code point, which is not Unicode text",
-                )
-            continue
-        if not isinstance(item, (dict, list)):
-            continue
-        if depth >= MAX_DEPTH:
-            raise errors.invalid_value(
-                _clip_path(path or "body"), f"is nested deeper than {MAX_DEPTH} levels"
-            )
-        if isinstance(item, dict):
-            children = []
-            for key, child in item.items():
-                if surrogates and _SURROGATE.search(key):
+        members, path = stack[-1]
+        for key, child in members:
+            if isinstance(child, str):
+                _check_text(child, path, surrogates, key)
+            elif isinstance(child, (dict, list)):
+                here = _join(path, key)
+                if surrogates and isinstance(key, str) and _SURROGATE.search(key):
+                    raise _surrogate_error(path or "body", "has a member name with")
+                if len(stack) >= MAX_DEPTH:
                     raise errors.invalid_value(
-                        path or "body",
-                        "has a member name with a UTF-16 surrogate code point, not Unicode text",
+                        _clip_path(here), f"is nested deeper than {MAX_DEPTH} levels"
                     )
-                children.append((child, f"{path}.{key}" if path else key, depth + 1))
+                stack.append((_members(child), here))
+                break
+            elif surrogates and isinstance(key, str) and _SURROGATE.search(key):
+                raise _surrogate_error(path or "body", "has a member name with")
         else:
-            children = [(child, f"{path}[{i}]", depth + 1) for i, child in enumerate(item)]
-        stack.extend(reversed(children))  # depth-first in document order: the first offender
+            stack.pop()
+
+
+def _members(container: dict[str, Any] | list[Any]) -> Iterator[tuple[Any, Any]]:
+    return iter(container.items()) if isinstance(container, dict) else enumerate(container)
+
+
+def _join(path: str, key: Any) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def _check_text(text: str, path: str, surrogates: bool, key: Any = None) -> None:
+    if not surrogates:
+        return
+    if isinstance(key, str) and _SURROGATE.search(key):
+        raise _surrogate_error(path or "body", "has a member name with")
+    if _SURROGATE.search(text):
+        raise _surrogate_error(_join(path, key) if key is not None else path or "body", "contains")
+
+
+def _surrogate_error(param: str, what: str) -> errors.ApiError:
+    return errors.invalid_value(
+        _clip_path(param), f"{what} a UTF-16 surrogate code point, which is not Unicode text"
+    )
 
 
 def _clip_path(path: str, limit: int = 120) -> str:

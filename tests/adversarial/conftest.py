@@ -71,6 +71,15 @@ def hostile_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveSer
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def patient_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """As hostile_server, but with --client-timeout-s 30: slow uploads stay pending long
+    enough to be measured."""
+    server = start_hostile(tmp_path_factory.mktemp("patient"), "--client-timeout-s", "30")
+    yield server
+    server.stop()
+
+
 def address(server: LiveServer) -> tuple[str, int]:
     host, port = server.base_url.removeprefix("http://").rsplit(":", 1)
     return host, int(port)
