@@ -28,14 +28,17 @@ from ninfer.api import errors
 
 MAX_PARSE_FACTOR = 16  # estimated decoded bytes per body byte beyond which a body is refused
 EXEMPT_BYTES = 1 << 20
+_FOUR_BYTE_LEADS = tuple(bytes([b]) for b in range(0xF0, 0xF8))  # memchr each: C speed
 _COSTS = ((b"{", 100), (b"[", 80), (b",", 36), (b":", 36), (b'"', 30))
 
 
 def parse_cost(raw: bytes | str) -> int:
     """The estimated bytes Python allocates to decode `raw` (see the module docstring)."""
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
-    top = max(data, default=0)
-    width = 4 if top >= 0xF0 else 2 if top >= 0xC0 else 1
+    if data.isascii():
+        width = 1
+    else:
+        width = 4 if any(data.find(lead) >= 0 for lead in _FOUR_BYTE_LEADS) else 2
     return 2 * width * len(data) + sum(cost * data.count(ch) for ch, cost in _COSTS)
 
 

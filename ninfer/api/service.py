@@ -150,9 +150,23 @@ class ModelService:
             continue_final_message=req.continue_final_message,
             options=req.template_options,
         )
-        ids = self.encoder.encode(rendered.text, rendered.special_spans)
         # the request field that carries the conversation: Responses calls it `input`
         param = "input" if req.protocol == "responses" else "messages"
+        # a long prompt is counted chunk by chunk first: one tokenizer call on megabytes holds
+        # the GIL (and so the event loop) for seconds, to find what a partial count shows
+        at_least = self.encoder.count_at_least(
+            rendered.text, rendered.special_spans, stop_at=self.max_context
+        )
+        if at_least >= self.max_context:
+            raise ApiError(
+                400,
+                f"the prompt has at least {at_least} tokens but the context ceiling is"
+                f" {self.max_context} (--max-context, or the KV pool of --kv-capacity when"
+                " smaller), leaving no room for output",
+                code="context_length_exceeded",
+                param=param,
+            )
+        ids = self.encoder.encode(rendered.text, rendered.special_spans)
         if not ids:
             raise ApiError(400, "the rendered prompt is empty", code="invalid_prompt", param=param)
         if len(ids) >= self.max_context:
