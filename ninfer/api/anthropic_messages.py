@@ -74,7 +74,7 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
         events = service.generate(req.generation_request(), request_id=rid)
         pending_ms = state.config.pending_timeout_ms
         if req.stream:
-            return await _stream_response(events, req, rid, pending_ms)
+            return await _stream_response(events, req, rid, pending_ms, request)
         finished = await unless_disconnected(_drain(events), request, events)
         if finished is None:  # the client went away; nobody reads this
             return Response({}, status_code=CLIENT_CLOSED_STATUS, headers={REQUEST_ID_HEADER: rid})
@@ -155,8 +155,8 @@ class _EventPump:
         self.events = events
         self.pending: asyncio.Future[GenerationEvent] | None = None
 
-    async def next(self, timeout: float) -> GenerationEvent | None:
-        """The next event, or None when `timeout` seconds pass first. Raises StopAsyncIteration
+    async def next(self, timeout: float | None) -> GenerationEvent | None:
+        """The next event, or None when `timeout` seconds (None: no limit) pass first. Raises StopAsyncIteration
         at the end and whatever the service raises."""
         if self.pending is None:
             self.pending = asyncio.ensure_future(anext(self.events))  # type: ignore[arg-type]
@@ -180,17 +180,26 @@ class _EventPump:
 
 
 async def _stream_response(
-    events: AsyncIterator[GenerationEvent], req: MessagesRequest, rid: str, pending_ms: int
+    events: AsyncIterator[GenerationEvent],
+    req: MessagesRequest,
+    rid: str,
+    pending_ms: int,
+    request: Request[Any, Any, Any],
 ) -> Response[Any]:
     pump = _EventPump(events)
     writer = MessageStreamWriter(
         message_id=new_message_id(), model=req.model, pending_timeout_ms=pending_ms
     )
     try:
-        first = await pump.next(KEEP_ALIVE_S)  # quick failures become HTTP errors
+        # headers go out only at admission: refusals before it (400, 529, 504) are real
+        # statuses however long they took (docs/serving-streams.md)
+        first = await unless_disconnected(pump.next(None), request, pump.events)
     except BaseException:
         await pump.close()
         raise
+    if first is None:  # the client went away before admission; nobody reads this
+        await pump.close()
+        return Response({}, status_code=CLIENT_CLOSED_STATUS, headers={REQUEST_ID_HEADER: rid})
     headers = {REQUEST_ID_HEADER: rid, "cache-control": "no-cache", "x-accel-buffering": "no"}
     return Stream(
         _frames(pump, writer, first),

@@ -21,7 +21,6 @@ Response's chain gets the engine session key "resp:<root id>"; children inherit 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import time
@@ -301,13 +300,12 @@ async def _create_json(
 async def _create_sse(
     state: ServerState,
     p: Prepared,
-    first: GenerationEvent | asyncio.Task[GenerationEvent],
+    first: GenerationEvent,
     events: AsyncIterator[GenerationEvent],
 ) -> AsyncIterator[bytes]:
     """Semantic events of one streamed Response; closing it cancels the generation. `first` is
-    the first generation event, or the task still waiting for it (a request queued for
-    admission): response.created and response.in_progress go out at once, the transport's
-    keep-alive comments cover the wait, and a later refusal ends in response.failed."""
+    the first generation event (the stream opens at admission, `sse.open_events`); a failure
+    after it ends the stream in response.failed."""
     created = int(time.time())
     framer = SseFramer()
     builder = OutputBuilder(p.req.tools)
@@ -316,11 +314,8 @@ async def _create_sse(
     yield framer.frame({"type": "response.in_progress", "response": start})
     fin: Finished | None = None
     failure: ApiError | None = None
-    waiting = first if isinstance(first, asyncio.Task) else None
     try:
-        if waiting is not None:
-            first = await waiting
-        async for ev in _chain(first, events):  # type: ignore[arg-type]
+        async for ev in _chain(first, events):
             if isinstance(ev, Finished):
                 fin = ev
                 for out in builder.finish(ev):
@@ -333,10 +328,6 @@ async def _create_sse(
     except Exception as e:  # noqa: BLE001 - after the stream started, report; never leak detail
         failure = _failure(None, e, state.config.pending_timeout_ms)
     finally:
-        if waiting is not None and not waiting.done():
-            waiting.cancel()  # the client hung up while the request waited for admission
-            with contextlib.suppress(BaseException):
-                await waiting
         await events.aclose()  # a client that hung up cancels its generation
     if fin is not None and fin.reason == "cancelled":
         return
@@ -406,15 +397,18 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
                 return Response({}, status_code=CLIENT_CLOSED_STATUS)
             return Response(obj)
         try:
-            first_or_wait = await open_events(events)  # in-time errors are ordinary HTTP errors
+            first_or_wait = await open_events(events, request)  # refusals are HTTP errors
         except BaseException:
             ended()
             raise
+        if first_or_wait is None:  # the client went away before admission
+            ended()
+            return Response({}, status_code=CLIENT_CLOSED_STATUS)
         return Stream(
             with_keepalive(_create_sse(state, p, first_or_wait, events)),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
-            background=BackgroundTask(generation_closer(events, first_or_wait, after=ended)),
+            background=BackgroundTask(generation_closer(events, after=ended)),
         )
 
     @post("/v1/responses/input_tokens", status_code=200)

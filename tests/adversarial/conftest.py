@@ -27,6 +27,11 @@ HOSTILE_FLAGS = (
     "--client-timeout-s", "1", "--max-context", "2048", "--log-stats-interval-ms", "0",
 )  # fmt: skip
 CAPACITY = 2  # max_concurrency + max_pending_requests above
+PATIENT_FLAGS = (
+    "--client-timeout-s", "30", "--max-pending-requests", "3", "--max-context", "8192",
+    "--pending-timeout-ms", "5500",
+)  # fmt: skip
+PATIENT_CAPACITY = 4
 MAX_BODY = 8 << 20
 _LIMITED = (
     "import resource, runpy, sys; "
@@ -73,9 +78,11 @@ def hostile_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveSer
 
 @pytest.fixture(scope="session")
 def patient_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    """As hostile_server, but with --client-timeout-s 30: slow uploads stay pending long
-    enough to be measured."""
-    server = start_hostile(tmp_path_factory.mktemp("patient"), "--client-timeout-s", "30")
+    """As hostile_server, but with --client-timeout-s 30 (slow uploads stay pending long enough
+    to be measured), 3 pending requests (PATIENT_CAPACITY 4), --max-context 8192 (a long
+    generation holds the lane) and --pending-timeout-ms 5500 (a queued request is refused
+    after the 5 s keep-alive interval)."""
+    server = start_hostile(tmp_path_factory.mktemp("patient"), *PATIENT_FLAGS)
     yield server
     server.stop()
 

@@ -15,7 +15,7 @@ import pytest
 
 from ninfer.api import body_cost
 from ninfer.api.fields import parse_json_object
-from tests.adversarial.conftest import CAPACITY, MAX_BODY, address, rss_bytes
+from tests.adversarial.conftest import MAX_BODY, PATIENT_CAPACITY, address, rss_bytes
 
 MIB = 1 << 20
 SLACK = 48 * MIB  # allocator, thread stacks, the few responses sent meanwhile
@@ -42,15 +42,15 @@ def start_upload(server, size: int) -> socket.socket:
 
 
 def test_unfinished_uploads_hold_at_most_the_capacity_in_memory(patient_server):
-    """30 stalled uploads of ~8 MiB held +285 MiB before; now CAPACITY of them are buffered
-    and the others are answered 429 before their bodies are read."""
+    """30 stalled uploads of ~8 MiB held +285 MiB before; now the capacity's worth of them are
+    buffered and the others are answered 429 before their bodies are read."""
     pid = patient_server.process.pid
     before = rss_bytes(pid)
     conns = [start_upload(patient_server, MAX_BODY - 1) for _ in range(30)]
     try:
         time.sleep(1.0)
         grown = rss_bytes(pid) - before
-        assert grown <= CAPACITY * MAX_BODY + SLACK, f"+{grown / MIB:.0f} MiB"
+        assert grown <= PATIENT_CAPACITY * MAX_BODY + SLACK, f"+{grown / MIB:.0f} MiB"
         refused = 0
         for s in conns:
             s.settimeout(0.2)
@@ -59,7 +59,7 @@ def test_unfinished_uploads_hold_at_most_the_capacity_in_memory(patient_server):
                     refused += 1
             except (TimeoutError, OSError):
                 pass
-        assert refused == len(conns) - CAPACITY
+        assert refused == len(conns) - PATIENT_CAPACITY
         # /health needs no body slot: still served
         assert httpx.get(f"{patient_server.base_url}/health", timeout=5).status_code == 200
     finally:

@@ -1,8 +1,7 @@
-"""A streamed Response whose request waits for admission: the stream opens at once with
-response.created / response.in_progress, keep-alive comments cover the wait, and a refusal that
-arrives after the stream started ends it in response.failed (spec: "All three generation SSE
-endpoints emit ... keep-alive ... including while the request is waiting"). The event source
-stands in for a queued engine request; the real queue is exercised by the e2e overload tests."""
+"""A streamed Response opens at admission (docs/serving-streams.md): a refusal before it is an
+HTTP error however late it comes, a failure after it ends the stream in response.failed, and
+keep-alive comments cover an admitted request's silence. The event source stands in for a
+queued engine request; the real queue is exercised by the adversarial and e2e tests."""
 
 from __future__ import annotations
 
@@ -12,10 +11,10 @@ from collections.abc import AsyncIterator
 
 from ninfer.api import errors
 from ninfer.api.config import ServeConfig
-from ninfer.api.generation import GenerationEvent
+from ninfer.api.generation import Admitted, GenerationEvent
 from ninfer.api.openai_responses import _create_sse, prepare
 from ninfer.api.responses_request import parse_create_request
-from ninfer.api.sse import KEEPALIVE, open_events, with_keepalive
+from ninfer.api.sse import KEEPALIVE, first_event, with_keepalive
 from ninfer.api.state import ServerState
 
 MODEL = "tiny-model"
@@ -27,44 +26,46 @@ async def queued_then_refused(delay_s: float) -> AsyncIterator[GenerationEvent]:
     yield  # pragma: no cover - makes this an async generator
 
 
-def test_waiting_stream_opens_with_keepalives_and_fails_in_band():
+def test_a_failure_after_admission_ends_in_response_failed():
     state = ServerState(config=ServeConfig(max_context=4096), model_id=MODEL)
     req = parse_create_request(
         {"model": MODEL, "input": "Hi", "stream": True}, model_id=MODEL, vision=False
     )
     p = prepare(state, req)
 
+    async def admitted_then_refused() -> AsyncIterator[GenerationEvent]:
+        yield Admitted(5, 0, "root")
+        async for e in queued_then_refused(0.3):
+            yield e  # pragma: no cover - it raises
+
     async def run() -> list[bytes]:
-        events = queued_then_refused(0.3)
-        first = await open_events(events, wait_s=0.05)
-        assert isinstance(first, asyncio.Task)  # nothing yet: the stream opens anyway
+        events = admitted_then_refused()
+        first = await first_event(events)
         return [f async for f in with_keepalive(_create_sse(state, p, first, events), 0.05)]
 
     frames = asyncio.run(run())
-    assert KEEPALIVE in frames
+    assert KEEPALIVE in frames  # the admitted request was silent: heartbeats
     names = [f.split(b"\n", 1)[0].decode() for f in frames if f != KEEPALIVE]
     assert names == [
         "event: response.created",
         "event: response.in_progress",
         "event: response.failed",
     ]
-    assert frames.index(KEEPALIVE) > 1  # the heartbeat follows the opening events
     failed = json.loads(frames[-1].split(b"data: ", 1)[1])
     assert failed["response"]["status"] == "failed"
     assert failed["response"]["error"]["code"] == "request_queue_timeout"
-    assert failed["sequence_number"] == 2
 
 
-def test_in_time_refusal_is_raised_before_the_stream():
+def test_a_refusal_before_admission_is_an_http_error_however_late():
     async def run() -> None:
-        await open_events(queued_then_refused(0.0), wait_s=1.0)
+        await first_event(queued_then_refused(0.3))
 
     try:
         asyncio.run(run())
     except errors.ApiError as e:
         assert e.code == "request_queue_timeout"
     else:
-        raise AssertionError("an in-time refusal must be an HTTP error")
+        raise AssertionError("a refusal before admission must be an HTTP error")
 
 
 def test_a_response_deleted_while_streaming_is_never_stored():
@@ -92,7 +93,7 @@ def test_a_response_deleted_while_streaming_is_never_stored():
         p = prepare(state, req)
         store.begin(p.response_id)  # as the create handler does for store:true
         events = source()
-        frames = _create_sse(state, p, await open_events(events), events)
+        frames = _create_sse(state, p, await first_event(events), events)
         async for frame in frames:
             if frame.startswith(b"event: response.in_progress"):
                 try:
