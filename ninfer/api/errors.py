@@ -263,6 +263,16 @@ def engine_unavailable() -> ApiError:
     )
 
 
+def server_shutting_down() -> ApiError:
+    """The server is stopping (SIGTERM) and ended this request after its grace period."""
+    return ApiError(
+        503,
+        "the server is shutting down and ended this request; retry against a running server",
+        type=SERVER_ERROR,
+        code="server_shutting_down",
+    )
+
+
 def internal_error() -> ApiError:
     """An internal failure; the message deliberately carries no detail."""
     return ApiError(500, "internal server error", type=SERVER_ERROR, code="internal_error")

@@ -21,6 +21,7 @@ import asyncio
 import os
 import resource
 import time
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -151,6 +152,32 @@ def guarded_protocol(header_timeout_s: float, max_connections: int) -> type[Guar
         (GuardedH11Protocol,),
         {"header_timeout_s": header_timeout_s, "max_connections": max_connections},
     )
+
+
+STREAM_END_MARGIN_S = 1.0  # before the grace period ends, running requests are ended
+
+
+def graceful_server(config: Any, on_grace_end: Callable[[], object] | None) -> Any:
+    """A uvicorn.Server whose shutdown (SIGTERM) calls `on_grace_end` STREAM_END_MARGIN_S before
+    `timeout_graceful_shutdown` runs out: requests still running are then ended by the app
+    (each stream with its protocol's final error event) and their connections close cleanly,
+    where uvicorn would cancel their tasks, cut the streams and log a traceback."""
+    import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        async def shutdown(self, sockets: Any = None) -> None:
+            grace = self.config.timeout_graceful_shutdown
+            timer = None
+            if on_grace_end is not None and grace is not None:
+                delay = max(0.0, grace - STREAM_END_MARGIN_S)
+                timer = asyncio.get_running_loop().call_later(delay, on_grace_end)
+            try:
+                await super().shutdown(sockets)
+            finally:
+                if timer is not None:
+                    timer.cancel()
+
+    return GracefulServer(config)
 
 
 def uvicorn_config(app: Any, *, client_timeout_s: float, log_level: str, **options: Any) -> Any:

@@ -11,6 +11,7 @@ runs on the HTTP event loop; the engine's worker thread does the model work.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import secrets
 import time
@@ -137,6 +138,9 @@ class ModelService:
             config.max_concurrency + config.max_pending_requests if config is not None else None
         )
         self.alive = 0
+        # engine requests running now, and the error that ends them when the server shuts down
+        self._running: set[Any] = set()
+        self.stopping: ApiError | None = None
 
     # -- preparation ---------------------------------------------------------------------------
 
@@ -262,6 +266,17 @@ class ModelService:
             "thinking_suffix_ids": suffix,
         }
 
+    def stop_all(self) -> int:
+        """End every running generation with 503 server_shutting_down (at the end of the
+        shutdown grace period): their engine requests are cancelled, and each protocol turns the
+        error into its final event (an error chunk, response.failed, an Anthropic error event)
+        or, not yet streaming, an HTTP error. New requests after this are refused. Returns how
+        many were running. Call on the event loop."""
+        self.stopping = errors.server_shutting_down()
+        for handle in list(self._running):
+            self.engine.cancel(handle)
+        return len(self._running)
+
     # -- generation ------------------------------------------------------------------------------
 
     async def generate(
@@ -280,6 +295,9 @@ class ModelService:
         track = self.observer.track(req, request_id) if self.observer is not None else NO_TRACK
         if tracks is not None:
             tracks.append(track)
+        if self.stopping is not None:
+            track.raised(self.stopping)
+            raise self.stopping
         if self.capacity is not None and self.alive >= self.capacity:
             full = errors.server_overloaded()
             track.raised(full)
@@ -334,6 +352,7 @@ class ModelService:
                 code="engine_unavailable",
             ) from None
         track.started(prepared, request)
+        self._running.add(handle)
 
         post = PostProcessor(
             req,
@@ -391,8 +410,15 @@ class ModelService:
                         )
                     for out in post.finish():
                         yield out
-                    yield post.finished(event, length_cause, prompt_only)
+                    finished = post.finished(event, length_cause, prompt_only)
+                    if event.reason == "cancelled" and self.stopping is not None:
+                        # cancelled by the shutdown, not by its client: say so
+                        finished = dataclasses.replace(
+                            finished, reason="error", error=self.stopping
+                        )
+                    yield finished
                     return
         finally:
+            self._running.discard(handle)
             if not handle.finished:
                 self.engine.cancel(handle)

@@ -377,22 +377,22 @@ def _engine_factory() -> Any:
 
 def serve_forever(app: Any, sock: socket.socket, config: ServeConfig) -> None:
     """Run uvicorn on the already-bound socket until interrupted."""
-    import uvicorn
-
     uv_level = (
         "critical"
         if config.log_level == "off"
         else ("debug" if config.log_level == "trace" else config.log_level)
     )
-    from ninfer.api.http_server import uvicorn_config
+    from ninfer.api.http_server import graceful_server, uvicorn_config
 
-    server = uvicorn.Server(
+    service = app.state.server.extra.get("service")
+    server = graceful_server(
         uvicorn_config(
             app,
             client_timeout_s=config.client_timeout_s,
             log_level=uv_level,
             timeout_graceful_shutdown=5,
             lifespan="on",
-        )
+        ),
+        on_grace_end=service.stop_all if service is not None else None,
     )
     server.run(sockets=[sock])
