@@ -17,6 +17,7 @@ tracemalloc over bodies made of one repeated shape, tests/adversarial/test_body_
     per byte  2w B   the text itself, twice (the decoded body and the strings built from it),
                      w bytes a character: 1 for ASCII, 2 once any byte >= 0xC0 is present,
                      4 once a 4-byte UTF-8 sequence is (one emoji widens the whole body)
+    plus 64 KiB       the decoder's own bookkeeping
 
 Characters inside strings are counted too, so the estimate only errs high. Bodies up to
 `EXEMPT_BYTES` are not judged: their worst case is bounded anyway (~48x of 1 MiB).
@@ -29,6 +30,7 @@ from ninfer.api import errors
 MAX_PARSE_FACTOR = 16  # estimated decoded bytes per body byte beyond which a body is refused
 EXEMPT_BYTES = 1 << 20
 _FOUR_BYTE_LEADS = tuple(bytes([b]) for b in range(0xF0, 0xF8))  # memchr each: C speed
+_BOOKKEEPING = 64 * 1024  # the decoder's own lists and slices, whatever the body
 _COSTS = ((b"{", 100), (b"[", 80), (b",", 36), (b":", 36), (b'"', 30))
 
 
@@ -39,7 +41,8 @@ def parse_cost(raw: bytes | str) -> int:
         width = 1
     else:
         width = 4 if any(data.find(lead) >= 0 for lead in _FOUR_BYTE_LEADS) else 2
-    return 2 * width * len(data) + sum(cost * data.count(ch) for ch, cost in _COSTS)
+    structure = sum(cost * data.count(ch) for ch, cost in _COSTS)
+    return 2 * width * len(data) + structure + _BOOKKEEPING
 
 
 def check_parse_cost(raw: bytes | str) -> None:

@@ -23,6 +23,7 @@ from ninfer.api import errors
 # schema inside a tool inside the request); deeper input only exercises recursion in the
 # template engine and the JSON encoder, whose limits are a RecursionError (a 500), not a 400.
 MAX_DEPTH = 64
+CHUNKED_BYTES = 256 * 1024  # bodies above this decode through ninfer.api.json_chunked
 
 
 def parse_json_object(raw: bytes | str) -> dict[str, Any]:
@@ -36,6 +37,7 @@ def parse_json_object(raw: bytes | str) -> dict[str, Any]:
     Python's JSON decoder lets through) in any string.
     """
     from ninfer.api.body_cost import check_parse_cost
+    from ninfer.api.json_chunked import loads_chunked
 
     check_parse_cost(raw)
 
@@ -43,7 +45,10 @@ def parse_json_object(raw: bytes | str) -> dict[str, Any]:
         raise ValueError(f"{name} is not a JSON number")
 
     try:
-        value = json.loads(raw, parse_constant=no_constants)
+        if isinstance(raw, bytes) and len(raw) > CHUNKED_BYTES:  # in short GIL holds
+            value = loads_chunked(raw)
+        else:
+            value = json.loads(raw, parse_constant=no_constants)
     except UnicodeDecodeError:
         raise errors.invalid_json("the body is not UTF-8 text") from None
     except (ValueError, RecursionError) as e:
@@ -125,8 +130,17 @@ def _check_text(text: str, path: str, surrogates: bool, key: Any = None) -> None
         return
     if isinstance(key, str) and _SURROGATE.search(key):
         raise _surrogate_error(path or "body", "has a member name with")
-    if _SURROGATE.search(text):
+    if _has_surrogate(text):
         raise _surrogate_error(_join(path, key) if key is not None else path or "body", "contains")
+
+
+SEARCH_CHARS = 1 << 20  # characters one regex search covers (one GIL hold)
+
+
+def _has_surrogate(text: str) -> bool:
+    return any(
+        _SURROGATE.search(text, i, i + SEARCH_CHARS) for i in range(0, len(text), SEARCH_CHARS)
+    )
 
 
 def _surrogate_error(param: str, what: str) -> errors.ApiError:

@@ -31,6 +31,7 @@ from ninfer.api.generation import (
     PromptProgress,
 )
 from ninfer.api.observe import NO_TRACK, Observer, RequestTrack
+from ninfer.api.offload import gc_paused
 from ninfer.api.postprocess import PostProcessor
 from ninfer.api.prompt_cache import prompt_checkpoints
 from ninfer.api.prompt_encoding import PromptEncoder
@@ -206,8 +207,14 @@ class ModelService:
         implicit = req.implicit_cache_point and len(req.cache_points) < MAX_CACHE_WRITES
         return prompt_checkpoints(req, rendered, ids, self.encoder, render, implicit)
 
+    def _prepare_quietly(self, req: GenerationRequest) -> Prepared:
+        """`prepare` with garbage collection paused (ninfer.api.offload.gc_paused): rendering a
+        large conversation allocates enough to trigger full collections, each a long GIL hold."""
+        with gc_paused():
+            return self.prepare(req)
+
     def count_tokens(self, req: GenerationRequest) -> int:
-        return len(self.prepare(req).prompt_ids)
+        return len(self._prepare_quietly(req).prompt_ids)
 
     def sampling_params(
         self, req: GenerationRequest, max_tokens: int, thinking: bool = False
@@ -320,7 +327,7 @@ class ModelService:
         self, req: GenerationRequest, track: RequestTrack
     ) -> AsyncIterator[GenerationEvent]:
         t_prepare = time.monotonic()  # the pending timeout counts from here (spec)
-        prepared = await asyncio.to_thread(self.prepare, req)
+        prepared = await asyncio.to_thread(self._prepare_quietly, req)
         prompt_len = len(prepared.prompt_ids)
         room = self.max_context - prompt_len
         wanted = self.default_max_tokens if req.max_tokens is None else req.max_tokens
