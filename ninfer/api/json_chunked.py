@@ -51,9 +51,9 @@ def decode_text(raw: bytes) -> str:
 def loads_chunked(raw: bytes) -> Any:
     """The JSON value of `raw` (see the module docstring). Raises json.JSONDecodeError,
     UnicodeDecodeError, ValueError (NaN, Infinity), RecursionError as json.loads would."""
+    if raw.startswith(codecs.BOM_UTF8):  # json.loads of bytes skips it (utf-8-sig)
+        raw = raw[len(codecs.BOM_UTF8) :]
     text = decode_text(raw)
-    if text.startswith("\ufeff"):
-        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
     idx = _ws(text, 0)
     value, idx = _value(text, idx, 0)
     idx = _ws(text, idx)
