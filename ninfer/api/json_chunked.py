@@ -51,8 +51,7 @@ def decode_text(raw: bytes) -> str:
 def loads_chunked(raw: bytes) -> Any:
     """The JSON value of `raw` (see the module docstring). Raises json.JSONDecodeError,
     UnicodeDecodeError, ValueError (NaN, Infinity), RecursionError as json.loads would."""
-    if raw.startswith(codecs.BOM_UTF8):  # json.loads of bytes skips it (utf-8-sig)
-        raw = raw[len(codecs.BOM_UTF8) :]
+    raw = raw.removeprefix(codecs.BOM_UTF8)  # json.loads of bytes skips it (utf-8-sig)
     text = decode_text(raw)
     idx = _ws(text, 0)
     value, idx = _value(text, idx, 0)
