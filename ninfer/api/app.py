@@ -17,8 +17,8 @@ routes, unknown routes, errors and streams alike:
                    so that a browser page cannot post to the API without a CORS preflight
     BodyLimit      a body over --max-request-mib is answered 413 request_too_large before any
                    handler parses it (Content-Length checked first, chunked bodies counted);
-                   at most max_concurrency + max_pending_requests bodies are held at once
-                   (429 beyond), each within --client-timeout-s (408)
+                   at most max_concurrency + max_pending_requests + 1 bodies are held at
+                   once (429 beyond), each within --client-timeout-s (408)
     HeadAsGet      HEAD is answered as GET without its body, on every resource
 
 Error bodies use the OpenAI shape (`ApiError.body()`), and the Anthropic shape on the Anthropic
@@ -108,7 +108,7 @@ def create_app(
         HeadAsGet(app.asgi_handler),
         cfg.max_request_bytes,
         cfg.max_request_mib,
-        slots=cfg.max_concurrency + cfg.max_pending_requests,
+        slots=cfg.max_concurrency + cfg.max_pending_requests + 1,
         timeout_s=cfg.client_timeout_s,
     )
     inner = JsonOnly(inner)
@@ -340,10 +340,12 @@ class BodyLimit:
 
     - size: a body over `limit` bytes is 413 request_too_large (Content-Length checked first,
       chunked bodies counted);
-    - count: at most `slots` requests with a body (max_concurrency + max_pending_requests, the
-      outstanding-request capacity) are read or served at once; one more is 429
-      server_overloaded before a byte of its body is read, so buffered bodies never hold more
-      than slots x --max-request-mib (an unfinished upload keeps its slot);
+    - count: at most `slots` requests with a body are read or served at once: the
+      outstanding-request capacity (max_concurrency + max_pending_requests) plus one, so that a
+      generation request beyond the capacity still reaches the model service, whose 429 is
+      logged and counted; one more is 429 server_overloaded before a byte of its body is read,
+      so buffered bodies never hold more than slots x --max-request-mib (an unfinished upload
+      keeps its slot);
     - time: a body not complete `timeout_s` after its headers is 408 request_timeout
       (--client-timeout-s), which frees the slot a stalled upload would hold.
     """
