@@ -199,6 +199,8 @@ def test_compile_options_follow_the_flags():
         (["--prefill-chunk", "0"], "--prefill-chunk"),
         (["--log-stats-interval-ms", "-1"], "--log-stats-interval-ms"),
         (["--max-request-mib", "0"], "--max-request-mib"),
+        (["--client-timeout-s", "0"], "--client-timeout-s"),
+        (["--client-timeout-s", "nan"], "--client-timeout-s"),
         (["--media-cache-mib", "-1"], "--media-cache-mib"),
         (["--media-live-mib", "0"], "--media-live-mib"),
         (["--media-preprocess-threads", "-1"], "--media-preprocess-threads"),
@@ -248,6 +250,8 @@ def test_invalid_values_name_the_flag(argv, flag):
         (["--max-concurrency", "8"], "max_concurrency", 8),
         (["--kv-dtype", "nvfp4"], "kv_dtype", "nvfp4"),
         (["--log-level", "trace"], "log_level", "trace"),
+        (["--client-timeout-s", "2.5"], "client_timeout_s", 2.5),
+        ([], "client_timeout_s", 30.0),
     ],
 )
 def test_boundary_values_are_accepted(argv, field, value):
