@@ -42,8 +42,8 @@ from ninfer.api.anthropic_sse import (
 )
 from ninfer.api.disconnect import unless_disconnected
 from ninfer.api.errors import CLIENT_CLOSED_STATUS, ApiError
-from ninfer.api.fields import parse_json_object
 from ninfer.api.generation import Finished, GenerationEvent
+from ninfer.api.offload import decode_body
 from ninfer.api.state import ServerState
 from ninfer.api.template_options import ThinkingDefaults
 
@@ -54,14 +54,16 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
     """The Anthropic handlers bound to `state` (registered by app.PROTOCOL_MODULES)."""
 
     async def parse(request: Request[Any, Any, Any], *, count_only: bool) -> MessagesRequest:
-        body = parse_json_object(await request.body())
         cfg = state.config
-        return parse_messages_request(
-            body,
-            vision=cfg.vision,
-            default_max_tokens=cfg.engine.default_max_tokens,
-            thinking_defaults=ThinkingDefaults.from_flags(cfg.thinking, cfg.preserve_thinking),
-            count_only=count_only,
+        return await decode_body(
+            request,
+            lambda body: parse_messages_request(
+                body,
+                vision=cfg.vision,
+                default_max_tokens=cfg.engine.default_max_tokens,
+                thinking_defaults=ThinkingDefaults.from_flags(cfg.thinking, cfg.preserve_thinking),
+                count_only=count_only,
+            ),
         )
 
     @post("/v1/messages", status_code=200, exception_handlers={Exception: handle_exception})
@@ -72,7 +74,7 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
         events = service.generate(req.generation_request(), request_id=rid)
         pending_ms = state.config.engine.pending_timeout_ms
         if req.stream:
-            return await _stream_response(events, req, rid, pending_ms)
+            return await _stream_response(events, req, rid, pending_ms, request)
         finished = await unless_disconnected(_drain(events), request, events)
         if finished is None:  # the client went away; nobody reads this
             return Response({}, status_code=CLIENT_CLOSED_STATUS, headers={REQUEST_ID_HEADER: rid})
@@ -153,8 +155,8 @@ class _EventPump:
         self.events = events
         self.pending: asyncio.Future[GenerationEvent] | None = None
 
-    async def next(self, timeout: float) -> GenerationEvent | None:
-        """The next event, or None when `timeout` seconds pass first. Raises StopAsyncIteration
+    async def next(self, timeout: float | None) -> GenerationEvent | None:
+        """The next event, or None when `timeout` seconds (None: no limit) pass first. Raises StopAsyncIteration
         at the end and whatever the service raises."""
         if self.pending is None:
             self.pending = asyncio.ensure_future(anext(self.events))  # type: ignore[arg-type]
@@ -178,17 +180,26 @@ class _EventPump:
 
 
 async def _stream_response(
-    events: AsyncIterator[GenerationEvent], req: MessagesRequest, rid: str, pending_ms: int
+    events: AsyncIterator[GenerationEvent],
+    req: MessagesRequest,
+    rid: str,
+    pending_ms: int,
+    request: Request[Any, Any, Any],
 ) -> Response[Any]:
     pump = _EventPump(events)
     writer = MessageStreamWriter(
         message_id=new_message_id(), model=req.model, pending_timeout_ms=pending_ms
     )
     try:
-        first = await pump.next(KEEP_ALIVE_S)  # quick failures become HTTP errors
+        # headers go out only at admission: refusals before it (400, 529, 504) are real
+        # statuses however long they took (docs/serving-streams.md)
+        first = await unless_disconnected(pump.next(None), request, pump.events)
     except BaseException:
         await pump.close()
         raise
+    if first is None:  # the client went away before admission; nobody reads this
+        await pump.close()
+        return Response({}, status_code=CLIENT_CLOSED_STATUS, headers={REQUEST_ID_HEADER: rid})
     headers = {REQUEST_ID_HEADER: rid, "cache-control": "no-cache", "x-accel-buffering": "no"}
     return Stream(
         _frames(pump, writer, first),

@@ -13,8 +13,12 @@ routes, unknown routes, errors and streams alike:
                    the request-id headers exposed, on every response (401/413 included)
     ApiKeyAuth     (--api-key) Bearer or x-api-key, compared in constant time; /health and
                    CORS preflight (OPTIONS + Access-Control-Request-Method) pass unauthenticated
+    JsonOnly       a body must be application/json without a content coding (415 otherwise),
+                   so that a browser page cannot post to the API without a CORS preflight
     BodyLimit      a body over --max-request-mib is answered 413 request_too_large before any
-                   handler parses it (Content-Length checked first, chunked bodies counted)
+                   handler parses it (Content-Length checked first, chunked bodies counted);
+                   at most max_concurrency + max_pending_requests + 1 bodies are held at
+                   once (429 beyond), each within --client-timeout-s (408)
     HeadAsGet      HEAD is answered as GET without its body, on every resource
     UnversionedAliases  /chat/completions, /responses..., /models... served as their /v1
                    paths (route_aliases), as llama.cpp's server offers
@@ -35,7 +39,6 @@ from __future__ import annotations
 
 import hmac
 import importlib
-import json
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
@@ -54,6 +57,8 @@ from ninfer.api.anthropic_errors import (
     is_anthropic_path,
     is_anthropic_request,
 )
+from ninfer.api.body_layers import BodyLimit, JsonOnly
+from ninfer.api.error_response import error_headers, send_error
 from ninfer.api.errors import ApiError
 from ninfer.api.route_aliases import UnversionedAliases
 from ninfer.api.state import ServerState
@@ -104,8 +109,13 @@ def create_app(
     app.state.server = state
     # Outer layers around Litestar's handler, innermost first (see the module docstring).
     inner: ASGIApp = BodyLimit(
-        HeadAsGet(UnversionedAliases(app.asgi_handler)), cfg.max_request_bytes, cfg.max_request_mib
+        HeadAsGet(UnversionedAliases(app.asgi_handler)),
+        cfg.max_request_bytes,
+        cfg.max_request_mib,
+        slots=cfg.engine.max_concurrency + cfg.engine.max_pending_requests + 1,
+        timeout_s=cfg.client_timeout_s,
     )
+    inner = JsonOnly(inner)
     if cfg.api_key is not None:
         inner = ApiKeyAuth(inner, cfg.api_key)
     if cfg.cors:
@@ -196,7 +206,7 @@ def _handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Respon
         rid = request.scope.get("state", {}).get("request_id")
         status, body = anthropic_error_body(err, rid)
         return Response(body, status_code=status, headers=extra)
-    return Response(err.body(), status_code=err.status, headers=_error_headers(err) | extra)
+    return Response(err.body(), status_code=err.status, headers=error_headers(err) | extra)
 
 
 def _allow_header(headers: Mapping[str, str]) -> dict[str, str]:
@@ -209,23 +219,6 @@ def _allow_header(headers: Mapping[str, str]) -> dict[str, str]:
     if "GET" in methods and "HEAD" not in methods:
         methods.insert(methods.index("GET") + 1, "HEAD")
     return {"allow": ", ".join(methods)}
-
-
-def _error_headers(err: ApiError) -> dict[str, str]:
-    return {"www-authenticate": "Bearer"} if err.status == 401 else {}
-
-
-async def send_error(send: Send, err: ApiError, scope: Scope | None = None) -> None:
-    """Answer with `err` directly over ASGI (for layers outside Litestar's routing); in the
-    Anthropic shape on the Anthropic endpoints."""
-    status, payload = err.status, err.body()
-    if scope is not None and is_anthropic_request(scope):
-        status, payload = anthropic_error_body(err, scope.get("state", {}).get("request_id"))
-    body = json.dumps(payload).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    headers += [(k.encode(), v.encode()) for k, v in _error_headers(err).items()]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 # -----------------------------------------------------------------------------------------------
@@ -325,59 +318,6 @@ class ApiKeyAuth:
             elif name == b"x-api-key":
                 ok |= hmac.compare_digest(value.strip(), self._key)
         return ok
-
-
-class BodyLimit:
-    """Answers 413 request_too_large for a body over `limit` bytes, before the app sees it.
-
-    The body is read here (it would be read whole for JSON parsing anyway) and replayed to the
-    app as one message; later `receive()` calls go to the server, so handlers still observe
-    `http.disconnect`.
-    """
-
-    def __init__(self, app: ASGIApp, limit: int, limit_mib: int) -> None:
-        self.app = app
-        self.limit = limit
-        self.limit_mib = limit_mib
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        for name, value in scope.get("headers", ()):
-            if name.lower() == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = 0
-                if declared > self.limit:
-                    await send_error(send, errors.request_too_large(self.limit_mib), scope)
-                    return
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # disconnect before the body was complete
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.limit:
-                await send_error(send, errors.request_too_large(self.limit_mib), scope)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
 
 
 class PermissiveCors:

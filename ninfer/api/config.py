@@ -51,6 +51,7 @@ class ServeConfig:
     log_level: str = "info"
     context_cost_presets: str | None = None
     max_request_mib: int = 384
+    client_timeout_s: float = 30.0  # idle / slow-header connections closed, slow bodies 408
     media_cache_mib: int = 1024
     media_live_mib: int = 2048
     media_preprocess_threads: int = 0  # 0: min(16, host concurrency)
@@ -89,6 +90,7 @@ class ServeConfig:
         _int("log_stats_interval_ms", self.log_stats_interval_ms, 0, 1 << 40)
         _choice("log_level", self.log_level, LOG_LEVELS)
         _int("max_request_mib", self.max_request_mib, 1, 1 << 20)
+        _float("client_timeout_s", self.client_timeout_s, 0.001, 86400.0)
         _int("media_cache_mib", self.media_cache_mib, 0, 1 << 24)
         _int("media_live_mib", self.media_live_mib, 1, 1 << 24)
         _int("media_preprocess_threads", self.media_preprocess_threads, 0, 1024)

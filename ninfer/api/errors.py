@@ -41,6 +41,7 @@ class ApiError(NinferError):
         code: str | None = None,
         param: str | None = None,
     ):
+        message = clip_message(message)  # client values echoed in it stay bounded
         super().__init__(message)
         self.status = status
         self.message = message
@@ -63,6 +64,26 @@ class ApiError(NinferError):
         return (
             f"ApiError({self.status}, code={self.code!r}, param={self.param!r}, {self.message!r})"
         )
+
+
+MAX_MESSAGE_CHARS = 600  # an error message longer than this is cut in the middle
+MAX_ECHO_CHARS = 60  # a client value quoted in a message is cut to this
+
+
+def clip(value: object, limit: int = MAX_ECHO_CHARS) -> str:
+    """A client value as JSON text, cut to `limit` characters (for quoting it in a message)."""
+    return _short(value, limit)
+
+
+def clip_message(message: str) -> str:
+    """`message` cut in the middle to MAX_MESSAGE_CHARS, so that a value a handler quotes
+    whole (a tool name, an id, a path) cannot make an error of unbounded size."""
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    head, tail = MAX_MESSAGE_CHARS * 2 // 3, MAX_MESSAGE_CHARS // 4
+    return (
+        f"{message[:head]} [... {len(message) - head - tail} characters cut ...] {message[-tail:]}"
+    )
 
 
 # -- 400: malformed or unsupported requests -----------------------------------------------------
@@ -159,18 +180,22 @@ def model_not_found(model: str, served: str) -> ApiError:
     """A request or lookup names a model other than the public model id."""
     return ApiError(
         404,
-        f"the model {model!r} does not exist; this server serves {served!r}",
+        f"the model {clip(model)} does not exist; this server serves {served!r}",
         code="model_not_found",
         param="model",
     )
 
 
 def route_not_found(method: str, path: str) -> ApiError:
-    return ApiError(404, f"no route for {method} {path}", type=NOT_FOUND, code="not_found")
+    return ApiError(
+        404, f"no route for {clip(method, 20)} {clip(path)}", type=NOT_FOUND, code="not_found"
+    )
 
 
 def method_not_allowed(method: str, path: str) -> ApiError:
-    return ApiError(405, f"{method} is not allowed on {path}", code="method_not_allowed")
+    return ApiError(
+        405, f"{clip(method, 20)} is not allowed on {clip(path)}", code="method_not_allowed"
+    )
 
 
 def request_too_large(limit_mib: int) -> ApiError:
@@ -179,6 +204,20 @@ def request_too_large(limit_mib: int) -> ApiError:
         413,
         f"the request body is larger than this server's limit of {limit_mib} MiB (--max-request-mib)",
         code="request_too_large",
+    )
+
+
+def unsupported_media_type(message: str) -> ApiError:
+    """A request body that is not plain application/json (ninfer.api.app.JsonOnly)."""
+    return ApiError(415, message, code="unsupported_media_type")
+
+
+def request_timeout(timeout_s: float) -> ApiError:
+    """The request body did not arrive within --client-timeout-s."""
+    return ApiError(
+        408,
+        f"the request body did not arrive within {timeout_s:g} s (--client-timeout-s)",
+        code="request_timeout",
     )
 
 
@@ -221,6 +260,16 @@ def engine_unavailable() -> ApiError:
         "the engine has failed and accepts no requests",
         type=SERVER_ERROR,
         code="engine_unavailable",
+    )
+
+
+def server_shutting_down() -> ApiError:
+    """The server is stopping (SIGTERM) and ended this request after its grace period."""
+    return ApiError(
+        503,
+        "the server is shutting down and ended this request; retry against a running server",
+        type=SERVER_ERROR,
+        code="server_shutting_down",
     )
 
 

@@ -5,15 +5,13 @@ reasoning token details, and llama.cpp-compatible `timings`. Streams send an ass
 chunk, separate reasoning / content / tool-call deltas, a finish-reason chunk, an optional
 usage chunk (`stream_options.include_usage`), then `[DONE]`; `timings` rides on the last JSON
 chunk; with `stream_options.include_usage` every other chunk carries `"usage": null`.
-Preparation and admission errors are HTTP errors (429/503/400 are real statuses): the stream
-starts at admission, or, for a request still waiting after five seconds, with `: keep-alive`
-comments, and a failure after that is an in-stream `{"error": ...}` chunk before `[DONE]`.
+Preparation and admission errors are HTTP errors (429/503/400 are real statuses, however long
+the request waited): the stream starts at admission, and a failure after that is an in-stream
+`{"error": ...}` chunk before `[DONE]` (docs/serving-streams.md).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import time
 import uuid
@@ -27,8 +25,7 @@ from litestar.response import Stream
 
 from ninfer.api import errors
 from ninfer.api.disconnect import unless_disconnected
-from ninfer.api.errors import CLIENT_CLOSED_STATUS, ApiError
-from ninfer.api.fields import parse_json_object
+from ninfer.api.errors import CLIENT_CLOSED_STATUS
 from ninfer.api.generation import (
     Admitted,
     ContentText,
@@ -40,9 +37,9 @@ from ninfer.api.generation import (
     ToolCallArgs,
     ToolCallStart,
 )
+from ninfer.api.offload import decode_body
 from ninfer.api.openai_chat_models import ChatRequest, parse_chat_request
 from ninfer.api.sse import (
-    KEEPALIVE,
     first_event,
     generation_closer,
     open_events,
@@ -160,22 +157,14 @@ class ChatCompletion:
 
     async def stream(
         self,
-        first: GenerationEvent | asyncio.Task[GenerationEvent],
+        first: GenerationEvent,
         events: AsyncIterator[GenerationEvent],
     ) -> AsyncIterator[dict[str, Any]]:
-        """Chunks of one streamed completion; closing it cancels the generation.
-
-        `first` is the first event, or (a stream opened before admission, see `open_events`)
-        the task still waiting for it: an admission or preparation failure then becomes an
-        in-stream error chunk, since the HTTP status has already been sent."""
+        """Chunks of one streamed completion; closing it cancels the generation. `first` is
+        the first event: the stream opens at admission (`sse.open_events`), so refusals before
+        it are HTTP errors and only failures after it are in-stream error chunks."""
         self._processed = -1  # the last prompt_progress sent: they never move backwards
         try:
-            if isinstance(first, asyncio.Task):
-                try:
-                    first = await first
-                except ApiError as e:
-                    yield {"error": e.body()["error"]}
-                    return
             yield self.chunk({"role": "assistant", "content": ""})
             for out in self._on_event(first):
                 yield out
@@ -183,10 +172,6 @@ class ChatCompletion:
                 for out in self._on_event(e):
                     yield out
         finally:
-            if isinstance(first, asyncio.Task) and not first.done():
-                first.cancel()
-                with contextlib.suppress(BaseException):
-                    await first
             await events.aclose()  # a client that hung up cancels its generation
 
     def _on_event(self, e: GenerationEvent) -> list[dict[str, Any]]:
@@ -251,14 +236,9 @@ class ChatCompletion:
         return out
 
 
-async def _sse(
-    chunks: AsyncIterator[dict[str, Any]], waiting: bool = False
-) -> AsyncIterator[bytes]:
-    """SSE frames of `chunks`, then `[DONE]`. `waiting`: the stream opens before admission,
-    already a keep-alive interval after the request arrived, so it starts with a keep-alive."""
+async def _sse(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    """SSE frames of `chunks`, then `[DONE]`."""
     try:
-        if waiting:
-            yield KEEPALIVE
         async for c in chunks:
             data = json.dumps(c, ensure_ascii=False, separators=(",", ":")).encode()
             yield b"data: " + data + b"\n\n"
@@ -280,8 +260,12 @@ async def _last_event(events: AsyncIterator[GenerationEvent]) -> GenerationEvent
 def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
     @post("/v1/chat/completions", status_code=200)
     async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
-        body = parse_json_object(await request.body())
-        chat = parse_chat_request(body, model_id=state.model_id, vision=state.config.vision)
+        chat = await decode_body(
+            request,
+            lambda body: parse_chat_request(
+                body, model_id=state.model_id, vision=state.config.vision
+            ),
+        )
         service = state.extra.get("service")
         if service is None:
             raise errors.engine_unavailable()
@@ -299,14 +283,14 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
                     final.error, pending_timeout_ms=state.config.engine.pending_timeout_ms
                 )
             return Response(completion.aggregate(final))
-        first = await open_events(events)  # raises ApiError when it fails in time
+        first = await open_events(events, request)  # refusals before admission raise here
+        if first is None:  # the client went away before admission; nobody reads this
+            return Response({}, status_code=CLIENT_CLOSED_STATUS)
         return Stream(
-            with_keepalive(
-                _sse(completion.stream(first, events), waiting=isinstance(first, asyncio.Task))
-            ),
+            with_keepalive(_sse(completion.stream(first, events))),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
-            background=BackgroundTask(generation_closer(events, first)),
+            background=BackgroundTask(generation_closer(events)),
         )
 
     return [chat_completions]

@@ -21,7 +21,6 @@ Response's chain gets the engine session key "resp:<root id>"; children inherit 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import time
@@ -37,8 +36,8 @@ from litestar.response import Stream
 from ninfer.api import errors
 from ninfer.api.disconnect import unless_disconnected
 from ninfer.api.errors import CLIENT_CLOSED_STATUS, ApiError
-from ninfer.api.fields import parse_json_object
 from ninfer.api.generation import Finished, GenerationEvent
+from ninfer.api.offload import decode_body
 from ninfer.api.reasoning_seal import ReasoningSeal, configured_key
 from ninfer.api.responses_prepare import (
     SESSION_PREFIX,
@@ -165,34 +164,22 @@ async def _create_json(
 async def _create_sse(
     state: ServerState,
     p: Prepared,
-    first: GenerationEvent | asyncio.Task[GenerationEvent],
+    first: GenerationEvent,
     events: AsyncIterator[GenerationEvent],
 ) -> AsyncIterator[bytes]:
     """Semantic events of one streamed Response; closing it cancels the generation. `first` is
-    the first generation event, or the task still waiting for it (a request queued for
-    admission): response.created and response.in_progress go out at once, the transport's
-    keep-alive comments cover the wait, and a later refusal ends in response.failed."""
+    the first generation event (the stream opens at admission, `sse.open_events`); a failure
+    after it ends the stream in response.failed."""
     created = int(time.time())
     framer = SseFramer()
     builder = _builder(state, p)
-    waiting = first if isinstance(first, asyncio.Task) else None
-    if waiting is not None and not p.sampled.is_set():
-        # still in preparation: response.created echoes the sampler, so it waits for it (the
-        # transport's keep-alive comments cover the wait)
-        error = await _await_sampling(p, waiting, state.config.engine.pending_timeout_ms)
-        if error is not None:
-            await events.aclose()
-            yield framer.frame(error)
-            return
     start = response_object(p, created, "in_progress", [], model=state.model_id)
     yield framer.frame({"type": "response.created", "response": start})
     yield framer.frame({"type": "response.in_progress", "response": start})
     fin: Finished | None = None
     failure: ApiError | None = None
     try:
-        if waiting is not None:
-            first = await waiting
-        async for ev in _chain(first, events):  # type: ignore[arg-type]
+        async for ev in _chain(first, events):
             if isinstance(ev, Finished):
                 fin = ev
                 for out in builder.finish(ev):
@@ -205,10 +192,6 @@ async def _create_sse(
     except Exception as e:  # noqa: BLE001 - after the stream started, report; never leak detail
         failure = _failure(None, e, state.config.engine.pending_timeout_ms)
     finally:
-        if waiting is not None and not waiting.done():
-            waiting.cancel()  # the client hung up while the request waited for admission
-            with contextlib.suppress(BaseException):
-                await waiting
         await events.aclose()  # a client that hung up cancels its generation
     if fin is not None and fin.reason == "cancelled":
         return
@@ -234,31 +217,6 @@ async def _create_sse(
     yield framer.frame({"type": "response.failed", "response": obj})
 
 
-async def _await_sampling(
-    p: Prepared, waiting: asyncio.Task[GenerationEvent], pending_timeout_ms: int
-) -> dict[str, Any] | None:
-    """Wait until the service has resolved `p`'s sampler, or the first event task ends first.
-    None when the sampler is known; else the stream-level `error` event of a request that
-    failed in preparation after the stream had opened (no Response exists to report it in)."""
-    sampled = asyncio.ensure_future(p.sampled.wait())
-    try:
-        await asyncio.wait({sampled, waiting}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        sampled.cancel()
-    if p.sampled.is_set():
-        return None
-    exc = waiting.exception()
-    if exc is None:  # an event without a resolved sampler: the service broke its contract
-        raise RuntimeError("a generation event arrived before the sampler was resolved")
-    failure = exc if isinstance(exc, ApiError) else _failure(None, exc, pending_timeout_ms)
-    return {
-        "type": "error",
-        "code": failure.code or "server_error",
-        "message": failure.message,
-        "param": failure.param,
-    }
-
-
 async def _chain(
     first: GenerationEvent, rest: AsyncIterator[GenerationEvent]
 ) -> AsyncIterator[GenerationEvent]:
@@ -275,9 +233,14 @@ async def _chain(
 def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
     @post("/v1/responses", status_code=200)
     async def create(request: Request[Any, Any, Any]) -> Response[Any]:
-        body = parse_json_object(await request.body())
-        req = parse_create_request(
-            body, model_id=state.model_id, vision=state.config.vision, seal=reasoning_seal(state)
+        req = await decode_body(
+            request,
+            lambda body: parse_create_request(
+                body,
+                model_id=state.model_id,
+                vision=state.config.vision,
+                seal=reasoning_seal(state),
+            ),
         )
         p = prepare(state, req)
         _precheck_store(state, p, state.model_id)
@@ -303,25 +266,35 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
                 return Response({}, status_code=CLIENT_CLOSED_STATUS)
             return Response(obj)
         try:
-            first_or_wait = await open_events(events)  # in-time errors are ordinary HTTP errors
+            first_or_wait = await open_events(events, request)  # refusals are HTTP errors
         except BaseException:
             ended()
             raise
+        if first_or_wait is None:  # the client went away before admission
+            ended()
+            return Response({}, status_code=CLIENT_CLOSED_STATUS)
         return Stream(
             with_keepalive(_create_sse(state, p, first_or_wait, events)),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
-            background=BackgroundTask(generation_closer(events, first_or_wait, after=ended)),
+            background=BackgroundTask(generation_closer(events, after=ended)),
         )
 
     @post("/v1/responses/input_tokens", status_code=200)
     async def input_tokens(request: Request[Any, Any, Any]) -> dict[str, Any]:
-        body = parse_json_object(await request.body())
-        req = parse_count_request(
-            body, model_id=state.model_id, vision=state.config.vision, seal=reasoning_seal(state)
+        req = await decode_body(
+            request,
+            lambda body: parse_count_request(
+                body,
+                model_id=state.model_id,
+                vision=state.config.vision,
+                seal=reasoning_seal(state),
+            ),
         )
         p = prepare(state, req)
-        count = _service(state).count_tokens(p.generation)
+        # rendering and tokenising run in a thread: on the event loop they stalled every
+        # connection for seconds on a large input
+        count = await asyncio.to_thread(_service(state).count_tokens, p.generation)
         return {"object": "response.input_tokens", "input_tokens": count}
 
     @post("/v1/responses/compact", status_code=200)

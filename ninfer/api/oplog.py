@@ -147,6 +147,14 @@ class OpLogSink(Sink):
                 seconds(rec.total_s),
             )
             return
+        if (
+            finished.reason == "error"
+            and getattr(finished.error, "code", None) == "server_shutting_down"
+        ):
+            log.warning(
+                "%s ended by the server's shutdown after %s", _name(rec), seconds(rec.total_s)
+            )
+            return
         if finished.reason == "error":
             log.error("%s failed during generation: %s after %s", _name(rec),
                       type(finished.error).__name__ if finished.error else "error", seconds(rec.total_s))  # fmt: skip

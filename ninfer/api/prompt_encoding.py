@@ -22,6 +22,9 @@ def control_token_spellings(tokenizer: Tokenizer) -> tuple[str, ...]:
     return tuple(t.content for _, t in sorted(added.items()) if t.special or not t.normalized)
 
 
+COUNT_CHUNK_CHARS = 16384  # characters per tokenizer call when counting a long prompt
+BOUNDARY_SLACK = 4  # tokens a cut between chunks may add to their summed count
+
 _SENTINEL_MARK = "\U0010fffd"
 _SENTINEL_BASE = 0xF0000  # plane-15 private use: index characters of sentinels
 
@@ -97,6 +100,41 @@ class PromptEncoder:
         assert sum(i in self._remap for i in ids) == len(spans), "control span lost in encoding"
         return out
 
+    def count_at_least(
+        self,
+        text: str,
+        special_spans: Sequence[tuple[int, int]],
+        stop_at: int,
+        chunk_chars: int = COUNT_CHUNK_CHARS,
+    ) -> int:
+        """A lower bound of `len(self.encode(text, special_spans))`, computed chunk by chunk and
+        stopping once it reaches `stop_at`.
+
+        Why: one tokenizer call holds the GIL for its whole run (~1 s per 300k characters on a
+        small vocabulary), so encoding a multi-megabyte prompt at once stalls the event loop
+        for seconds, only to find it far over the context. Chunks of `chunk_chars` end at
+        whitespace; each chunk's count can exceed its share of the whole by a few tokens (a
+        word-start marker, a merge across the cut), so BOUNDARY_SLACK tokens per cut are taken
+        off, which keeps the result a lower bound. Texts up to `chunk_chars` return 0 (encode
+        them whole)."""
+        if len(text) <= chunk_chars:
+            return 0
+        spans = sorted(special_spans)
+        total, pos, cuts = 0, 0, 0
+        while pos < len(text):
+            end = min(len(text), pos + chunk_chars)
+            if end < len(text):
+                ws = text.rfind(" ", pos + chunk_chars // 2, end)
+                end = ws if ws > pos else end
+            end = _outside_spans(end, spans)
+            piece_spans = [(a - pos, b - pos) for a, b in spans if pos <= a and b <= end]
+            total += len(self.encode(text[pos:end], piece_spans))
+            cuts += 1
+            pos = end
+            if total - BOUNDARY_SLACK * cuts >= stop_at:
+                break
+        return max(0, total - BOUNDARY_SLACK * cuts)
+
     def _encode_pieces(self, text: str, spans: Sequence[tuple[int, int]]) -> list[int]:
         # The text itself contains the sentinel character: encode the pieces separately so it
         # can never be read as a control token.
@@ -108,6 +146,14 @@ class PromptEncoder:
             pos = b
         out += self.encode_text(text[pos:])
         return out
+
+
+def _outside_spans(pos: int, spans: Sequence[tuple[int, int]]) -> int:
+    """`pos`, moved to the end of the control span it would cut."""
+    for a, b in spans:
+        if a < pos < b:
+            return b
+    return pos
 
 
 _ENCODERS: dict[int, PromptEncoder] = {}

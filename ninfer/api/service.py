@@ -11,6 +11,7 @@ runs on the HTTP event loop; the engine's worker thread does the model work.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import secrets
 import time
@@ -30,6 +31,7 @@ from ninfer.api.generation import (
     PromptProgress,
 )
 from ninfer.api.observe import NO_TRACK, Observer, RequestTrack
+from ninfer.api.offload import gc_paused
 from ninfer.api.postprocess import PostProcessor
 from ninfer.api.prompt_cache import prompt_checkpoints
 from ninfer.api.prompt_encoding import PromptEncoder
@@ -129,6 +131,9 @@ class ModelService:
             config.max_concurrency + config.max_pending_requests if config is not None else None
         )
         self.alive = 0
+        # engine requests running now, and the error that ends them when the server shuts down
+        self._running: set[Any] = set()
+        self.stopping: ApiError | None = None
 
     # -- preparation ---------------------------------------------------------------------------
 
@@ -142,9 +147,23 @@ class ModelService:
             continue_final_message=req.continue_final_message,
             options=req.template_options,
         )
-        ids = self.encoder.encode(rendered.text, rendered.special_spans)
         # the request field that carries the conversation: Responses calls it `input`
         param = "input" if req.protocol == "responses" else "messages"
+        # a long prompt is counted chunk by chunk first: one tokenizer call on megabytes holds
+        # the GIL (and so the event loop) for seconds, to find what a partial count shows
+        at_least = self.encoder.count_at_least(
+            rendered.text, rendered.special_spans, stop_at=self.max_context
+        )
+        if at_least >= self.max_context:
+            raise ApiError(
+                400,
+                f"the prompt has at least {at_least} tokens but the context ceiling is"
+                f" {self.max_context} (--max-context, or the KV pool of --kv-capacity when"
+                " smaller), leaving no room for output",
+                code="context_length_exceeded",
+                param=param,
+            )
+        ids = self.encoder.encode(rendered.text, rendered.special_spans)
         if not ids:
             raise ApiError(400, "the rendered prompt is empty", code="invalid_prompt", param=param)
         if len(ids) >= self.max_context:
@@ -180,8 +199,14 @@ class ModelService:
         implicit = req.implicit_cache_point and len(req.cache_points) < MAX_CACHE_WRITES
         return prompt_checkpoints(req, rendered, ids, self.encoder, render, implicit)
 
+    def _prepare_quietly(self, req: GenerationRequest) -> Prepared:
+        """`prepare` with garbage collection paused (ninfer.api.offload.gc_paused): rendering a
+        large conversation allocates enough to trigger full collections, each a long GIL hold."""
+        with gc_paused():
+            return self.prepare(req)
+
     def count_tokens(self, req: GenerationRequest) -> int:
-        return len(self.prepare(req).prompt_ids)
+        return len(self._prepare_quietly(req).prompt_ids)
 
     def sampling_params(
         self, req: GenerationRequest, max_tokens: int, thinking: bool = False
@@ -240,6 +265,17 @@ class ModelService:
             "thinking_suffix_ids": suffix,
         }
 
+    def stop_all(self) -> int:
+        """End every running generation with 503 server_shutting_down (at the end of the
+        shutdown grace period): their engine requests are cancelled, and each protocol turns the
+        error into its final event (an error chunk, response.failed, an Anthropic error event)
+        or, not yet streaming, an HTTP error. New requests after this are refused. Returns how
+        many were running. Call on the event loop."""
+        self.stopping = errors.server_shutting_down()
+        for handle in list(self._running):
+            self.engine.cancel(handle)
+        return len(self._running)
+
     # -- generation ------------------------------------------------------------------------------
 
     async def generate(
@@ -261,6 +297,9 @@ class ModelService:
         track = self.observer.track(req, request_id) if self.observer is not None else NO_TRACK
         if tracks is not None:
             tracks.append(track)
+        if self.stopping is not None:
+            track.raised(self.stopping)
+            raise self.stopping
         if self.capacity is not None and self.alive >= self.capacity:
             full = errors.server_overloaded()
             track.raised(full)
@@ -286,7 +325,7 @@ class ModelService:
         on_sampling: Callable[[SamplingParams], object] | None = None,
     ) -> AsyncIterator[GenerationEvent]:
         t_prepare = time.monotonic()  # the pending timeout counts from here
-        prepared = await asyncio.to_thread(self.prepare, req)
+        prepared = await asyncio.to_thread(self._prepare_quietly, req)
         prompt_len = len(prepared.prompt_ids)
         prompt_only = req.max_tokens == 0
         max_tokens, length_cause = self.engine.output_limit(prompt_len, req.max_tokens)
@@ -318,6 +357,7 @@ class ModelService:
                 code="engine_unavailable",
             ) from None
         track.started(prepared, request)
+        self._running.add(handle)
 
         post = PostProcessor(
             req,
@@ -375,8 +415,15 @@ class ModelService:
                         )
                     for out in post.finish():
                         yield out
-                    yield post.finished(event, length_cause, prompt_only)
+                    finished = post.finished(event, length_cause, prompt_only)
+                    if event.reason == "cancelled" and self.stopping is not None:
+                        # cancelled by the shutdown, not by its client: say so
+                        finished = dataclasses.replace(
+                            finished, reason="error", error=self.stopping
+                        )
+                    yield finished
                     return
         finally:
+            self._running.discard(handle)
             if not handle.finished:
                 self.engine.cancel(handle)

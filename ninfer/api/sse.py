@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from litestar import Request
 
 from ninfer.api import errors
+from ninfer.api.disconnect import unless_disconnected
 
 if TYPE_CHECKING:
     from ninfer.api.generation import GenerationEvent
@@ -58,34 +61,31 @@ async def first_event(events: AsyncIterator[GenerationEvent]) -> GenerationEvent
 
 
 async def open_events(
-    events: AsyncIterator[GenerationEvent], wait_s: float | None = None
-) -> GenerationEvent | asyncio.Task[GenerationEvent]:
-    """The first event of a stream, or, when none came within `wait_s` (a request waiting for
-    admission), the task still awaiting it: the stream then opens and keep-alive comments
-    heartbeat the waiting client, so that a vanished one is noticed (docs/serving.md, "Streams
-    and status codes"). Errors that arrive in time raise here, before any byte, as real HTTP
-    statuses (429/503/400)."""
-    task = asyncio.ensure_future(first_event(events))
-    done, _ = await asyncio.wait({task}, timeout=KEEPALIVE_AFTER_S if wait_s is None else wait_s)
-    return task.result() if done else task
+    events: AsyncIterator[GenerationEvent], request: Request[Any, Any, Any]
+) -> GenerationEvent | None:
+    """The first event of a stream, awaited before any byte of the response is sent: the
+    status line goes out only once the request is admitted (or has failed), so every refusal
+    before admission - 400 context_length_exceeded, 429 server_overloaded, 503/504
+    request_queue_timeout - is a real HTTP status, however long preparation and the queue took
+    (bounded by --pending-timeout-ms). See docs/serving-streams.md.
+
+    Meanwhile the client is watched: None when it disconnects first (then the generation is
+    closed, which cancels the engine request and frees its capacity slot). A dead peer is
+    noticed there too: TCP keepalive and TCP_USER_TIMEOUT on accepted sockets make the kernel
+    drop it, which the server reports as a disconnect."""
+    return await unless_disconnected(first_event(events), request, events)
 
 
 def generation_closer(
     events: AsyncIterator[GenerationEvent],
-    first: GenerationEvent | asyncio.Task[GenerationEvent] | None = None,
     after: Callable[[], object] | None = None,
 ) -> Callable[[], Awaitable[None]]:
     """The cleanup a streamed response runs when it ends, however it ends (the Stream's
-    background task): the task still awaiting the first event cancelled, the generation closed,
-    which cancels its engine request. The body's own `finally` does the same, but only once the
-    body has started: a client gone before its first frame had its request wait in the queue
-    until admission, holding a capacity slot. `after` runs last (the protocol's own cleanup)."""
+    background task): the generation closed, which cancels its engine request. The body's own
+    `finally` does the same, but only once the body has started. `after` runs last (the
+    protocol's own cleanup)."""
 
     async def close() -> None:
-        if isinstance(first, asyncio.Task) and not first.done():
-            first.cancel()
-            with contextlib.suppress(BaseException):
-                await first
         aclose = getattr(events, "aclose", None)
         if aclose is not None:
             with contextlib.suppress(RuntimeError):  # already closed or closing

@@ -44,6 +44,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from ninfer.api import errors
+from ninfer.api.fields import parse_json_text
 from ninfer.api.prompt_encoding import (  # noqa: F401  (re-exported for existing importers)
     PromptEncoder,
     control_token_spellings,
@@ -247,20 +248,22 @@ def _environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
-def _normalize_message(message: Mapping[str, Any]) -> dict[str, Any]:
+def _normalize_message(message: Mapping[str, Any], index: int = 0) -> dict[str, Any]:
     """Copy of a message whose tool-call `arguments` JSON text is parsed into an ordered object
-    (templates render parameters from it)."""
+    (templates render parameters from it). Arguments nested deeper than fields.MAX_DEPTH are a
+    400 naming them (`index`: the message's position, for that name)."""
     msg = dict(message)
     calls = msg.get("tool_calls")
     if calls:
         norm = []
-        for call in calls:
+        for j, call in enumerate(calls):
             call = dict(call)
             fn = call.get("function")
             if isinstance(fn, Mapping) and isinstance(fn.get("arguments"), str):
                 fn = dict(fn)
                 try:
-                    args = json.loads(fn["arguments"])
+                    param = f"messages[{index}].tool_calls[{j}].function.arguments"
+                    args = parse_json_text(fn["arguments"], param)
                 except json.JSONDecodeError:
                     args = None
                 if isinstance(args, dict):
@@ -325,7 +328,7 @@ class ChatTemplate:
         if continue_final_message and add_generation_prompt:
             raise ValueError("continue_final_message excludes add_generation_prompt")
         variables = (options or TemplateOptions()).variables()
-        msgs = [_normalize_message(m) for m in messages]
+        msgs = [_normalize_message(m, i) for i, m in enumerate(messages)]
         tool_list = list(tools) if tools else None
         if uses_tools(msgs, tool_list, self.renders_tools):
             msgs, tool_list = lower_tools(msgs, tool_list, self.renders_tools)

@@ -26,6 +26,14 @@ RESERVED_VARIABLES = frozenset(
     {"messages", "tools", "add_generation_prompt", "continue_final_message"}
     | set(SPECIAL_TOKEN_VARIABLES)
 )
+# Names the template environment provides (Jinja's globals, ninfer's helpers, Jinja's own
+# context names): a kwarg of the same name would shadow the helper, e.g. turn
+# raise_exception into a string and so disarm the template's input checks.
+TEMPLATE_HELPERS = frozenset(
+    {"range", "dict", "lipsum", "cycler", "joiner", "namespace"}
+    | {"raise_exception", "strftime_now"}
+    | {"self", "loop", "caller", "varargs", "kwargs"}
+)
 
 
 @dataclass(frozen=True)
@@ -139,6 +147,12 @@ def resolve_template_options(
                 f"chat_template_kwargs.{key}",
                 "messages, tools, generation mode and special tokens cannot be set through "
                 "chat_template_kwargs",
+            )
+        if key in TEMPLATE_HELPERS:
+            raise errors.invalid_value(
+                f"chat_template_kwargs.{key}",
+                f"{key!r} names a helper of the chat template ({', '.join(sorted(TEMPLATE_HELPERS))}),"
+                " which chat_template_kwargs cannot replace",
             )
         extra[key] = value
     think, effort = resolved["enable_thinking"], resolved["reasoning_effort"]

@@ -88,6 +88,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cors", action="store_true", help="add permissive browser CORS headers")
     g.add_argument("--max-request-mib", type=int, default=384, metavar="N",
                    help="request body limit before JSON parsing (413 above it)")
+    g.add_argument("--client-timeout-s", type=float, default=30.0, metavar="S",
+                   help="close a connection idle or sending request headers for S seconds; "
+                        "a request body not complete S seconds after its headers gets 408")
 
     g = p.add_argument_group("engine")
     g.add_argument("--device", metavar="N",
@@ -395,21 +398,22 @@ def _engine_factory() -> Any:
 
 def serve_forever(app: Any, sock: socket.socket, config: ServeConfig) -> None:
     """Run uvicorn on the already-bound socket until interrupted."""
-    import uvicorn
-
     uv_level = (
         "critical"
         if config.log_level == "off"
         else ("debug" if config.log_level == "trace" else config.log_level)
     )
-    server = uvicorn.Server(
-        uvicorn.Config(
+    from ninfer.api.http_server import graceful_server, uvicorn_config
+
+    service = app.state.server.extra.get("service")
+    server = graceful_server(
+        uvicorn_config(
             app,
+            client_timeout_s=config.client_timeout_s,
             log_level=uv_level,
-            access_log=False,
-            log_config=None,  # configure_logging formats uvicorn's records too
             timeout_graceful_shutdown=5,
             lifespan="on",
-        )
+        ),
+        on_grace_end=service.stop_all if service is not None else None,
     )
     server.run(sockets=[sock])

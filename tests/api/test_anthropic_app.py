@@ -22,7 +22,9 @@ def make_client(**options: Any) -> TestClient:
     options.setdefault("max_context", 4096)
     state = ServerState(config=serve_config(**options), model_id="tiny", created=1700000000)
     app = create_app(state, protocol_modules=("ninfer.api.anthropic_messages",))
-    return TestClient(app=app, raise_server_exceptions=False)
+    client = TestClient(app=app, raise_server_exceptions=False)
+    client.headers["content-type"] = "application/json"  # bodies are JSON (415 otherwise)
+    return client
 
 
 def assert_anthropic_error(resp, status: int, kind: str, code: str | None = None) -> dict[str, Any]:

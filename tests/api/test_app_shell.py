@@ -77,7 +77,9 @@ def make_client(**options: Any) -> TestClient:
     options.setdefault("max_context", 4096)
     state = ServerState(config=serve_config(**options), model_id=MODEL, created=1700000000)
     app = create_app(state, protocol_modules=(), extra_handlers=PROBES)
-    return TestClient(app=app, raise_server_exceptions=False)
+    client = TestClient(app=app, raise_server_exceptions=False)
+    client.headers["content-type"] = "application/json"  # bodies are JSON (415 otherwise)
+    return client
 
 
 @pytest.fixture

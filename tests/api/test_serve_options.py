@@ -206,6 +206,8 @@ def test_the_engine_flags_make_the_engine_options():
         (["--prefill-chunk", "0"], "--prefill-chunk"),
         (["--log-stats-interval-ms", "-1"], "--log-stats-interval-ms"),
         (["--max-request-mib", "0"], "--max-request-mib"),
+        (["--client-timeout-s", "0"], "--client-timeout-s"),
+        (["--client-timeout-s", "nan"], "--client-timeout-s"),
         (["--media-cache-mib", "-1"], "--media-cache-mib"),
         (["--media-live-mib", "0"], "--media-live-mib"),
         (["--media-preprocess-threads", "-1"], "--media-preprocess-threads"),
@@ -255,6 +257,8 @@ def test_invalid_values_name_the_flag(argv, flag):
         (["--max-concurrency", "8"], "engine.compile.max_concurrency", 8),
         (["--kv-dtype", "nvfp4"], "engine.compile.kv_dtype", "nvfp4"),
         (["--log-level", "trace"], "log_level", "trace"),
+        (["--client-timeout-s", "2.5"], "client_timeout_s", 2.5),
+        ([], "client_timeout_s", 30.0),
     ],
 )
 def test_boundary_values_are_accepted(argv, path, value):
