@@ -192,7 +192,7 @@ async def _stream_response(
     )
     try:
         # headers go out only at admission: refusals before it (400, 529, 504) are real
-        # statuses however long they took (docs/serving-streams.md)
+        # statuses however long they took (docs/serving.md, "Streams and status codes")
         first = await unless_disconnected(pump.next(None), request, pump.events)
     except BaseException:
         await pump.close()

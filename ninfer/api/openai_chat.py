@@ -7,7 +7,7 @@ usage chunk (`stream_options.include_usage`), then `[DONE]`; `timings` rides on 
 chunk; with `stream_options.include_usage` every other chunk carries `"usage": null`.
 Preparation and admission errors are HTTP errors (429/503/400 are real statuses, however long
 the request waited): the stream starts at admission, and a failure after that is an in-stream
-`{"error": ...}` chunk before `[DONE]` (docs/serving-streams.md).
+`{"error": ...}` chunk before `[DONE]` (docs/serving.md, "Streams and status codes").
 """
 
 from __future__ import annotations

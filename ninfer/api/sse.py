@@ -67,7 +67,7 @@ async def open_events(
     status line goes out only once the request is admitted (or has failed), so every refusal
     before admission - 400 context_length_exceeded, 429 server_overloaded, 503/504
     request_queue_timeout - is a real HTTP status, however long preparation and the queue took
-    (bounded by --pending-timeout-ms). See docs/serving-streams.md.
+    (bounded by --pending-timeout-ms). See docs/serving.md, "Streams and status codes".
 
     Meanwhile the client is watched: None when it disconnects first (then the generation is
     closed, which cancels the engine request and frees its capacity slot). A dead peer is

@@ -1,4 +1,4 @@
-"""Streams open at admission (docs/serving-streams.md, "Streams and status codes"): a streamed
+"""Streams open at admission (docs/serving.md, "Streams and status codes"): a streamed
 request refused after waiting longer than the 5 s keep-alive interval still gets the refusal as
 its HTTP status - 503 request_queue_timeout (Anthropic: 504), 400 context_length_exceeded - not
 a 200 followed by an in-stream error. Against the real server: one long generation holds the

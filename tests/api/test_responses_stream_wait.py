@@ -1,4 +1,4 @@
-"""A streamed Response opens at admission (docs/serving-streams.md): a refusal before it is an
+"""A streamed Response opens at admission (docs/serving.md, "Streams and status codes"): a refusal before it is an
 HTTP error however late it comes, a failure after it ends the stream in response.failed, and
 keep-alive comments cover an admitted request's silence. The event source stands in for a
 queued engine request; the real queue is exercised by the adversarial and e2e tests."""

@@ -1,7 +1,7 @@
 """A streamed request whose client leaves while it waits for admission is cancelled then, not
 when the engine admits it (docs/serving.md: a dead or unacknowledging peer is normally
 cancelled within about 20 seconds, including while the request is waiting), and no stream was ever opened for it
-(headers go out only at admission, docs/serving-streams.md): the whole app over ASGI, with a
+(headers go out only at admission, docs/serving.md, "Streams and status codes"): the whole app over ASGI, with a
 service whose generation waits for an admission that never comes."""
 
 from __future__ import annotations
