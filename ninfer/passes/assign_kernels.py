@@ -1,7 +1,10 @@
 """Assign a kernel to every op from its kind, the storage format of its weight and the device.
 
 cpu: torch reference ops (`torch.<kind>`); quantised weights are dequantised to the compute
-dtype when loaded, so one `torch.linear` serves every format. cuda: Triton kernels where one is
+dtype when loaded, so one `torch.linear` serves every format, except GGUF Q4_0 / Q4_1 / Q8_0
+weights with `cpu_weights="packed"` (the default): their GEMMs run packed (`cpu.q4_1_int4pack`
+...), an lm_head in f16 (`cpu.logits_f16`) and an embedding dequantises only the rows it reads
+(`cpu.gguf_rows`), see kernels/cpu_quant.py. cuda: Triton kernels where one is
 (or will be) written, cuBLAS for dense bf16 GEMMs, small torch ops for cheap elementwise work.
 Attention and the delta rule name a prefill kernel and a decode kernel (`decode_kernel`).
 An attention with a folded prologue (fuse_attention_prologue) names the prologue first:
@@ -44,6 +47,15 @@ CUDA_DECODE_KERNELS = {
 }
 # KV dtypes kernels/attn_prologue.py writes (others keep the unfused prologue)
 PROLOGUE_KV_DTYPES = ("f32", "bf16", "f16", "int8", "fp8")
+# cpu, cpu_weights="packed": GEMM by GGUF block format, and the embedding lookup of one
+CPU_PACKED_GEMMS = {
+    "gguf:Q4_0": "cpu.q4_0_int4pack",
+    "gguf:Q4_1": "cpu.q4_1_int4pack",
+    "gguf:Q8_0": "cpu.q8_0_int4pack",
+}
+CPU_PACKED_ROWS = "cpu.gguf_rows"
+# the lm_head of such a weight: f16, not int4 (whose bf16 result is too coarse for logits)
+CPU_PACKED_LOGITS = "cpu.logits_f16"
 # GEMM by weight storage format on cuda. GGUF blocks and f32 are converted to bf16 at load.
 CUDA_GEMMS = {"fp8": "triton.gemm_fp8", "nvfp4": "triton.gemm_nvfp4"}
 
@@ -59,6 +71,18 @@ def _cuda(g: Graph, op: Op) -> str:
     if op.kind in ("linear", "logits"):
         return CUDA_GEMMS.get(_weight_format(g, op) or "", "cublas.gemm")
     return CUDA_KERNELS[op.kind]
+
+
+def _cpu(g: Graph, op: Op, options: CompileOptions) -> str:
+    fmt = _weight_format(g, op)
+    if options.cpu_weights == "packed" and fmt in CPU_PACKED_GEMMS:
+        if op.kind == "linear":
+            return CPU_PACKED_GEMMS[fmt]
+        if op.kind == "logits":
+            return CPU_PACKED_LOGITS
+        if op.kind == "embed":
+            return CPU_PACKED_ROWS
+    return f"torch.{op.kind}"
 
 
 def _attention_prologue(op: Op) -> str:
@@ -79,7 +103,7 @@ def _run(graph: Graph, options: CompileOptions) -> Graph:
         if op.kind in VIEW_OPS:
             op.kernel = "view.split"
         elif options.device == "cpu":
-            op.kernel = f"torch.{op.kind}"
+            op.kernel = _cpu(g, op, options)
         else:
             op.kernel = _cuda(g, op)
             if op.kind in CUDA_DECODE_KERNELS:

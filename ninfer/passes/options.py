@@ -13,6 +13,9 @@ from ninfer.ir.types import COMPUTE_DTYPES
 
 DEVICES = ("cpu", "cuda")
 KV_DTYPES = ("f32", "bf16", "int8", "fp8", "nvfp4", "k8v4")
+# cpu: GGUF Q4_0/Q4_1/Q8_0 weights kept packed for the int4 kernels of kernels/cpu_quant.py
+# (bf16 GEMM numerics), or dequantised to float32 at load (the reference numerics tests use)
+CPU_WEIGHTS = ("packed", "float32")
 MAX_CONCURRENCY = 8
 GIB = 1 << 30
 # Memory the planner may use when the caller does not say (`device_memory`): an H200 for cuda
@@ -37,6 +40,7 @@ class CompileOptions:
     device_state_slots: int | None = None  # extra recurrent-state slots; None = max_concurrency
     cuda_graphs: bool = True
     device_memory: int | None = None  # bytes the plan may use; None: DEFAULT_DEVICE_MEMORY
+    cpu_weights: str = "packed"  # CPU_WEIGHTS; cuda plans ignore it
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -50,6 +54,10 @@ class CompileOptions:
         if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPES:
             raise ConfigError(
                 f"--kv-dtype {self.kv_dtype}: unknown KV dtype (choose from {', '.join(KV_DTYPES)})"
+            )
+        if self.cpu_weights not in CPU_WEIGHTS:
+            raise ConfigError(
+                f"--cpu-weights {self.cpu_weights}: unknown (choose from {', '.join(CPU_WEIGHTS)})"
             )
         _int_range("max_concurrency", self.max_concurrency, 1, MAX_CONCURRENCY)
         _int_range("max_context", self.max_context, 2, 1 << 24)

@@ -44,6 +44,7 @@ ENGINE_OPTIONS = (
     "device_state_slots",
     "cuda_graphs",
     "device_memory",
+    "cpu_weights",
 )
 
 
