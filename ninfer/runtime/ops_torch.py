@@ -222,15 +222,21 @@ def attention(
             slots[c.start_pos :],
         )
         kc, vc = ctx.kv.read(layer, c.block_table, total, slots)  # [S, KVH, D]
-        # query head j attends with KV head j // g: [L, KVH, G, D] against [S, KVH, D]
-        qc = q[rows].reshape(c.length, kvh, g, d)
-        scores = torch.einsum("lkgd,skd->kgls", qc, kc) * a["scale"]  # [KVH, G, L, S]
-        if c.length > 1:  # decode (one query, the last position) sees every key
+        # [1, heads, L, D] against [1, KVH, S, D]: query head j attends with KV head j // g
+        qc = q[rows].reshape(1, c.length, h, d).transpose(1, 2)
+        mask = None
+        if c.length > 1:  # a decode row (one query, the last position) sees every key
             qpos = torch.arange(c.start_pos, total, device=q.device)[:, None]
-            mask = torch.arange(total, device=q.device)[None, :] > qpos  # [L, S] future keys
-            scores = scores.masked_fill(mask, float("-inf"))
-        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-        out[rows] = torch.einsum("kgls,skd->lkgd", probs, vc).reshape(c.length, h * d)
+            mask = torch.arange(total, device=q.device)[None, :] <= qpos  # [L, S] past keys
+        o = F.scaled_dot_product_attention(
+            qc,
+            kc.transpose(0, 1)[None],
+            vc.transpose(0, 1)[None],
+            attn_mask=mask,
+            scale=a["scale"],
+            enable_gqa=g > 1,
+        )  # [1, H, L, D]
+        out[rows] = o[0].transpose(0, 1).reshape(c.length, h * d)
     return out
 
 
