@@ -43,10 +43,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 GROUP = 32  # GGUF block = int4pack group
 # bytes per 32-value block: f16 d (+ f16 m for Q4_1), then the values
-BLOCK_BYTES = {"gguf:Q4_0": 18, "gguf:Q4_1": 20, "gguf:Q8_0": 34}
+BLOCK_BYTES = {
+    f"gguf:{t}": GGML_QUANT_SIZES[GGMLQuantizationType[t]][1] for t in ("Q4_0", "Q4_1", "Q8_0")
+}
 PACKED_FORMATS = tuple(BLOCK_BYTES)
 
 

@@ -71,6 +71,9 @@ def test_packed_weights_hold_a_fraction_of_the_float32_bytes(llms):
 
     assert any(isinstance(w, PackedWeight) for w in llms["packed"].executor.weights.values())
     assert host_bytes(llms["packed"]) < host_bytes(llms["float32"]) / 3
+    for llm in llms.values():  # the plan's ledger says what the executor holds
+        ledger = {e["item"]: e["bytes"] for e in llm.plan.ledger["entries"]}
+        assert ledger["weights"] == host_bytes(llm)
 
 
 def test_greedy_answers_equal_the_float32_reference(llms):
