@@ -42,6 +42,8 @@ class StepContext:
 
 
 def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype == torch.float32:  # one op computing x * rsqrt(mean(x^2) + eps) as below
+        return F.rms_norm(x, (x.shape[-1],), eps=eps)
     xf = x.float()
     return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
 
@@ -184,7 +186,8 @@ def rotary(ctx: StepContext, a: dict, q: torch.Tensor, k: torch.Tensor, pos: tor
         out = xr * cos + torch.cat([-x2, x1], dim=-1) * sin
         return torch.cat([out, xp], dim=-1).flatten(-2) if rd < d else out.flatten(-2)
 
-    return rot(q), rot(k)
+    qk = rot(torch.cat([q, k], dim=-1))  # q's heads then k's, one pass of elementwise ops
+    return qk[:, : q.shape[-1]], qk[:, q.shape[-1] :]
 
 
 def attention(
