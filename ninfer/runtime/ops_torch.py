@@ -1,4 +1,7 @@
-"""Torch reference implementations of every IR op (the `torch.*` kernels of cpu plans).
+"""Torch reference implementations of every IR op (the `torch.*` kernels of cpu plans). A
+weight loaded packed for a `cpu.*` kernel (kernels/cpu_quant.PackedWeight) runs that kernel
+inside the same op: `linear` (cpu.*_int4pack), `logits` (cpu.logits_f16), `embed`
+(cpu.gguf_rows).
 
 Each op is `fn(ctx, attrs, *inputs) -> tensor | tuple of tensors`. Tensors are flat over the
 step: row t of every [T, ...] value belongs to chunk `ctx.chunk_of[t]`. Ops that keep state
