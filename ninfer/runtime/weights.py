@@ -10,7 +10,8 @@ artifact's reference dequantiser at load time, then builds derived layouts:
 
 except the GGUF weights only `cpu.*` kernels read (a CPU plan with cpu_weights="packed"): those
 stay packed as kernels/cpu_quant.PackedWeight (plain or concat layout), with the int4 GEMM
-layout when a `cpu.*_int4pack` GEMM reads them and the raw blocks when `cpu.gguf_rows` does.
+layout when a `cpu.*_int4pack` GEMM reads them, an f16 copy when `cpu.logits_f16` does and the
+raw blocks when `cpu.gguf_rows` does.
 """
 
 from __future__ import annotations
