@@ -1,7 +1,10 @@
 """Assign a kernel to every op from its kind, the storage format of its weight and the device.
 
 cpu: torch reference ops (`torch.<kind>`); quantised weights are dequantised to the compute
-dtype when loaded, so one `torch.linear` serves every format. cuda: Triton kernels where one is
+dtype when loaded, so one `torch.linear` serves every format, except GGUF Q4_0 / Q4_1 / Q8_0
+weights with `cpu_weights="packed"` (the default): their GEMMs run packed (`cpu.q4_1_int4pack`
+...), an lm_head in f16 (`cpu.logits_f16`) and an embedding dequantises only the rows it reads
+(`cpu.gguf_rows`), see kernels/cpu_quant.py. cuda: Triton kernels where one is
 (or will be) written, cuBLAS for dense bf16 GEMMs, small torch ops for cheap elementwise work.
 A dense GEMM also carries `launch`: the Triton GEMV / tile kernels and launch shapes that run
 it for few rows of x (decode batches), from the measured tables (ninfer/passes/gemm_launch.py).
@@ -46,6 +49,15 @@ CUDA_DECODE_KERNELS = {
     "attention": "triton.paged_attention_decode",
     "gated_delta_rule": "triton.gdn_recurrent_decode",
 }
+# cpu, cpu_weights="packed": GEMM by GGUF block format, and the embedding lookup of one
+CPU_PACKED_GEMMS = {
+    "gguf:Q4_0": "cpu.q4_0_int4pack",
+    "gguf:Q4_1": "cpu.q4_1_int4pack",
+    "gguf:Q8_0": "cpu.q8_0_int4pack",
+}
+CPU_PACKED_ROWS = "cpu.gguf_rows"
+# the lm_head of such a weight: f16, not int4 (whose bf16 result is too coarse for logits)
+CPU_PACKED_LOGITS = "cpu.logits_f16"
 # GEMM by weight storage format on cuda. GGUF blocks and f32 are converted to bf16 at load.
 CUDA_GEMMS = {"fp8": "triton.gemm_fp8", "nvfp4": "triton.gemm_nvfp4"}
 CUBLAS_GEMM = CUBLAS  # dense GEMMs: cuBLAS past the rows of their `launch` attr
@@ -92,12 +104,26 @@ def _dense_launches(g: Graph, op: Op) -> list:
     return dense_launches(n, k, op.attrs.get("act") == "swiglu")
 
 
+def _cpu(g: Graph, op: Op, options: CompileOptions) -> str:
+    fmt = _weight_format(g, op)
+    if options.cpu_weights == "packed" and fmt in CPU_PACKED_GEMMS:
+        if op.kind == "linear":
+            return CPU_PACKED_GEMMS[fmt]
+        if op.kind == "logits":
+            return CPU_PACKED_LOGITS
+        if op.kind == "embed":
+            return CPU_PACKED_ROWS
+    return cpu_kernel(op.kind)
+
+
 def _run(graph: Graph, options: CompileOptions) -> Graph:
     g = graph.copy()
     for op in g.ops:
         fmt = _weight_format(g, op)
-        if op.kind in VIEW_OPS or options.device == "cpu":
+        if op.kind in VIEW_OPS:
             op.kernel = cpu_kernel(op.kind)
+        elif options.device == "cpu":
+            op.kernel = _cpu(g, op, options)
         elif op.kind == "attention":
             prologue = op.attrs.get("prologue", "")
             fused = prologue_fuses(op.attrs["kv_dtype"])

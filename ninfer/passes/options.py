@@ -14,6 +14,9 @@ from ninfer.ir.kv_formats import KV_DTYPES
 from ninfer.ir.types import COMPUTE_DTYPES
 
 DEVICES = ("cpu", "cuda")
+# cpu: GGUF Q4_0/Q4_1/Q8_0 weights kept packed for the int4 kernels of kernels/cpu_quant.py
+# (bf16 GEMM numerics), or dequantised to float32 at load (the reference numerics tests use)
+CPU_WEIGHTS = ("packed", "float32")
 MAX_CONCURRENCY = 8
 GIB = 1 << 30
 # Memory the planner may use when the caller does not say (`device_memory`): an H200 for cuda
@@ -38,6 +41,7 @@ class CompileOptions:
     device_state_slots: int | None = None  # extra recurrent-state slots; None = max_concurrency
     cuda_graphs: bool = True
     device_memory: int | None = None  # bytes the plan may use; None: DEFAULT_DEVICE_MEMORY
+    cpu_weights: str = "packed"  # CPU_WEIGHTS; cuda plans ignore it
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -51,6 +55,10 @@ class CompileOptions:
         if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPES:
             raise ConfigError(
                 f"--kv-dtype {self.kv_dtype}: unknown KV dtype (choose from {', '.join(KV_DTYPES)})"
+            )
+        if self.cpu_weights not in CPU_WEIGHTS:
+            raise ConfigError(
+                f"--cpu-weights {self.cpu_weights}: unknown (choose from {', '.join(CPU_WEIGHTS)})"
             )
         int_range("max_concurrency", self.max_concurrency, 1, MAX_CONCURRENCY)
         int_range("max_context", self.max_context, 2, 1 << 24)

@@ -1,7 +1,9 @@
 """Plan memory into a ledger: weights, workspace, KV pages, recurrent-state slots.
 
     weights     resident bytes of every weight as the device keeps it (cpu: dequantised to the
-                compute dtype; cuda: fp8/nvfp4 kept packed with their scales, the rest in bf16)
+                compute dtype, except the GGUF weights only `cpu.*` kernels read, kept in the
+                forms those read: int4 codes + bf16 scale/zero, f16 copy, raw blocks; cuda:
+                fp8/nvfp4 kept packed with their scales, the rest in bf16)
     nvfp4_copies  cuda: the nvfp4 matrices again, repacked for the batch-1 tensor-core GEMV
                 (kernels/nvfp4_mma.py), where the plan fits with them (--kv-capacity auto: with
                 KV for max_concurrency x max_context tokens left); absent otherwise
@@ -24,6 +26,7 @@ from typing import Any
 from ninfer.errors import ConfigError
 from ninfer.ir.graph import Graph, Weight
 from ninfer.ir.types import DTYPE_BYTES
+from ninfer.passes.assign_kernels import CPU_PACKED_LOGITS, CPU_PACKED_ROWS
 from ninfer.passes.base import Pass
 from ninfer.passes.options import GIB, HEADROOM, CompileOptions
 
@@ -59,6 +62,31 @@ def weight_bytes(w: Weight, options: CompileOptions, dtype: str) -> int:
         if w.format == "nvfp4":
             return n // 2 + n // 16 + 4 * segments
     return n * DTYPE_BYTES[dtype]
+
+
+def cpu_packed_bytes(w: Weight, kernels: set[str]) -> int | None:
+    """Bytes of a GGUF weight only `cpu.*` kernels read (kernels/cpu_quant.PackedWeight), or
+    None when it is held dense: int4 codes (two planes for Q8_0) and bf16 [scale, zero] per
+    32 values and output row (rows padded to 16) for a GEMM, f16 for the lm_head, the raw
+    blocks for the embedding."""
+    if not kernels or not all(k.startswith("cpu.") for k in kernels):
+        return None
+    if w.layout not in ("plain", "concat") or w.type.rank != 2:
+        return None
+    n, k = w.type.shape
+    out = 0
+    if any(k_.endswith("_int4pack") for k_ in kernels):
+        planes = 2 if w.format == "gguf:Q8_0" else 1
+        rows = n + (-n % 16)
+        out += rows * k * planes // 2 + rows * (k * planes // 32) * 4
+    if CPU_PACKED_LOGITS in kernels:
+        out += n * k * 2
+    if CPU_PACKED_ROWS in kernels:
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType[(w.format or "").split(":")[1]]]
+        out += n * (k // block) * size
+    return out
 
 
 def nvfp4_copy_bytes(g: Graph, options: CompileOptions) -> int:
@@ -101,7 +129,14 @@ def _run(graph: Graph, options: CompileOptions) -> Graph:
     g = graph.copy()
     dtype = g.meta["dtype"]
     kv, state = g.meta["kv"], g.meta["state"]
-    weights = sum(weight_bytes(w, options, dtype) for w in g.weights.values())
+    readers: dict[str, set[str]] = {}
+    for op in g.ops:
+        for name in op.inputs:
+            readers.setdefault(name, set()).add(op.kernel or "")
+    weights = 0
+    for w in g.weights.values():
+        packed = cpu_packed_bytes(w, readers.get(w.name, set()))
+        weights += weight_bytes(w, options, dtype) if packed is None else packed
     workspace = workspace_bytes(g, {"T": options.step_tokens, "R": options.max_concurrency})
     state_total = state["slots"] * state["bytes_per_slot"]
     budget = options.memory_budget

@@ -32,7 +32,12 @@ import torch
 
 from ninfer.artifact.format import Artifact
 from ninfer.ir.plan import Plan
-from ninfer.passes.assign_kernels import cpu_kernel
+from ninfer.passes.assign_kernels import (
+    CPU_PACKED_GEMMS,
+    CPU_PACKED_LOGITS,
+    CPU_PACKED_ROWS,
+    cpu_kernel,
+)
 from ninfer.runtime.executor_base import PlanExecutorBase
 from ninfer.runtime.kernel_registry import KernelRegistry
 from ninfer.runtime.kv_cache import PagedKVCache, StateSlots
@@ -40,10 +45,17 @@ from ninfer.runtime.ops_torch import OPS, ChunkView, StepContext
 from ninfer.runtime.step import StepBatch
 from ninfer.runtime.weights import TORCH_DTYPES, load_weights
 
-# the names assign_kernels gives cpu ops: the reference of each op kind, views as view.split
+# the names assign_kernels gives cpu ops: the reference of each op kind, views as view.split,
+# and the packed GGUF kernels (kernels/cpu_quant.py) of cpu_weights="packed": the same ops run
+# them for a weight loaded packed (runtime/weights.py packs only weights those kernels read)
 CPU_KERNELS = KernelRegistry(
     "cpu",
-    {(cpu_kernel(op), op): impl for op, impl in OPS.items()},
+    {
+        **{(cpu_kernel(op), op): impl for op, impl in OPS.items()},
+        **{(name, "linear"): OPS["linear"] for name in CPU_PACKED_GEMMS.values()},
+        (CPU_PACKED_LOGITS, "logits"): OPS["logits"],
+        (CPU_PACKED_ROWS, "embed"): OPS["embed"],
+    },
 )
 
 

@@ -71,38 +71,57 @@ class PagedKVCache:
             self.k[layer] = torch.zeros(shape, dtype=dtype, device=device)
             self.v[layer] = torch.zeros(shape, dtype=dtype, device=device)
 
-    def _slots(
-        self, block_table: tuple[int, ...], start: int, end: int, device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        pos = torch.arange(start, end, device=device)
+    def slots(self, block_table: tuple[int, ...], start: int, end: int) -> torch.Tensor:
+        """Flat row indices [end - start] (page * page_size + row) of positions start..end-1
+        in a [num_pages * page_size, kv_heads, head_dim] view of a layer's K or V. The same
+        for every layer: a step computes them once per chunk and passes them to read/write."""
         need = -(-end // self.page_size)
         if len(block_table) < need:
             raise ValueError(
                 f"block table of {len(block_table)} pages does not cover position {end - 1}"
             )
-        pages = torch.tensor(block_table[:need], device=device, dtype=torch.long)[
-            pos // self.page_size
-        ]
-        return pages, pos % self.page_size
+        device = next(iter(self.k.values())).device if self.k else torch.device("cpu")
+        pos = torch.arange(start, end, device=device)
+        pages = torch.tensor(block_table[:need], device=device, dtype=torch.long)
+        return pages[pos // self.page_size] * self.page_size + pos % self.page_size
 
     def write(
-        self, layer: int, block_table: tuple[int, ...], start: int, k: torch.Tensor, v: torch.Tensor
+        self,
+        layer: int,
+        block_table: tuple[int, ...],
+        start: int,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        slots: torch.Tensor | None = None,
     ) -> None:
-        """Store k, v [L, kv_heads, head_dim] at positions start..start+L-1."""
-        pages, rows = self._slots(block_table, start, start + k.shape[0], k.device)
-        self.k[layer][pages, rows] = fake_quant(k, self.k_fmt)
-        self.v[layer][pages, rows] = fake_quant(v, self.v_fmt)
+        """Store k, v [L, kv_heads, head_dim] at positions start..start+L-1 (`slots`: their
+        `self.slots(block_table, start, start + L)`, when the caller has them)."""
+        if slots is None:
+            slots = self.slots(block_table, start, start + k.shape[0])
+        kc, vc = self.k[layer], self.v[layer]
+        kc.view(-1, *k.shape[1:]).index_copy_(0, slots, fake_quant(k, self.k_fmt).to(kc.dtype))
+        vc.view(-1, *v.shape[1:]).index_copy_(0, slots, fake_quant(v, self.v_fmt).to(vc.dtype))
 
     def tensors(self) -> list[torch.Tensor]:
         """Every storage tensor [num_pages, ...] in a fixed order (K then V, by layer)."""
         return [t for layer in sorted(self.k) for t in (self.k[layer], self.v[layer])]
 
     def read(
-        self, layer: int, block_table: tuple[int, ...], length: int
+        self,
+        layer: int,
+        block_table: tuple[int, ...],
+        length: int,
+        slots: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """k, v [length, kv_heads, head_dim] of positions 0..length-1."""
-        pages, rows = self._slots(block_table, 0, length, self.k[layer].device)
-        return self.k[layer][pages, rows], self.v[layer][pages, rows]
+        """k, v [length, kv_heads, head_dim] of positions 0..length-1 (`slots`: their
+        `self.slots(block_table, 0, length)`, when the caller has them)."""
+        if slots is None:
+            slots = self.slots(block_table, 0, length)
+        k, v = self.k[layer], self.v[layer]
+        return (
+            k.view(-1, *k.shape[2:]).index_select(0, slots),
+            v.view(-1, *v.shape[2:]).index_select(0, slots),
+        )
 
 
 class StateSlots:

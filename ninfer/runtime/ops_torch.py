@@ -1,4 +1,7 @@
-"""Torch reference implementations of every IR op (the `torch.*` kernels of cpu plans).
+"""Torch reference implementations of every IR op (the `torch.*` kernels of cpu plans). A
+weight loaded packed for a `cpu.*` kernel (kernels/cpu_quant.PackedWeight) runs that kernel
+inside the same op: `linear` (cpu.*_int4pack), `logits` (cpu.logits_f16), `embed`
+(cpu.gguf_rows).
 
 Each op is `fn(ctx, attrs, *inputs) -> tensor | tuple of tensors`. Tensors are flat over the
 step: row t of every [T, ...] value belongs to chunk `ctx.chunk_of[t]`. Ops that keep state
@@ -11,13 +14,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu_quant import PackedWeight, gguf_rows, half_logits, int4pack_linear
 from ninfer.runtime.kv_cache import PagedKVCache, StateSlots
+from ninfer.runtime.weights import TORCH_DTYPES
 
 
 @dataclass
@@ -35,14 +40,20 @@ class StepContext:
     kv: PagedKVCache
     state: StateSlots | None
     rope_cache: dict[str, torch.Tensor]
+    # values every layer of this step shares (rotary cos/sin, KV slot indices), made once
+    memo: dict[Any, Any] = field(default_factory=dict)
 
 
 def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype == torch.float32:  # one op computing x * rsqrt(mean(x^2) + eps) as below
+        return F.rms_norm(x, (x.shape[-1],), eps=eps)
     xf = x.float()
     return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
 
 
 def embed(ctx: StepContext, a: dict, tokens: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    if isinstance(table, PackedWeight):  # cpu.gguf_rows
+        return gguf_rows(tokens, table, TORCH_DTYPES[a["dtype"]])
     return F.embedding(tokens.long(), table)
 
 
@@ -72,11 +83,21 @@ def linear(
 ):
     if a.get("act") == "swiglu":  # fuse_swiglu_linear, into the down projection
         x = swiglu(ctx, a, x)
-    y = F.linear(x, w, bias)
+    y = _matmul(x, w, bias)
     return swiglu(ctx, a, y) if a.get("out") == "swiglu" else y  # or into gate/up
 
 
+def _matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ w^T (+ bias): F.linear, or a packed GGUF weight's cpu.*_int4pack kernel."""
+    if isinstance(w, PackedWeight):
+        y = int4pack_linear(x, w)
+        return y + bias if bias is not None else y
+    return F.linear(x, w, bias)
+
+
 def logits(ctx: StepContext, a: dict, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    if isinstance(w, PackedWeight):  # cpu.logits_f16
+        return half_logits(x, w)
     return F.linear(x, w).float()
 
 
@@ -137,27 +158,39 @@ def rope_scale(rope: dict[str, Any]) -> float:
     return float(rope.get("attention_factor", 1.0)) if rope["type"] == "yarn" else 1.0
 
 
-def rotary(ctx: StepContext, a: dict, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor):
-    d, rd = a["head_dim"], a["rotary_dim"]
+def _cos_sin(ctx: StepContext, a: dict, pos: torch.Tensor, dtype: torch.dtype):
+    """cos, sin [T, 1, rotary_dim] in `dtype` at positions `pos` (once per step and rope)."""
+    rd = a["rotary_dim"]
     key = f"{sorted(a['rope'].items())}/{rd}"
+    memo_key = ("cos_sin", key, dtype, id(pos))  # pos: the step's positions tensor
+    if memo_key in ctx.memo:
+        return ctx.memo[memo_key]
     if key not in ctx.rope_cache:
-        ctx.rope_cache[key] = _inv_freq(a["rope"], rd).to(q.device)
+        ctx.rope_cache[key] = _inv_freq(a["rope"], rd).to(pos.device)
     freqs = pos.float()[:, None] * ctx.rope_cache[key][None, :]  # [T, rd/2]
     emb = torch.cat([freqs, freqs], dim=-1)
     cos, sin = emb.cos(), emb.sin()  # [T, rd] fp32
     scale = rope_scale(a["rope"])
     if scale != 1.0:  # YaRN: scaled in fp32 before the cast, as transformers does
         cos, sin = cos * scale, sin * scale
-    cos, sin = cos.to(q.dtype)[:, None, :], sin.to(q.dtype)[:, None, :]  # [T, 1, rd]
+    out = cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :]  # [T, 1, rd]
+    ctx.memo[memo_key] = out
+    return out
+
+
+def rotary(ctx: StepContext, a: dict, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor):
+    d, rd = a["head_dim"], a["rotary_dim"]
+    cos, sin = _cos_sin(ctx, a, pos, q.dtype)
 
     def rot(x: torch.Tensor) -> torch.Tensor:
         x = x.unflatten(-1, (-1, d))  # [T, heads, d]
         xr, xp = x[..., :rd], x[..., rd:]
         x1, x2 = xr[..., : rd // 2], xr[..., rd // 2 :]
         out = xr * cos + torch.cat([-x2, x1], dim=-1) * sin
-        return torch.cat([out, xp], dim=-1).flatten(-2)
+        return torch.cat([out, xp], dim=-1).flatten(-2) if rd < d else out.flatten(-2)
 
-    return rot(q), rot(k)
+    qk = rot(torch.cat([q, k], dim=-1))  # q's heads then k's, one pass of elementwise ops
+    return qk[:, : q.shape[-1]], qk[:, q.shape[-1] :]
 
 
 def attention(
@@ -178,27 +211,38 @@ def attention(
             q, k = rmsnorm(ctx, a, q, q_norm), rmsnorm(ctx, a, k, k_norm)
         q, k = rotary(ctx, a, q, k, pos)
     h, kvh, d, layer = a["heads"], a["kv_heads"], a["head_dim"], a["layer"]
+    g = h // kvh  # query heads per KV head
     out = torch.empty_like(q)
-    for c in ctx.chunks:
+    for i, c in enumerate(ctx.chunks):
         rows = slice(c.begin, c.begin + c.length)
-        qc = q[rows].unflatten(-1, (h, d))  # [L, H, D]
+        total = c.start_pos + c.length
+        if ("kv_slots", i) not in ctx.memo:  # the same pages in every layer of the step
+            ctx.memo["kv_slots", i] = ctx.kv.slots(c.block_table, 0, total)
+        slots = ctx.memo["kv_slots", i]  # [S] rows of positions 0..total-1
         ctx.kv.write(
             layer,
             c.block_table,
             c.start_pos,
             k[rows].unflatten(-1, (kvh, d)),
             v[rows].unflatten(-1, (kvh, d)),
+            slots[c.start_pos :],
         )
-        total = c.start_pos + c.length
-        kc, vc = ctx.kv.read(layer, c.block_table, total)  # [S, KVH, D]
-        kc = kc.repeat_interleave(h // kvh, dim=1)
-        vc = vc.repeat_interleave(h // kvh, dim=1)
-        scores = torch.einsum("lhd,shd->hls", qc, kc) * a["scale"]  # [H, L, S]
-        qpos = torch.arange(c.start_pos, total, device=q.device)[:, None]
-        mask = torch.arange(total, device=q.device)[None, :] > qpos  # [L, S] future keys
-        scores = scores.masked_fill(mask, float("-inf"))
-        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-        out[rows] = torch.einsum("hls,shd->lhd", probs, vc).flatten(-2)
+        kc, vc = ctx.kv.read(layer, c.block_table, total, slots)  # [S, KVH, D]
+        # [1, heads, L, D] against [1, KVH, S, D]: query head j attends with KV head j // g
+        qc = q[rows].reshape(1, c.length, h, d).transpose(1, 2)
+        mask = None
+        if c.length > 1:  # a decode row (one query, the last position) sees every key
+            qpos = torch.arange(c.start_pos, total, device=q.device)[:, None]
+            mask = torch.arange(total, device=q.device)[None, :] <= qpos  # [L, S] past keys
+        o = F.scaled_dot_product_attention(
+            qc,
+            kc.transpose(0, 1)[None],
+            vc.transpose(0, 1)[None],
+            attn_mask=mask,
+            scale=a["scale"],
+            enable_gqa=g > 1,
+        )  # [1, H, L, D]
+        out[rows] = o[0].transpose(0, 1).reshape(c.length, h * d)
     return out
 
 

@@ -7,6 +7,11 @@ artifact's reference dequantiser at load time, then builds derived layouts:
     concat        cat(sources, dim=0)                 [sum N_i, K]      fused GEMMs
     stack         stack(sources)                      [E, N, K]         MoE experts
     stack_concat  stack(cat(g_e, u_e) for each e)     [E, 2I, H]        fused expert gate|up
+
+except the GGUF weights only `cpu.*` kernels read (a CPU plan with cpu_weights="packed"): those
+stay packed as kernels/cpu_quant.PackedWeight (plain or concat layout), with the int4 GEMM
+layout when a `cpu.*_int4pack` GEMM reads them, an f16 copy when `cpu.logits_f16` does and the
+raw blocks when `cpu.gguf_rows` does.
 """
 
 from __future__ import annotations
@@ -14,8 +19,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from kernels.cpu_quant import PackedWeight, pack_gguf
 from ninfer.artifact.format import Artifact
 from ninfer.ir.plan import BufferSpec, Plan
+from ninfer.passes.assign_kernels import CPU_PACKED_GEMMS, CPU_PACKED_LOGITS, CPU_PACKED_ROWS
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
@@ -42,7 +49,51 @@ def load_weight(
     return t.to(device=device, dtype=dtype).contiguous()
 
 
-def load_weights(plan: Plan, artifact: Artifact, device: torch.device) -> dict[str, torch.Tensor]:
-    """name -> tensor for every weight buffer of `plan` (compute dtype of the plan)."""
+def _readers(plan: Plan) -> dict[str, set[str]]:
+    """weight name -> kernels of the calls that read it."""
+    out: dict[str, set[str]] = {}
+    for c in plan.calls:
+        for n in c.inputs:
+            out.setdefault(n, set()).add(c.kernel)
+    return out
+
+
+def load_packed(artifact: Artifact, spec: BufferSpec, kernels: set[str]) -> PackedWeight:
+    """The GGUF weight `spec` packed for the `cpu.*` kernels that read it."""
+    k = int(artifact.info(spec.sources[0]).shape[-1])
+    raws = [artifact.array(s) for s in spec.sources]
+    gemm = bool(kernels & set(CPU_PACKED_GEMMS.values()))
+    return pack_gguf(
+        spec.format or "",
+        raws,
+        k,
+        gemm=gemm,
+        rows=CPU_PACKED_ROWS in kernels,
+        half=CPU_PACKED_LOGITS in kernels,
+    )
+
+
+def _packed(spec: BufferSpec, kernels: set[str], device: torch.device) -> bool:
+    packed = set(CPU_PACKED_GEMMS.values()) | {CPU_PACKED_ROWS, CPU_PACKED_LOGITS}
+    return (
+        device.type == "cpu"
+        and spec.layout in ("plain", "concat")
+        and bool(kernels)
+        and kernels <= packed
+    )
+
+
+def load_weights(
+    plan: Plan, artifact: Artifact, device: torch.device
+) -> dict[str, torch.Tensor | PackedWeight]:
+    """name -> tensor (compute dtype of the plan) or packed weight for every weight buffer."""
     dtype = TORCH_DTYPES[plan.dtype]
-    return {b.name: load_weight(artifact, b, dtype, device) for b in plan.weights()}
+    readers = _readers(plan)
+    out: dict[str, torch.Tensor | PackedWeight] = {}
+    for b in plan.weights():
+        kernels = readers.get(b.name, set())
+        if _packed(b, kernels, device):
+            out[b.name] = load_packed(artifact, b, kernels)
+        else:
+            out[b.name] = load_weight(artifact, b, dtype, device)
+    return out

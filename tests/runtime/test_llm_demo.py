@@ -30,7 +30,8 @@ def test_demo_model_matches_transformers_gguf() -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        llm = LLM(demo_artifact_path(), max_concurrency=5, kv_capacity=2048)
+        # the float32 reference numerics: transformers computes in float32 too
+        llm = LLM(demo_artifact_path(), max_concurrency=5, kv_capacity=2048, cpu_weights="float32")
         template = jinja2.Environment().from_string(llm.artifact.chat_template)
         prompts = [
             template.render(messages=[{"role": "user", "content": q}], add_generation_prompt=True)
