@@ -14,7 +14,8 @@ Reads a llama.cpp GGUF with the `gguf` package and writes the v3 artifact:
 - llama GGUF stores attn_q / attn_k rows permuted for interleaved rotary
   (per head: rows [0, 2, 4, ..., 1, 3, 5, ...] of the rotate-half layout); they are permuted back.
   Quantised rows are whole GGML blocks, so raw block rows permute exactly;
-- without `weights`, F32/F16/BF16 keep their values and Q8_0/Q4_0/Q4_1/Q4_K/Q6_K keep their
+- without `weights`, F32/F16/BF16 keep their values and the GGML block types of gguf_blocks
+  (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) keep their
   blocks (format `gguf:<TYPE>`, data uint8 [N, row bytes], dequantised by quant.dequantize);
   with `weights`, tensors are dequantised and stored as convert_hf stores them.
 
@@ -40,6 +41,7 @@ from ninfer.artifact.convert_hf import (
     untie,
 )
 from ninfer.artifact.format import ArtifactWriter, StoredTensor
+from ninfer.artifact.gguf_blocks import BLOCK_TYPES
 from ninfer.artifact.gguf_rope import ROPE_FREQS, freq_factors, rope_scaling
 from ninfer.artifact.gguf_tokenizer import gguf_tokenizer
 from ninfer.artifact.progress import Progress
@@ -59,7 +61,6 @@ ARCHITECTURES: dict[str, tuple[str, str, str]] = {
     "qwen3": ("qwen3", "qwen3", "Qwen3ForCausalLM"),
     "qwen3moe": ("qwen3_moe", "qwen3_moe", "Qwen3MoeForCausalLM"),
 }
-BLOCK_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
 PLAIN_TYPES = ("F32", "F16", "BF16")
 
 _GLOBAL_NAMES = {
