@@ -147,7 +147,9 @@ class Plan:
         L.append("weights:")
         for b in self.weights():
             how = b.layout if b.layout == "plain" else f"{b.layout}({len(b.sources)})"
-            L.append(f"  @{b.name}: {b.type} {b.format} {how}")
+            # no executor reads GGML blocks yet: say that they are dequantised when loaded
+            load = " (dequantised at load)" if (b.format or "").startswith("gguf:") else ""
+            L.append(f"  @{b.name}: {b.type} {b.format}{load} {how}")
         L.append("calls:")
         for i, c in enumerate(self.calls):
             ins = ", ".join(
