@@ -32,7 +32,8 @@ GREEDY_TOKENS = 32
 # float32 on both sides over the same dequantised weights: only summation order differs
 MAX_LOGIT_DIFF = 1e-3
 
-pytestmark = pytest.mark.slow
+# minutes on a shared 2-core CPU (the 1.5B: load, 4 prompts, 32 greedy steps, twice, then serve)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(5400)]
 
 
 def _fetched(name: str) -> Path:
