@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import platform
 import sys
@@ -155,6 +156,14 @@ def run_choice(
     return row, store
 
 
+def write_results(stem: Path, meta: dict, rows: list[Row]) -> None:
+    """`stem`.json (meta and rows) and `stem`.md (the table)."""
+    stem.with_suffix(".json").write_text(
+        json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=2) + "\n"
+    )
+    stem.with_suffix(".md").write_text(_markdown(meta, rows))
+
+
 def _markdown(meta: dict, rows: list[Row]) -> str:
     lines = [
         f"# Quality of storage choices: {meta['name']}",
@@ -227,20 +236,6 @@ def main(argv: list[str] | None = None) -> int:
     def key(c: Choice) -> str:
         return f"kv-{c.kv_dtype}" if c.kv_dtype else f"w-{c.artifact_key}"
 
-    rows: list[Row] = []
-    ref = None
-    for c in CHOICES:
-        if c is not CHOICES[0] and key(c) not in wanted:  # the reference always runs
-            continue
-        artifact = _artifact(gguf, work, c)
-        row, store = run_choice(c, artifact, windows, ref, args)
-        if ref is None:
-            ref = store
-        rows.append(row)
-        print(json.dumps(asdict(row)), file=sys.stderr, flush=True)
-
-    import hashlib
-
     h = hashlib.sha256()
     with gguf.open("rb") as f:
         while block := f.read(1 << 23):
@@ -262,10 +257,18 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out_dir.mkdir(parents=True, exist_ok=True)
     stem = args.out_dir / f"quality_{name}"
-    stem.with_suffix(".json").write_text(
-        json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=2) + "\n"
-    )
-    stem.with_suffix(".md").write_text(_markdown(meta, rows))
+    rows: list[Row] = []
+    ref = None
+    for c in CHOICES:
+        if c is not CHOICES[0] and key(c) not in wanted:  # the reference always runs
+            continue
+        artifact = _artifact(gguf, work, c)
+        row, store = run_choice(c, artifact, windows, ref, args)
+        if ref is None:
+            ref = store
+        rows.append(row)
+        print(json.dumps(asdict(row)), file=sys.stderr, flush=True)
+        write_results(stem, meta, rows)  # after every row: a stopped run keeps what it measured
     print(_markdown(meta, rows))
     return 0
 
