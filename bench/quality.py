@@ -158,10 +158,11 @@ def run_choice(
 
 def write_results(stem: Path, meta: dict, rows: list[Row]) -> None:
     """`stem`.json (meta and rows) and `stem`.md (the table)."""
-    stem.with_suffix(".json").write_text(
+    # not with_suffix: a name such as qwen2.5-coder-0.5b has dots of its own
+    stem.parent.joinpath(stem.name + ".json").write_text(
         json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=2) + "\n"
     )
-    stem.with_suffix(".md").write_text(_markdown(meta, rows))
+    stem.parent.joinpath(stem.name + ".md").write_text(_markdown(meta, rows))
 
 
 def _markdown(meta: dict, rows: list[Row]) -> str:
