@@ -14,8 +14,7 @@ Reads a llama.cpp GGUF with the `gguf` package and writes the v3 artifact:
 - llama GGUF stores attn_q / attn_k rows permuted for interleaved rotary
   (per head: rows [0, 2, 4, ..., 1, 3, 5, ...] of the rotate-half layout); they are permuted back.
   Quantised rows are whole GGML blocks, so raw block rows permute exactly;
-- without `weights`, F32/F16/BF16 keep their values and the GGML block types of gguf_blocks
-  (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) keep their
+- without `weights`, F32/F16/BF16 keep their values and gguf_blocks.BLOCK_TYPES keep their
   blocks (format `gguf:<TYPE>`, data uint8 [N, row bytes], dequantised by quant.dequantize);
   with `weights`, tensors are dequantised and stored as convert_hf stores them.
 
@@ -91,8 +90,7 @@ _FUSED_EXPERTS = re.compile(
     r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_proj|up_proj|down_proj)\.weight$"
 )
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
-# the biases an architecture has (qwen2: on q, k and v); any other bias is refused by name
-_BIASES = {"qwen2": ("attn_q", "attn_k", "attn_v")}
+_BIASES = {"qwen2": ("attn_q", "attn_k", "attn_v")}  # biases by arch; others are refused
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -443,8 +441,7 @@ def convert_gguf(
     if freqs:
         config["rope_freq_factors"] = freq_factors(freqs[0], config["head_dim"])
     own_head = untie(config, weights, quantize_lm_head)
-    # llama.cpp permutes q/k rows for llama only; its qwen converters keep the HF order (so
-    # qwen2's q/k biases need no permutation either).
+    # llama.cpp permutes q/k rows (llama only); its qwen converters keep the HF order, biases too
     permute: dict[str, int] = {}
     if gguf_arch == "llama":
         permute = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
