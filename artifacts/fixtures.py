@@ -1,4 +1,4 @@
-"""Tiny random test models: Llama, Qwen3, Qwen3-MoE, Qwen3.5 (dense and MoE).
+"""Tiny random test models: Llama, Qwen2, Qwen3, Qwen3-MoE, Qwen3.5 (dense and MoE).
 
 `build_fixture(arch, root)` makes a seeded random model with transformers (hidden 64, 16-dim
 heads, 4 query / 2 KV heads, vocab 512 from `artifacts.tokenizer`), saves it as a Hugging Face
@@ -10,15 +10,17 @@ there, so a per-run cache directory makes repeated calls free.
 Layouts on disk follow the real checkpoints of each family:
 
     llama        2 layers, tied embeddings (like SmolLM2)
+    qwen2        3 layers, untied head, q/k/v biases, rope_theta 1e6, MLP 256 wide (so the
+                 down projections hold whole K-quant blocks in the GGUF of fixture_gguf.py)
     qwen3        2 layers, tied embeddings, rope_theta 1e6 (like Qwen3-0.6B)
     qwen3_moe    2 layers, 8 experts top-2, normalised top-k, experts stored per expert
     qwen3_5      4 layers: linear, full, linear, full attention (Gated DeltaNet + gated attention)
     qwen3_5_moe  4 layers as qwen3_5, 8 experts top-2 plus a shared expert, experts stored
                  *fused* (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I])
 
-Norm weights are perturbed away from their init (1, or 0 for Qwen3.5's zero-centred norms) so a
-runtime that ignores a norm weight, or gets the (1 + w) convention wrong, computes a different
-function. Command line: `python -m artifacts.fixtures OUTDIR [ARCH ...]`.
+Norm weights are perturbed away from their init (1, or 0 for Qwen3.5's zero-centred norms), and
+biases away from 0, so a runtime that ignores a norm weight or a bias, or gets the (1 + w)
+convention wrong, computes a different function. Command line: `python -m artifacts.fixtures OUTDIR [ARCH ...]`.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from artifacts.tokenizer import (
     token_id,
 )
 
-ARCHS = ("llama", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe")
+ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe")
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -96,6 +98,12 @@ def _model(arch: str):  # -> transformers PreTrainedModel
             **_COMMON, **ids, num_hidden_layers=2, intermediate_size=128, tie_word_embeddings=True
         )
         cls = tf.LlamaForCausalLM
+    elif arch == "qwen2":
+        cfg = tf.Qwen2Config(
+            **_COMMON, **ids, num_hidden_layers=3, intermediate_size=256, tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+        )  # fmt: skip
+        cls = tf.Qwen2ForCausalLM
     elif arch == "qwen3":
         cfg = tf.Qwen3Config(
             **_COMMON, **ids, num_hidden_layers=2, intermediate_size=128, tie_word_embeddings=True,
@@ -134,6 +142,8 @@ def _model(arch: str):  # -> transformers PreTrainedModel
         for name, p in model.named_parameters():
             if name.endswith("norm.weight") or "layernorm" in name:
                 p.add_(0.1 * torch.randn(p.shape, generator=gen))  # [n]: move norms off their init
+            elif name.endswith(".bias"):
+                p.add_(0.5 * torch.randn(p.shape, generator=gen))  # [n]: zero at init
     return model.float().eval()
 
 

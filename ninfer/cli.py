@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("ninfer.commands.serve", "serve an artifact over OpenAI and Anthropic HTTP"),
     "bench": ("ninfer.commands.bench", "measure TTFT, TPOT, ITL and throughput against the limit"),
     "demo-artifact": ("ninfer.commands.demo", "print the path of the embedded demo model artifact"),
+    "models": ("ninfer.commands.models", "list and fetch the larger models published on PyPI"),
 }
 
 

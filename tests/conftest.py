@@ -4,6 +4,9 @@
 `artifacts.fixtures` (arch in llama, qwen3, qwen3_moe, qwen3_5, qwen3_5_moe), built on first use
 into one temporary directory per test run and reused after that. `tiny_agent` is the committed
 trained artifact (artifacts/fixtures/tiny-agent.ninfer) and its scripted prompts.
+
+`--run-slow` runs the tests marked `slow` (the real models of `ninfer models`), which are
+skipped otherwise.
 """
 
 from __future__ import annotations
@@ -23,6 +26,26 @@ if (
     sys.path.insert(0, str(REPO))
 
 from artifacts.fixtures import TINY_AGENT, TINY_AGENT_PROMPTS, build_fixture, build_hf_dir
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--run-slow",
+        action="store_true",
+        default=False,
+        help="also run tests marked slow (real models fetched from PyPI: GBs, minutes)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `slow` are skipped, with a reason that says how to run them, unless
+    --run-slow is given."""
+    if config.getoption("--run-slow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --run-slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ Reads a llama.cpp GGUF with the `gguf` package and writes the v3 artifact:
 - llama GGUF stores attn_q / attn_k rows permuted for interleaved rotary
   (per head: rows [0, 2, 4, ..., 1, 3, 5, ...] of the rotate-half layout); they are permuted back.
   Quantised rows are whole GGML blocks, so raw block rows permute exactly;
-- without `weights`, F32/F16/BF16 keep their values and Q8_0/Q4_0/Q4_1/Q4_K/Q6_K keep their
+- without `weights`, F32/F16/BF16 keep their values and gguf_blocks.BLOCK_TYPES keep their
   blocks (format `gguf:<TYPE>`, data uint8 [N, row bytes], dequantised by quant.dequantize);
   with `weights`, tensors are dequantised and stored as convert_hf stores them.
 
@@ -43,6 +43,7 @@ from ninfer.artifact.convert_hf import (
 )
 from ninfer.artifact.format import ArtifactWriter, StoredTensor
 from ninfer.artifact.generation import from_gguf
+from ninfer.artifact.gguf_blocks import BLOCK_TYPES
 from ninfer.artifact.gguf_rope import ROPE_FREQS, freq_factors, rope_scaling
 from ninfer.artifact.gguf_tokenizer import gguf_tokenizer
 from ninfer.artifact.progress import Progress
@@ -59,10 +60,10 @@ from ninfer.errors import ConvertError
 # GGUF general.architecture -> (artifact architecture, HF model_type, HF class)
 ARCHITECTURES: dict[str, tuple[str, str, str]] = {
     "llama": ("llama", "llama", "LlamaForCausalLM"),
+    "qwen2": ("qwen2", "qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("qwen3", "qwen3", "Qwen3ForCausalLM"),
     "qwen3moe": ("qwen3_moe", "qwen3_moe", "Qwen3MoeForCausalLM"),
 }
-BLOCK_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
 PLAIN_TYPES = ("F32", "F16", "BF16")
 
 _GLOBAL_NAMES = {
@@ -91,7 +92,8 @@ _LAYER_NAMES = {
 _FUSED_EXPERTS = re.compile(
     r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_proj|up_proj|down_proj)\.weight$"
 )
-_LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.weight$")
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
+_BIASES = {"qwen2": ("attn_q", "attn_k", "attn_v")}  # biases by arch; others are refused
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -100,7 +102,7 @@ def hf_name(gguf_name: str) -> str | None:
         return _GLOBAL_NAMES[gguf_name]
     m = _LAYER_RE.match(gguf_name)
     if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.weight"
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
     return None
 
 
@@ -138,16 +140,17 @@ def expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 
 def _check_shape(target: str, shape: tuple[int, ...], config: dict[str, Any]) -> None:
     layers = config["num_hidden_layers"]
-    m = re.match(r"^model\.layers\.(\d+)\.(.+)\.weight$", target)
+    m = re.match(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$", target)
     if m:
         if int(m.group(1)) >= layers:
             raise ConvertError(
                 f"tensor {target} lies past the {layers} layers the GGUF metadata declares"
             )
         shapes = expected_shapes(config)
-        if m.group(2) not in shapes:
+        biased = {_LAYER_NAMES[t] for t in _BIASES.get(config["model_type"], ())}
+        if m.group(2) not in shapes or (m.group(3) == "bias" and m.group(2) not in biased):
             raise ConvertError(f"tensor {target} has no place in a {config['model_type']} model")
-        expect = shapes[m.group(2)]
+        expect = shapes[m.group(2)][:1] if m.group(3) == "bias" else shapes[m.group(2)]
     elif target == "model.norm.weight":
         expect = (config["hidden_size"],)
     else:  # embedding and head
@@ -168,6 +171,7 @@ def _required(gguf_arch: str, layers: int) -> set[str]:
     if gguf_arch in ("qwen3", "qwen3moe"):
         per_layer += ["attn_q_norm", "attn_k_norm"]
     names = {"token_embd.weight", "output_norm.weight"}
+    names |= {f"blk.{i}.{t}.bias" for i in range(layers) for t in _BIASES.get(gguf_arch, ())}
     return names | {f"blk.{i}.{t}.weight" for i in range(layers) for t in per_layer}
 
 
@@ -444,7 +448,7 @@ def convert_gguf(
     if freqs:
         config["rope_freq_factors"] = freq_factors(freqs[0], config["head_dim"])
     own_head = untie(config, weights, quantize_lm_head)
-    # llama.cpp permutes q/k rows for llama only; its qwen converters keep the HF order.
+    # llama.cpp permutes q/k rows (llama only); its qwen converters keep the HF order, biases too
     permute: dict[str, int] = {}
     if gguf_arch == "llama":
         permute = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}

@@ -27,6 +27,7 @@ log = logging.getLogger("ninfer.convert")
 
 MODEL_TYPES = {
     "llama": "llama",
+    "qwen2": "qwen2",
     "qwen3": "qwen3",
     "qwen3_moe": "qwen3_moe",
     "qwen3_5": "qwen3_5",

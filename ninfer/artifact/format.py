@@ -39,7 +39,7 @@ VERSION = 3
 PRELUDE = struct.Struct("<8sIIQQQ")  # magic, version, flags, header_off, header_len, header_xxh
 ALIGN = 64
 
-ARCHITECTURES = ("llama", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe")
 
 _NP_DTYPES = {
     "float32": np.float32,

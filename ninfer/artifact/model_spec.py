@@ -21,6 +21,7 @@ MLP_ACTIVATIONS = ("silu", "swish")  # every builder's MLP is SwiGLU
 # saved by those classes always holds the keys; one written by hand may not.
 DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {"head_dim": None, "num_key_value_heads": None, "max_position_embeddings": 2048},
+    "qwen2": {"head_dim": None, "num_key_value_heads": 32},
     "qwen3": {"head_dim": 128, "num_key_value_heads": 32},
     "qwen3_moe": {"head_dim": None, "num_key_value_heads": 4, "norm_topk_prob": False},
     "qwen3_5": {"head_dim": 256, "num_key_value_heads": 4, "partial_rotary_factor": 0.25},
@@ -148,8 +149,8 @@ def _yarn(cfg: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
 
 def _layer_types(architecture: str, cfg: dict[str, Any], layers: int) -> tuple[str, ...]:
     """Each layer's attention kind, as transformers derives it: hybrid models from layer_types or
-    full_attention_interval; Llama full attention; Qwen3 from layer_types, or a sliding window
-    when the config asks for one (use_sliding_window: Qwen3 from max_window_layers on,
+    full_attention_interval; Llama full attention; Qwen2/Qwen3 from layer_types, or a sliding
+    window when the config asks for one (use_sliding_window: Qwen2/Qwen3 from max_window_layers on,
     Qwen3-MoE every layer), which no kernel here implements."""
     hybrid = architecture in ("qwen3_5", "qwen3_5_moe")
     types = cfg.get("layer_types") if architecture != "llama" else None
@@ -161,9 +162,9 @@ def _layer_types(architecture: str, cfg: dict[str, Any], layers: int) -> tuple[s
         ]
     elif not types:
         window = cfg.get("sliding_window", 4096) if cfg.get("use_sliding_window") else None
-        if architecture not in ("qwen3", "qwen3_moe"):
+        if architecture not in ("qwen2", "qwen3", "qwen3_moe"):
             window = None
-        first = int(cfg.get("max_window_layers", 28)) if architecture == "qwen3" else 0
+        first = int(cfg.get("max_window_layers", 28)) if architecture != "qwen3_moe" else 0
         types = [
             "sliding_attention" if window is not None and i >= first else "full_attention"
             for i in range(layers)

@@ -8,7 +8,7 @@
 | fp8          | data uint8 [N, K] (e4m3fn bits), scale float32 [N]               | e4m3(data) * scale[:, None]   |
 | nvfp4        | data uint8 [N, K/2], scale uint8 [N, K/16] (e4m3fn bits),        | e2m1 * e4m3(scale) * global   |
 |              | global_scale float32 [1]                                         |                               |
-| gguf:<TYPE>  | data uint8 [N, row bytes] (GGML blocks of TYPE along K)          | gguf.quants.dequantize        |
+| gguf:<TYPE>  | data uint8 [N, row bytes] (GGML blocks of TYPE along K)          | gguf_blocks.dequantize_blocks |
 
 fp8 scales are per output channel (row); nvfp4 packs element 2i in the low nibble of byte i and
 element 2i+1 in the high nibble, e2m1 magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6} with bit 3 the
@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ninfer.artifact.format import StoredTensor
+from ninfer.artifact.gguf_blocks import dequantize_blocks
 from ninfer.errors import ConvertError
 
 FP8_MAX = 448.0
@@ -169,9 +170,5 @@ def dequantize(t: StoredTensor) -> np.ndarray:
             E2M1_VALUES[codes].reshape(n, k // NVFP4_BLOCK, NVFP4_BLOCK) * scale[:, :, None]
         ).reshape(n, k)
     if fmt.startswith("gguf:"):
-        from gguf import GGMLQuantizationType
-        from gguf.quants import dequantize as gguf_dequantize
-
-        qtype = GGMLQuantizationType[fmt.split(":", 1)[1]]
-        return gguf_dequantize(np.asarray(data), qtype).astype(np.float32).reshape(t.shape)
+        return dequantize_blocks(data, fmt.split(":", 1)[1], t.shape)
     raise ConvertError(f"unknown storage format {fmt!r}")

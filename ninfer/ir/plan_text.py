@@ -101,7 +101,9 @@ def _span(lo: int, hi: int) -> str:
 
 def verbose_lines(plan: Plan) -> list[str]:
     L = ["weights:"]
-    L += _folded(plan.weights(), lambda b: _layer_of(_WEIGHT_LAYER, b.name), _weight_row(), "  ")
+    L += _folded(
+        plan.weights(), lambda b: _layer_of(_WEIGHT_LAYER, b.name), _weight_row(plan), "  "
+    )
     L.append("calls:")
     calls = list(enumerate(plan.calls))
     L += _folded(calls, lambda ic: _layer_of(_CALL_LAYER, ic[1].outputs[0]), _call_row(plan), "  ")
@@ -128,10 +130,18 @@ def _relative(text: str, layer: int) -> str:
     return re.sub(rf"\blayer={layer}\b", "layer=*", text)
 
 
-def _weight_row() -> Callable[[object, int | None], str]:
+def _weight_row(plan: Plan) -> Callable[[object, int | None], str]:
+    # GGUF blocks stay packed for the cpu.* kernels that read them (cpu_weights=packed); every
+    # other reader gets them dequantised when the weights are loaded
+    packed = {n for c in plan.calls if c.kernel.startswith("cpu.") for n in c.inputs}
+    # (a float bias the same call reads stays as it is: only block formats are listed packed)
+
     def row(b, layer: int | None) -> str:  # b: BufferSpec
         how = b.layout if b.layout == "plain" else f"{b.layout}({len(b.sources)})"
-        text = f"@{b.name}: {b.type} {b.format} {how}"
+        fmt = b.format
+        if (fmt or "").startswith("gguf:"):
+            fmt += " (packed)" if b.name in packed else " (dequantised at load)"
+        text = f"@{b.name}: {b.type} {fmt} {how}"
         return text if layer is None else _relative(text, layer)
 
     return row

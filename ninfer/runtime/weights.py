@@ -77,6 +77,7 @@ def _packed(spec: BufferSpec, kernels: set[str], device: torch.device) -> bool:
     packed = set(CPU_PACKED_GEMMS.values()) | {CPU_PACKED_ROWS, CPU_PACKED_LOGITS}
     return (
         device.type == "cpu"
+        and (spec.format or "") in CPU_PACKED_GEMMS  # not a float bias the same call reads
         and spec.layout in ("plain", "concat")
         and bool(kernels)
         and kernels <= packed

@@ -88,7 +88,6 @@ def test_chat_template_render_encodes_like_transformers(artifact, hf_tokenizer):
     assert ids.count(1) == 3  # every <|im_start|> stays one token
 
 
-@pytest.mark.slow
 def test_weights_equal_transformers_gguf_load(artifact, hf_gguf_dir):
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")

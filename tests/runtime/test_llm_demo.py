@@ -19,7 +19,6 @@ QUESTIONS = [
 ]
 
 
-@pytest.mark.slow
 def test_demo_model_matches_transformers_gguf() -> None:
     from ninfer.artifact.demo import demo_artifact_path, demo_gguf_path
 
@@ -66,7 +65,6 @@ TEXT = (
 )
 
 
-@pytest.mark.slow
 def test_fp8_and_nvfp4_weights_agree_with_bf16(tmp_path) -> None:
     """Top-1 agreement with bf16 weights over a fixed 2,000-token text, bounded."""
     from ninfer.artifact.convert_gguf import convert_gguf

@@ -8,11 +8,12 @@ from ninfer.artifact.model_spec import ModelSpec, model_spec
 from ninfer.errors import ArtifactError
 from ninfer.ir.builder import MissingTensor, TensorTable
 from ninfer.ir.graph import Graph
-from ninfer.ir.models import llama, qwen3, qwen3_5
+from ninfer.ir.models import llama, qwen2, qwen3, qwen3_5
 from ninfer.ir.ops import SignatureError
 
 BUILDERS = {
     "llama": llama.build,
+    "qwen2": qwen2.build,
     "qwen3": qwen3.build,
     "qwen3_moe": qwen3.build,
     "qwen3_5": qwen3_5.build,

@@ -32,17 +32,20 @@ def attention(
     qk_norm: bool,
     gated: bool,
     zero_centered: bool,
+    qkv_bias: bool = False,
 ) -> str:
-    """Self-attention over the paged KV cache `kv.L{i}`.
+    """Self-attention over the paged KV cache `kv.L{i}`. q/k/v carry a bias when `qkv_bias`
+    (Qwen2) or the config's attention_bias says so; o_proj only with attention_bias.
 
     q: [T, heads*head_dim] (gated: q_proj emits [T, heads*2*head_dim] = per head query|gate),
     k, v: [T, kv_heads*head_dim]; output o_proj(o) [T, hidden].
     """
     p, n = f"model.layers.{i}.self_attn", f"L{i}"
     g = f"{n}.attn_in"
-    q = linear(b, h, f"{p}.q_proj", f"{n}.q_proj", g, "q", s.attention_bias)
-    k = linear(b, h, f"{p}.k_proj", f"{n}.k", g, "k", s.attention_bias)
-    v = linear(b, h, f"{p}.v_proj", f"{n}.v", g, "v", s.attention_bias)
+    in_bias = qkv_bias or s.attention_bias
+    q = linear(b, h, f"{p}.q_proj", f"{n}.q_proj", g, "q", in_bias)
+    k = linear(b, h, f"{p}.k_proj", f"{n}.k", g, "k", in_bias)
+    v = linear(b, h, f"{p}.v_proj", f"{n}.v", g, "v", in_bias)
     gate = None
     if gated:
         q, gate = b.op(
