@@ -23,7 +23,14 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ninfer.api import errors
-from ninfer.api.fields import get_array, get_enum, get_object, get_str, require_object
+from ninfer.api.fields import (
+    get_array,
+    get_enum,
+    get_object,
+    get_str,
+    parse_json_text,
+    require_object,
+)
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -215,7 +222,7 @@ def _arguments(fn: dict[str, Any], param: str) -> str:
     if not isinstance(args, str):
         raise errors.invalid_type(f"{param}.arguments", "a JSON string", args)
     try:
-        parsed = json.loads(args)
+        parsed = parse_json_text(args, f"{param}.arguments")  # 400 when nested too deep
     except ValueError:
         parsed = None
     if not isinstance(parsed, dict):

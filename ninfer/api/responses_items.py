@@ -22,14 +22,20 @@ than auto, reasoning with neither raw reasoning_text nor a token of this server,
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from ninfer.api import errors
 from ninfer.api.errors import ApiError
-from ninfer.api.fields import get_array, get_enum, get_object, get_str, require_object
+from ninfer.api.fields import (
+    get_array,
+    get_enum,
+    get_object,
+    get_str,
+    parse_json_text,
+    require_object,
+)
 from ninfer.api.reasoning_seal import ReasoningSeal
 
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
@@ -294,7 +300,7 @@ def _parse_call(item: dict[str, Any], param: str) -> dict[str, Any]:
     if not isinstance(args, str):
         raise errors.invalid_type(f"{param}.arguments", "a JSON object string", args)
     try:
-        parsed = json.loads(args)
+        parsed = parse_json_text(args, f"{param}.arguments")  # 400 when nested too deep
     except ValueError:
         parsed = None
     if not isinstance(parsed, dict):

@@ -16,12 +16,13 @@ import httpx
 
 from ninfer.api import errors
 from ninfer.api.anthropic_sse import MessageStreamWriter
-from ninfer.api.config import ServeConfig
 from ninfer.api.generation import Admitted, ContentText, Finished, GenerationEvent, Timings, Usage
 from ninfer.api.openai_responses import _create_sse, prepare
 from ninfer.api.responses_request import parse_create_request
 from ninfer.api.state import ServerState
+from ninfer.runtime.request import SamplingParams
 from tests.adversarial.conftest import start_hostile
+from tests.api.live_app import serve_config
 
 MODEL = "tiny-agent"
 GRACE_S = 5.0  # timeout_graceful_shutdown of `ninfer serve`
@@ -71,11 +72,12 @@ def shut_down(content: str = "Hel") -> list[GenerationEvent]:
 
 
 def test_a_responses_stream_ended_by_the_shutdown_is_response_failed():
-    state = ServerState(config=ServeConfig(max_context=4096), model_id=MODEL)
+    state = ServerState(config=serve_config(max_context=4096), model_id=MODEL)
     req = parse_create_request(
         {"model": MODEL, "input": "Hi", "stream": True}, model_id=MODEL, vision=False
     )
     p = prepare(state, req)
+    p.record_sampling(SamplingParams())  # as the service does before admission
 
     async def run() -> list[bytes]:
         async def events() -> AsyncIterator[GenerationEvent]:
