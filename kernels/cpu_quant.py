@@ -43,13 +43,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 GROUP = 32  # GGUF block = int4pack group
-# bytes per 32-value block: f16 d (+ f16 m for Q4_1), then the values
-BLOCK_BYTES = {
-    f"gguf:{t}": GGML_QUANT_SIZES[GGMLQuantizationType[t]][1] for t in ("Q4_0", "Q4_1", "Q8_0")
-}
+# bytes per 32-value block: f16 d (+ f16 m for Q4_1), then the values (16 bytes of nibbles or
+# 32 int8). Spelled here, not read from the gguf package: kernels import torch and triton only
+# (the CUDA machine has no gguf); tests check these against gguf's GGML_QUANT_SIZES.
+BLOCK_BYTES = {"gguf:Q4_0": 2 + 16, "gguf:Q4_1": 2 + 2 + 16, "gguf:Q8_0": 2 + 32}
 PACKED_FORMATS = tuple(BLOCK_BYTES)
 
 

@@ -126,3 +126,12 @@ def test_half_logits_survive_an_x_beyond_f16_range():
     y = half_logits(x, w)
     assert torch.isfinite(y).all()
     assert torch.allclose(y.double(), ref, rtol=1e-2, atol=1e-2 * ref.abs().max().item())
+
+
+def test_block_sizes_are_ggufs():
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    from kernels.cpu_quant import BLOCK_BYTES
+
+    for fmt, size in BLOCK_BYTES.items():
+        assert GGML_QUANT_SIZES[GGMLQuantizationType[fmt.removeprefix("gguf:")]] == (32, size)
