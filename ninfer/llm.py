@@ -32,6 +32,7 @@ from typing import Any
 
 from ninfer.api.output_text import OutputText
 from ninfer.artifact.format import Artifact
+from ninfer.artifact.generation import artifact_defaults
 from ninfer.passes.options import parse_kv_capacity
 from ninfer.runtime.build import build_engine
 from ninfer.runtime.config import NO_TIMEOUT_MS, EngineOptions
@@ -119,7 +120,9 @@ class LLM:
         """One result per prompt, in order. Prompts are strings (encoded with the artifact's
         tokenizer) or lists of token ids. Stops on EOS (unless ignore_eos), a stop string, or
         max_tokens (default: the engine's default output limit, within max_context and the KV
-        cache). Raises RequestError for a prompt the engine can never serve."""
+        cache). `params` None: the sampling defaults the artifact records (`ninfer inspect`
+        shows them), as the server applies to a request that leaves them out. Raises
+        RequestError for a prompt the engine can never serve."""
         if isinstance(prompts, (str, bytes)) or (prompts and isinstance(prompts[0], int)):
             raise TypeError("generate takes a list of prompts: ['text'] or [[1, 2, 3]]")
         ids = [
@@ -173,9 +176,10 @@ class LLM:
     def _params(
         self, params: SamplingParams | Sequence[SamplingParams] | None, n: int
     ) -> list[SamplingParams]:
-        plist = (
-            list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * n
-        )
+        # no params: the sampling defaults the artifact records (as the server uses for a
+        # request that leaves them out), then max_tokens from the engine's output limit
+        default = params or SamplingParams(**artifact_defaults(self.artifact))
+        plist = list(params) if isinstance(params, (list, tuple)) else [default] * n
         if len(plist) != n:
             raise ValueError(f"{n} prompts but {len(plist)} SamplingParams")
         return plist

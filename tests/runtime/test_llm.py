@@ -239,3 +239,23 @@ def test_more_prompts_than_the_engine_accepts_wait_their_turn(fixture_artifacts)
     assert [o.prompt_token_ids for o in outs] == prompts
     assert [o.token_ids for o in outs] == [llm.generate([p], params)[0].token_ids for p in prompts]
     llm.close()
+
+
+def test_no_params_means_the_artifacts_recorded_defaults(fixture_hf_dir, tmp_path) -> None:
+    """generate/chat without SamplingParams sample as the server does for a request that leaves
+    the fields out: with the artifact's recorded defaults (here greedy), not temperature 1."""
+    from ninfer.artifact.convert_hf import convert_hf
+    from ninfer.ir.models import check_tensors
+
+    src = fixture_hf_dir("llama")
+    greedy = convert_hf(
+        src, tmp_path / "greedy.ninfer", generation={"temperature": 0.0}, check_model=check_tensors
+    )
+    llm = LLM(str(greedy), max_concurrency=2, kv_capacity=256, max_context=48)
+    prompt = ["the quick brown fox"]
+    plain = llm.generate(prompt)  # max_tokens from the engine's limit (the small context)
+    explicit = llm.generate(
+        prompt, SamplingParams(temperature=0.0, max_tokens=len(plain[0].token_ids))
+    )
+    assert plain[0].token_ids == explicit[0].token_ids
+    assert llm.generate(prompt)[0].token_ids == plain[0].token_ids  # deterministic: greedy
