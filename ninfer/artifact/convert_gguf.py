@@ -44,7 +44,7 @@ from ninfer.artifact.convert_hf import (
 from ninfer.artifact.format import ArtifactWriter, StoredTensor
 from ninfer.artifact.generation import from_gguf
 from ninfer.artifact.gguf_blocks import BLOCK_TYPES
-from ninfer.artifact.gguf_rope import ROPE_FREQS, freq_factors, rope_scaling
+from ninfer.artifact.gguf_rope import ROPE_FREQS, freq_factors, rope_scaling, unpermute_rotary
 from ninfer.artifact.gguf_tokenizer import gguf_tokenizer
 from ninfer.artifact.progress import Progress
 from ninfer.artifact.quant import (
@@ -190,21 +190,6 @@ def read_metadata(reader: Any) -> dict[str, Any]:
         except (UnicodeDecodeError, ValueError, IndexError):
             meta[key] = None
     return meta
-
-
-def unpermute_rotary(rows: np.ndarray, n_head: int) -> np.ndarray:
-    """Undo llama.cpp's q/k row permutation (interleaved rotary -> rotate-half).
-
-    rows: [n_head * head_dim, ...] in GGUF order. Within each head GGUF row 2i + j holds HF row
-    j * head_dim/2 + i; the result puts every row back where Hugging Face has it.
-    """
-    n = rows.shape[0]
-    if n % (2 * n_head):
-        raise ConvertError(f"cannot un-permute {n} rotary rows over {n_head} heads")
-    half = n // n_head // 2
-    return np.ascontiguousarray(
-        rows.reshape(n_head, half, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
-    )
 
 
 @dataclass(frozen=True)

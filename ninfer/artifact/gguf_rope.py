@@ -1,4 +1,5 @@
-"""GGUF rope metadata -> the Hugging Face rope config the model specs read (convert_gguf)."""
+"""GGUF rope metadata -> the Hugging Face rope config the model specs read, and the q/k row
+order of llama.cpp's interleaved rotary undone (convert_gguf)."""
 
 from __future__ import annotations
 
@@ -46,3 +47,18 @@ def rope_scaling(scaling: str, get: Callable[..., Any]) -> dict[str, Any]:
             "original_max_position_embeddings": int(original),
         }
     raise ConvertError(f"unsupported GGUF rope scaling {scaling!r} (supported: none, linear, yarn)")
+
+
+def unpermute_rotary(rows: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (interleaved rotary -> rotate-half).
+
+    rows: [n_head * head_dim, ...] in GGUF order. Within each head GGUF row 2i + j holds HF row
+    j * head_dim/2 + i; the result puts every row back where Hugging Face has it.
+    """
+    n = rows.shape[0]
+    if n % (2 * n_head):
+        raise ConvertError(f"cannot un-permute {n} rotary rows over {n_head} heads")
+    half = n // n_head // 2
+    return np.ascontiguousarray(
+        rows.reshape(n_head, half, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+    )
