@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ninfer.errors import NinferError
+from ninfer.runtime.media_span import MediaSpan
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 ReusePath = Literal["root", "checkpoint"]
@@ -141,6 +142,9 @@ class Request:
 
     `prompt_only`: process the prompt (prefill, checkpoints, prefix publication) and finish with
     'length' without committing an output token (an HTTP max_tokens of 0).
+
+    `media`: the prompt's images and videos, in prompt order, non-overlapping, each inside the
+    prompt (see media_span.py).
     """
 
     prompt_token_ids: tuple[int, ...]
@@ -153,6 +157,7 @@ class Request:
     thinking_close_ids: tuple[int, ...] = ()
     thinking_suffix_ids: tuple[int, ...] = ()
     prompt_only: bool = False
+    media: tuple[MediaSpan, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_token_ids", tuple(int(t) for t in self.prompt_token_ids))
@@ -165,6 +170,14 @@ class Request:
             raise RequestError("prompt token ids must be non-negative")
         for name in ("thinking_close_ids", "thinking_suffix_ids"):
             object.__setattr__(self, name, tuple(int(t) for t in getattr(self, name)))
+        object.__setattr__(self, "media", tuple(self.media))
+        end = 0
+        for span in self.media:
+            if span.offset < end or span.end > len(self.prompt_token_ids):
+                raise RequestError(
+                    f"media span at {span.offset}..{span.end} overlaps another or leaves the prompt"
+                )
+            end = span.end
         budget = self.thinking_budget
         if budget is not None:
             if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
