@@ -16,7 +16,7 @@ import math
 from ninfer.artifact import Artifact
 from ninfer.errors import ConfigError
 from ninfer.ir.kv_formats import KV_DTYPES
-from ninfer.passes.options import DEVICES, CompileOptions, parse_kv_capacity
+from ninfer.passes.options import CPU_WEIGHTS, DEVICES, CompileOptions, parse_kv_capacity
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -49,6 +49,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-cuda-graph", action="store_true", help="no CUDA Graph decode buckets")
     p.add_argument(
+        "--cpu-weights",
+        choices=CPU_WEIGHTS,
+        default="packed",
+        help="cpu plans: GGUF weights packed (read by the cpu.* kernels) or float32 (default: packed)",
+    )
+    p.add_argument(
         "--memory-gib",
         type=float,
         default=None,
@@ -74,6 +80,7 @@ def options_from_args(args: argparse.Namespace) -> CompileOptions:
         page_size=args.page_size,
         device_state_slots=args.device_state_slots,
         cuda_graphs=not args.no_cuda_graph,
+        cpu_weights=args.cpu_weights,
         device_memory=_memory_bytes(args.memory_gib),
     )
 

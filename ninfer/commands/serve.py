@@ -33,7 +33,7 @@ from ninfer.api.config import (
 )
 from ninfer.errors import ConfigError
 from ninfer.ir.kv_formats import KV_DTYPES
-from ninfer.passes.options import CompileOptions
+from ninfer.passes.options import CPU_WEIGHTS, CompileOptions
 from ninfer.runtime.config import EngineOptions
 
 TCP_USER_TIMEOUT_MS = 15000  # a dead or unacknowledging peer is dropped after ~15 s
@@ -110,6 +110,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-dtype", choices=KV_DTYPES,
                    help="KV-cache storage (default: bf16 on cuda, the compute dtype on cpu)")
     g.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false", help="disable CUDA Graph decode")
+    g.add_argument("--cpu-weights", choices=CPU_WEIGHTS, default="packed",
+                   help="on cpu, keep GGUF weights packed for the cpu.* kernels or expand them to float32")
     g.add_argument("--no-prefix-reuse", dest="prefix_reuse", action="store_false",
                    help="disable compatible-prefix caching")
     g.add_argument("--device-state-slots", type=int, metavar="N",
@@ -208,6 +210,7 @@ def config_from_args(
             prefill_chunk=args.prefill_chunk,
             device_state_slots=args.device_state_slots,
             cuda_graphs=args.cuda_graph,
+            cpu_weights=args.cpu_weights,
         ),
         device_index=None if device == "cpu" else int(device.removeprefix("cuda:")),
         max_pending_requests=args.max_pending_requests,

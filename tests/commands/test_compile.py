@@ -206,3 +206,32 @@ def test_verbose_folds_identical_layers(fixture_hf_dir, tmp_path, capsys) -> Non
     heads = [ln.strip() for ln in out.splitlines() if ln.strip().startswith("layer")]
     assert heads == ["layers 0-4 (x5):", "layer 0:", "layers 1-3 (x3):", "layer 4:"]
     assert "kv: dtype=bf16" in out and "layers=0-4 " in out
+
+
+def test_cpu_weights_keeps_gguf_blocks_packed_or_expands_them(fixture_root, capsys) -> None:
+    """`--cpu-weights` (compile and serve) decides whether a CPU plan reads GGUF blocks packed
+    through cpu.* kernels or as float32 expanded at load; the plan says which per weight."""
+    import argparse
+
+    from artifacts.fixture_gguf import build_gguf
+    from ninfer.artifact.convert_gguf import convert_gguf
+    from ninfer.commands.serve import add_arguments as serve_arguments
+    from ninfer.commands.serve import config_from_args
+
+    out = fixture_root / "qwen2-gguf.ninfer"
+    if not out.exists():
+        convert_gguf(build_gguf(fixture_root), out)
+    rc, packed, err = compile_out(capsys, str(out), "--verbose")
+    assert rc == 0, err
+    assert "(packed)" in packed and "cpu.q" in packed
+    rc, expanded, err = compile_out(capsys, str(out), "--verbose", "--cpu-weights", "float32")
+    assert rc == 0, err
+    assert "(packed)" not in expanded and "cpu.q" not in expanded
+    assert "(dequantised at load)" in expanded
+
+    serve = argparse.ArgumentParser()
+    serve_arguments(serve)
+    args = serve.parse_args([str(out), "--device", "cpu", "--cpu-weights", "float32"])
+    assert config_from_args(args, cuda_available=False).engine.compile.cpu_weights == "float32"
+    args = serve.parse_args([str(out), "--device", "cpu"])
+    assert config_from_args(args, cuda_available=False).engine.compile.cpu_weights == "packed"
