@@ -117,13 +117,14 @@ def _logical_shape(fmt: str, parts: dict[str, torch.Tensor]) -> tuple[int, ...]:
     return tuple(data.shape)
 
 
-def hf_config(name: str):
-    """The transformers config object of synthetic model `name`."""
+def hf_config(name: str, overrides: dict[str, Any] | None = None):
+    """The transformers config object of synthetic model `name`, with `overrides` (config
+    fields, e.g. fewer layers for a drafter of the same width) applied."""
     import transformers
 
     if name not in SYNTHETIC:
         raise ConfigError(f"--synthetic {name}: unknown model (choose from {', '.join(SYNTHETIC)})")
-    kw = dict(SYNTHETIC[name])
+    kw = dict(SYNTHETIC[name]) | dict(overrides or {})
     model_type = kw.pop("model_type")
     return transformers.AutoConfig.for_model(model_type, **kw)
 
@@ -166,13 +167,14 @@ def build_synthetic(
     device: str | torch.device,
     seed: int = 0,
     quantize_lm_head: bool = False,
+    overrides: dict[str, Any] | None = None,
 ) -> tuple[SyntheticSource, Any]:
-    """(source, transformers model in bf16 on `device`) of synthetic model `name`;
-    `quantize_lm_head` as convert_hf's."""
+    """(source, transformers model in bf16 on `device`) of synthetic model `name` (with config
+    `overrides`, see hf_config); `quantize_lm_head` as convert_hf's."""
     if weights not in WEIGHTS:
         raise ConfigError(f"--weights {weights}: unknown (choose from {', '.join(WEIGHTS)})")
     check_quantize_lm_head(weights, quantize_lm_head)
-    cfg = hf_config(name)
+    cfg = hf_config(name, overrides)
     torch.manual_seed(seed)
     with torch.device(device):
         model = _hf_class(cfg.model_type)(cfg).to(torch.bfloat16).eval()
