@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -54,9 +55,14 @@ def artifact(fixture_root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(artifact: Path) -> Iterator[tuple[Any, Any, list[Request]]]:
-    """(client, state, requests the engine received): a spy on the real engine's submit."""
-    with vision_server(artifact) as (client, state):
+def log_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("log") / "requests.jsonl"
+
+
+@pytest.fixture(scope="module")
+def server(artifact: Path, log_path: Path) -> Iterator[tuple[Any, Any, list[Request]]]:
+    """(base URL, state, requests the engine received): a spy on the real engine's submit."""
+    with vision_server(artifact, request_log=log_path) as (client, state):
         seen: list[Request] = []
         submit = state.engine.submit
 
@@ -134,8 +140,24 @@ def test_an_image_gives_the_same_prompt_through_the_three_protocols(server: Any)
     counted_anthropic = an.messages.count_tokens(
         model="any", messages=anthropic_messages, thinking={"type": "disabled"}
     )
+    tokenized = httpx.post(
+        server[0] + "/tokenize",
+        json={
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "What is this?"},
+                        {"type": "image_url", "image_url": {"url": uri}},
+                    ],
+                }
+            ],
+            "chat_template_kwargs": {"enable_thinking": False},
+        },
+    ).json()
     chat, responses, messages = seen
     assert chat.prompt_token_ids == responses.prompt_token_ids == messages.prompt_token_ids
+    assert tuple(tokenized["tokens"]) == chat.prompt_token_ids
     assert counted_responses.input_tokens == counted_anthropic.input_tokens
     assert counted_anthropic.input_tokens == len(chat.prompt_token_ids)
     # one image, resized up to the processor's minimum area, in 16-pixel patches merged 2x2:
@@ -219,3 +241,37 @@ def test_a_video_is_one_framed_run_per_temporal_patch(server: Any) -> None:
     assert len({s.digest for s in spans}) == len(spans)
     stamps = [s.timestamps[0] for s in spans]
     assert stamps == sorted(stamps) and stamps[0] < stamps[-1]
+
+
+def test_the_request_log_records_each_request_s_own_media(server: Any, log_path: Path) -> None:
+    client, _, _ = server
+    oa, _ = clients(client)
+    image = png(32, 32, seed=11)
+    content = [{"type": "image_url", "image_url": {"url": data_uri(image)}}] * 2
+    oa.chat.completions.create(
+        model="tiny-vision-text",
+        messages=[{"role": "user", "content": content}],
+        max_completion_tokens=1,
+    )
+    with pytest.raises(openai.BadRequestError) as info:
+        oa.chat.completions.create(
+            model="tiny-vision-text",
+            messages=[
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": data_uri(b"nope")}}],
+                }
+            ],
+            max_completion_tokens=1,
+        )
+    assert info.value.code == "invalid_media"
+    records = [json.loads(line) for line in log_path.read_text().splitlines()]
+    start = [r for r in records if r["event"] == "request_start"][-1]
+    media = start["media"]
+    assert start["media_items"] == media["items"] == media["images"] == 2
+    # one build, and the second item either found it done or waited for it (single flight)
+    assert media["cache_misses"] == 1 and media["cache_hits"] + media["single_flight_waits"] == 1
+    assert media["source_bytes"] == 2 * len(image) and media["payload_bytes"] > 0
+    assert media["vision_tokens"] > 0 and media["preprocess_wall_seconds"] >= 0
+    rejected = [r for r in records if r["event"] == "request_rejected"][-1]
+    assert rejected["media_items"] == 1 and rejected["error"]["code"] == "invalid_media"

@@ -11,6 +11,8 @@ names resolve through a stub, never DNS).
   refused from the header (media_budget_exceeded); truncated and non-image bytes are 400
   invalid_media. None of them is a 500.
 - Successful fetches go to a loopback server under --media-allow-private.
+- --pending-timeout-ms covers media acquisition: a fetch that outlasts it is 503
+  request_queue_timeout (Anthropic: 504 timeout_error).
 """
 
 from __future__ import annotations
@@ -109,12 +111,14 @@ def strict(fixture_root: Path, listener: LoopbackServer) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def local(fixture_root: Path, listener: LoopbackServer) -> Iterator[str]:
-    """A server with --media-allow-private and small fetch limits; "images.test" is the
-    loopback listener, "meta.test" a metadata address (never opened by the option)."""
+    """A server with --media-allow-private, small fetch limits and a 3 s --pending-timeout-ms;
+    "images.test" is the loopback listener, "meta.test" a metadata address (never opened by
+    the option)."""
     resolver = StubResolver({"images.test": ["127.0.0.1"], "meta.test": ["169.254.169.254"]})
     limits = FetchLimits(max_bytes=64 * 1024, timeout_s=5.0, idle_timeout_s=0.5)
     artifact = build_vision_text_artifact(fixture_root)
-    with vision_server(artifact, resolver, limits, media_allow_private=True) as (base, _):
+    options = {"media_allow_private": True, "pending_timeout_ms": 3000}
+    with vision_server(artifact, resolver, limits, **options) as (base, _):
         yield base
 
 
@@ -189,3 +193,16 @@ def test_bad_data_uris_get_their_error(local: str, protocol: str, data: bytes, c
     path, body, field = request(protocol, uri)
     r = httpx.post(local + path, json=body, timeout=60)
     assert error_of(protocol, r) == (400, code, field), r.text
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_the_pending_timeout_covers_media_acquisition(
+    local: str, listener: LoopbackServer, protocol: str
+) -> None:
+    # a body that never stalls long enough for the fetch's idle timeout, but outlasts the
+    # request's admission deadline
+    listener.routes["/trickle.png"] = dribble(b"\x89PNG\r\n\x1a\n", pause_s=0.2, pieces=40)
+    path, body, _ = request(protocol, f"http://images.test:{listener.port}/trickle.png")
+    r = httpx.post(local + path, json=body, timeout=60)
+    status = 504 if protocol == "anthropic" else 503  # Anthropic's timeout_error
+    assert error_of(protocol, r)[:2] == (status, "request_queue_timeout"), r.text

@@ -33,6 +33,8 @@ from artifacts.fixtures import TEMPLATE, generation_config
 from artifacts.tokenizer import EOS_TOKEN, PAD_TOKEN, VOCAB_SIZE, build_tokenizer, tokenizer_config
 from ninfer.api.app import create_app
 from ninfer.api.metrics import route_handlers as metrics_routes
+from ninfer.api.observability import Observability
+from ninfer.api.request_log import RequestLog
 from ninfer.api.server_engine import start_engine
 from ninfer.api.state import ServerState
 from ninfer.artifact import Artifact
@@ -89,12 +91,16 @@ def build_vision_text_artifact(root: Path) -> Path:
 
 @contextmanager
 def vision_server(
-    artifact: Path, resolver: Any = None, limits: FetchLimits | None = None, **options: Any
+    artifact: Path,
+    resolver: Any = None,
+    limits: FetchLimits | None = None,
+    request_log: Path | None = None,
+    **options: Any,
 ) -> Iterator[tuple[str, ServerState]]:
     """(base URL, state) of the real server on `artifact`, listening on 127.0.0.1 in a thread,
     with --vision and `options` (ServeConfig keywords); `resolver` answers media host names
     (never DNS), `limits` replace the fetch limits (small ones keep the size and time tests
-    fast). /metrics is mounted."""
+    fast). Metrics and the request log (to `request_log`) observe it as in `ninfer serve`."""
     config = serve_config(
         artifact=str(artifact), log_stats_interval_ms=0, vision=True, max_context=4096, **options
     )
@@ -102,6 +108,8 @@ def vision_server(
     start_engine(state, Artifact(artifact), resolver=resolver)
     if limits is not None:
         state.extra["media"].preparer.fetcher.limits = limits
+    log = RequestLog.open(str(request_log), artifact) if request_log is not None else None
+    observability = Observability.start(state, Artifact(artifact), request_log=log, argv=[])
     app = create_app(state, extra_handlers=metrics_routes(state))
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error", lifespan="on")
@@ -120,3 +128,4 @@ def vision_server(
         thread.join(30)
         state.engine.close()
         state.extra["media"].close()
+        observability.close()
