@@ -266,6 +266,10 @@ def test_the_request_log_records_each_request_s_own_media(server: Any, log_path:
         )
     assert info.value.code == "invalid_media"
     records = [json.loads(line) for line in log_path.read_text().splitlines()]
+    started = records[0]["media"]  # server_start: the media path as resolved
+    assert started["max_vision_tokens"] == 32768 and started["preprocess_threads"] >= 1
+    assert started["allow_private"] is False and started["preparation_permits"] >= 1
+    assert started["preprocess"]["dtype"] == "float32"  # the engine's dtype on CPU
     start = [r for r in records if r["event"] == "request_start"][-1]
     media = start["media"]
     assert start["media_items"] == media["items"] == media["images"] == 2
