@@ -279,3 +279,119 @@ def test_the_request_log_records_each_request_s_own_media(server: Any, log_path:
     assert media["vision_tokens"] > 0 and media["preprocess_wall_seconds"] >= 0
     rejected = [r for r in records if r["event"] == "request_rejected"][-1]
     assert rejected["media_items"] == 1 and rejected["error"]["code"] == "invalid_media"
+
+
+def test_images_in_tool_results_keep_their_order_through_the_three_protocols(server: Any) -> None:
+    client, _, seen = server
+    oa, an = clients(client)
+    shot, photo = png(32, 32, seed=21), png(48, 32, seed=22)
+    b64 = base64.b64encode
+    seen.clear()
+    oa.chat.completions.create(
+        model="tiny-vision-text",
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Compare"},
+                    {"type": "image_url", "image_url": {"url": data_uri(photo)}},
+                ],
+            },
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "shot", "arguments": "{}"},
+                    }
+                ],
+            },
+            {
+                "role": "tool",
+                "tool_call_id": "c1",
+                "content": [{"type": "image_url", "image_url": {"url": data_uri(shot)}}],
+            },
+        ],
+        tools=[
+            {"type": "function", "function": {"name": "shot", "parameters": {"type": "object"}}}
+        ],
+        max_completion_tokens=1,
+        reasoning_effort="none",
+    )
+    an.messages.create(
+        model="any",
+        max_tokens=1,
+        thinking={"type": "disabled"},
+        tools=[{"name": "shot", "input_schema": {"type": "object"}}],
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Compare"},
+                    {
+                        "type": "image",
+                        "source": {
+                            "type": "base64",
+                            "media_type": "image/png",
+                            "data": b64(photo).decode(),
+                        },
+                    },
+                ],
+            },
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "c1", "name": "shot", "input": {}}],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "c1",
+                        "content": [
+                            {
+                                "type": "image",
+                                "source": {
+                                    "type": "base64",
+                                    "media_type": "image/png",
+                                    "data": b64(shot).decode(),
+                                },
+                            }
+                        ],
+                    }
+                ],
+            },
+        ],
+    )
+    oa.responses.create(
+        model="tiny-vision-text",
+        max_output_tokens=16,
+        reasoning={"effort": "none"},
+        tools=[{"type": "function", "name": "shot", "parameters": {"type": "object"}}],
+        input=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": "Compare"},
+                    {"type": "input_image", "image_url": data_uri(photo), "detail": "auto"},
+                ],
+            },
+            {"type": "function_call", "call_id": "c1", "name": "shot", "arguments": "{}"},
+            {
+                "type": "function_call_output",
+                "call_id": "c1",
+                "output": [{"type": "input_image", "image_url": data_uri(shot)}],
+            },
+        ],
+    )
+    chat, messages, responses = seen
+    assert chat.prompt_token_ids == messages.prompt_token_ids == responses.prompt_token_ids
+    digests = [hashlib.sha256(photo).digest(), hashlib.sha256(shot).digest()]
+    for request in seen:
+        assert [s.digest for s in request.media] == digests  # prompt order
+        text = TOK.decode(list(request.prompt_token_ids), skip_special_tokens=False)
+        # the screenshot sits inside the tool response the template wrote
+        tail = text[text.index("<tool_response>") :]
+        assert "<|vision_start|><|image_pad|>" in tail and "</tool_response>" in tail

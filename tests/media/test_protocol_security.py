@@ -6,8 +6,9 @@ names resolve through a stub, never DNS).
   IPv4-mapped addresses, and an allowed URL that redirects to a metadata address, are 400
   invalid_media naming the request field, before any connection (the loopback listener behind
   the refused names counts none).
-- An oversize body is 400 media_budget_exceeded; a stalled body 504 media_fetch_timeout (the
-  remote's fault: the timeout keeps its own server-side code); a 20000x20000 PNG header is
+- An oversize body is 400 media_budget_exceeded; a stalled body 504 media_fetch_timeout and an
+  HTTP error answer 502 media_fetch_failed (the remote's fault: they keep their own server-side
+  codes); a 20000x20000 PNG header is
   refused from the header (media_budget_exceeded); truncated and non-image bytes are 400
   invalid_media. None of them is a 500.
 - Successful fetches go to a loopback server under --media-allow-private.
@@ -158,12 +159,13 @@ def test_an_allowed_loopback_fetch_is_served(
 
 
 # (route, status, code): the body a loopback server sends, and what each protocol answers
-BODIES = {
+BODIES: dict[str, tuple[Any, int, str]] = {
     "oversize": (send_bytes(b"\x89PNG\r\n\x1a\n" + b"x" * (128 * 1024)), 400, "media_budget_exceeded"),
     "slow": (dribble(b"\x89PNG\r\n\x1a\n", pause_s=2.0, pieces=3), 504, "media_fetch_timeout"),
     "bomb": (send_bytes(png_header_only(20000, 20000)), 400, "media_budget_exceeded"),
     "truncated": (send_bytes(small_png()[:60]), 400, "invalid_media"),
     "not-an-image": (send_bytes(b"<html>hello</html>", "text/html"), 400, "invalid_media"),
+    "missing": (None, 502, "media_fetch_failed"),  # the listener answers 404
 }  # fmt: skip
 
 
@@ -173,7 +175,8 @@ def test_bad_bodies_get_their_error_never_a_500(
     local: str, listener: LoopbackServer, protocol: str, case: str
 ) -> None:
     route, status, code = BODIES[case]
-    listener.routes[f"/{case}"] = route
+    if route is not None:
+        listener.routes[f"/{case}"] = route
     path, body, field = request(protocol, f"http://images.test:{listener.port}/{case}")
     r = httpx.post(local + path, json=body, timeout=60)
     assert error_of(protocol, r) == (status, code, field), r.text
