@@ -5,7 +5,8 @@ on a real --vision server (tests/media/vision_server.py says what it runs).
   Messages: the Request the engine receives (ids and MediaSpans) and the token-count endpoints.
 - The placeholder layout is Qwen3-VL's: vision_start, `tokens` image pads, vision_end; a video
   is one "<t seconds>" + framed run per temporal patch, one span each.
-- The same image sent twice is prepared once (the metrics count one build and one hit).
+- The same image sent twice is prepared once (the metrics count one build and one hit), and
+  the repeated prompt reuses its prefix through the image; another image does not.
 """
 
 from __future__ import annotations
@@ -191,14 +192,17 @@ def test_the_same_image_sent_twice_is_prepared_once(server: Any) -> None:
     misses = metric(client, "ninfer_media_cache_lookups_total", result="miss")
     hits = metric(client, "ninfer_media_cache_lookups_total", result="hit")
     seen.clear()
-    for _ in range(2):
-        oa.chat.completions.create(
+
+    def send(image: str) -> Any:
+        return oa.chat.completions.create(
             model="tiny-vision-text",
             messages=[
-                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": uri}}]}
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": image}}]}
             ],
             max_completion_tokens=1,
         )
+
+    first_usage, second_usage = send(uri).usage, send(uri).usage
     assert metric(client, "ninfer_media_preprocess_tasks_total") == builds + 1
     assert metric(client, "ninfer_media_cache_lookups_total", result="miss") == misses + 1
     assert metric(client, "ninfer_media_cache_lookups_total", result="hit") == hits + 1
@@ -206,6 +210,15 @@ def test_the_same_image_sent_twice_is_prepared_once(server: Any) -> None:
     # the second prompt reads the very payload the first one prepared
     assert first.media[0].prepared is second.media[0].prepared
     assert metric(client, "ninfer_media_vision_tokens_total") >= 2 * first.media[0].tokens
+    # the repeated prompt reuses its prefix through the image's pages; another image with the
+    # same placeholders reuses only what comes before it
+    span = first.media[0]
+    assert first_usage.prompt_tokens_details.cached_tokens == 0
+    # (every full page but the last token's: here all of them hold image placeholders)
+    assert second_usage.prompt_tokens_details.cached_tokens > span.offset
+    other = send(data_uri(png(40, 40, seed=6))).usage
+    assert other.prompt_tokens == first_usage.prompt_tokens
+    assert other.prompt_tokens_details.cached_tokens <= span.offset
 
 
 def test_a_video_is_one_framed_run_per_temporal_patch(server: Any) -> None:
