@@ -153,7 +153,7 @@ class _Lowering:
         if not url.lower().startswith(("http://", "https://", "data:")):
             raise errors.invalid_media(f"{sparam}.url", "image source must be an http(s) URL")
         self.out.has_media = True
-        return {"type": "image", "url": url}
+        return {"type": "image", "url": url, "param": sparam}
 
     def refuse(self, kind: str, param: str, role: str) -> None:
         if kind in _UNSUPPORTED_BLOCKS:

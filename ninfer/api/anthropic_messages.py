@@ -93,7 +93,7 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
         rid = request_id(request)
         req = await parse(request, count_only=True)
         service = _service(state)
-        n = await asyncio.to_thread(service.count_tokens, req.generation_request())
+        n = await service.count_prompt_tokens(req.generation_request())
         return Response({"input_tokens": n}, status_code=200, headers={REQUEST_ID_HEADER: rid})
 
     return [create_message, count_tokens]

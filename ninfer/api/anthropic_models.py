@@ -3,7 +3,7 @@
 `parse_messages_request(body, vision=..., default_max_tokens=..., thinking_defaults=...)` turns a
 decoded /v1/messages (or, with `count_only=True`, /v1/messages/count_tokens) body into a frozen
 `MessagesRequest` or raises a field-specific `ApiError` (docs/serving.md, "Anthropic Messages").
-`MessagesRequest.generation_request()` is what `ModelService.generate` / `count_tokens` take.
+`MessagesRequest.generation_request()` is what `ModelService.generate` / `count_prompt_tokens` take.
 
 - `model` is any non-empty label, echoed back; it does not select the artifact.
 - `max_tokens` is optional (default --default-max-tokens); 0 is refused (no zero-output

@@ -55,6 +55,7 @@ class ServeConfig:
     media_cache_mib: int = 1024
     media_live_mib: int = 2048
     media_preprocess_threads: int = 0  # 0: min(16, host concurrency)
+    media_allow_private: bool = False  # media URLs may reach loopback / private networks
     request_log_jsonl: str | None = None
     response_store_max_records: int = 1024
     response_store_max_mib: int = 256
@@ -137,6 +138,7 @@ class ServeConfig:
         for name in (
             "lm_head_draft",
             "vision",
+            "media_allow_private",
             "thinking",
             "preserve_thinking",
             "cors",
@@ -188,10 +190,18 @@ def check_capabilities(config: ServeConfig, components: list[str] | tuple[str, .
             f"--vision needs the artifact's vision component, but it has only {', '.join(components)}; "
             "drop --vision or convert a checkpoint with a vision tower"
         )
-    if config.vision:  # the weights convert, but nothing here encodes an image yet
+    if config.media_allow_private and not config.vision:
+        raise ConfigError("--media-allow-private applies to media fetches: it needs --vision")
+
+
+def check_vision_plan(config: ServeConfig, declared: Mapping[str, Any]) -> None:
+    """Refuse --vision when the compiled plan does not execute the artifact's vision tower
+    (`declared`: the plan's model["declared"], components present but not executed)."""
+    if config.vision and "vision" in declared:
         raise ConfigError(
-            "--vision: this build of ninfer has no vision encoder runtime, so media input cannot "
-            "be served; drop --vision (text requests use the same artifact)"
+            f"--vision: the compiled plan does not run this artifact's vision tower "
+            f"({declared['vision']}), so media input cannot be served; drop --vision (text "
+            "requests use the same artifact)"
         )
 
 

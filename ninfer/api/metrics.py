@@ -19,6 +19,8 @@ runs here) and `materializing` (no context is materialized outside binding):
     materializing: int;  context_transfer_bytes: dict[(resource, direction), int]
     host_work_seconds: dict[phase, float]  (the five HOST_WORK_PHASES; device wait is separate)
 
+Media families (fetches, cache lookups, preprocessing, vision tokens) are ninfer.api.media_metrics'.
+
 Labels are bounded (outcome, phase, resource, direction, and the fixed model identity).
 """
 
@@ -44,6 +46,7 @@ from prometheus_client.utils import floatToGoString
 
 from ninfer.api.errors import ApiError
 from ninfer.api.generation import Finished
+from ninfer.api.media_metrics import media_families
 from ninfer.api.observe import OUTCOMES, SETTLED_OUTCOMES, RequestRecord, Sink
 from ninfer.api.state import ServerState
 
@@ -354,6 +357,7 @@ class ServerMetrics(Sink):
         yield self.ttft.family()
         yield self.duration.family()
         yield self.queue.family()
+        yield from media_families(state.extra.get("media"))
 
 
 class _Collector:

@@ -62,6 +62,7 @@ class RequestRecord:
     prompt_tokens: int | None = None
     engine_request: Request | None = None
     starts_in_thinking: bool | None = None
+    media: dict[str, Any] | None = None  # the prepared prompt's media fields (Prepared.media_log)
     admitted_s: float | None = None
     first_token_s: float | None = None
     engine: FinishEvent | None = None
@@ -171,6 +172,7 @@ class RequestTrack:
         r.prepare_s = time.monotonic() - r.start_s
         r.prompt_tokens = len(prepared.prompt_ids)
         r.starts_in_thinking = bool(prepared.starts_in_thinking)
+        r.media = getattr(prepared, "media_log", None)
         r.engine_request = request
         self._emit("request_start")
 

@@ -19,7 +19,7 @@ a Chat Completions `messages` array and raises a field-specific `ApiError` (400)
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ninfer.api import errors
@@ -45,11 +45,13 @@ class TextPart:
 
 @dataclass(frozen=True)
 class MediaPart:
-    """An image or video input; `url` is http(s) or a data: URI (fetched/decoded later)."""
+    """An image or video input; `url` is http(s) or a data: URI (fetched/decoded later);
+    `param` the field of its source, named in media errors."""
 
     kind: Literal["image", "video"]
     url: str
     cache_breakpoint: bool = False
+    param: str = field(default="", compare=False)
 
 
 ContentPart = TextPart | MediaPart
@@ -101,14 +103,15 @@ class ChatMessage:
 
     def template_dict(self) -> dict[str, Any]:
         """The Hugging Face chat-template form: content is a string, or, when the message has
-        media, a list of {"type": "text", "text"} / {"type": "image"} / {"type": "video"} items
-        with adjacent text parts joined."""
+        media, a list of {"type": "text", "text"} / {"type": "image" | "video", "url", "param"}
+        items with adjacent text parts joined (the service takes the sources out before
+        rendering: ninfer.api.media_prompt)."""
         out: dict[str, Any] = {"role": self.role}
         if self.media:
             items: list[dict[str, Any]] = []
             for p in self.parts:
                 if isinstance(p, MediaPart):
-                    items.append({"type": p.kind})
+                    items.append({"type": p.kind, "url": p.url, "param": p.param})
                 elif items and items[-1]["type"] == "text":
                     items[-1]["text"] += p.text
                 else:
@@ -304,7 +307,7 @@ def _parse_media(
     lowered = url.lower()
     if not lowered.startswith(("http://", "https://", "data:")):
         raise errors.invalid_media(sparam, f"{media} source must be an http(s) URL or a data: URI")
-    return MediaPart(media, url, bp)  # type: ignore[arg-type]
+    return MediaPart(media, url, bp, sparam)  # type: ignore[arg-type]
 
 
 def _parse_breakpoint(part: dict[str, Any], param: str) -> bool:

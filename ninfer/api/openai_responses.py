@@ -20,7 +20,6 @@ Response's chain gets the engine session key "resp:<root id>"; children inherit 
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import time
@@ -294,7 +293,7 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
         p = prepare(state, req)
         # rendering and tokenising run in a thread: on the event loop they stalled every
         # connection for seconds on a large input
-        count = await asyncio.to_thread(_service(state).count_tokens, p.generation)
+        count = await _service(state).count_prompt_tokens(p.generation)
         return {"object": "response.input_tokens", "input_tokens": count}
 
     @post("/v1/responses/compact", status_code=200)

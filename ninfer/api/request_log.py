@@ -296,19 +296,27 @@ def _media_items(rec: RequestRecord) -> int:
 
 
 def _media(rec: RequestRecord) -> dict[str, Any]:
-    """Request-scoped media acquisition / preprocessing / cache / payload fields: zeros without
-    media; null where this server does not measure them yet."""
-    n = _media_items(rec)
-    unmeasured: Any = 0 if n == 0 else None
+    """Request-scoped media acquisition / preprocessing / cache / payload fields, measured for
+    this request's own items (ninfer.media.preparer.request_log_fields): zeros without media.
+
+    items, images, videos; acquisition_seconds (fetching / decoding the sources);
+    preprocess_wall_seconds, preprocess_work_seconds (wall time to usable payloads, worker time
+    of this request's own builds); cache_hits, cache_misses, single_flight_waits; source_bytes,
+    payload_bytes; vision_tokens (merged tokens placed in the prompt)."""
+    m = rec.media or {}
     return {
-        "items": n,
-        "acquisition_seconds": unmeasured,
-        "preprocess_wall_seconds": unmeasured,
-        "preprocess_work_seconds": unmeasured,
-        "cache_hits": unmeasured,
-        "cache_misses": unmeasured,
-        "single_flight_waits": unmeasured,
-        "payload_bytes": unmeasured,
+        "items": m.get("media_items", 0),
+        "images": m.get("media_images", 0),
+        "videos": m.get("media_videos", 0),
+        "acquisition_seconds": m.get("media_acquire_seconds", 0.0),
+        "preprocess_wall_seconds": m.get("media_prepare_wall_seconds", 0.0),
+        "preprocess_work_seconds": m.get("media_prepare_work_seconds", 0.0),
+        "cache_hits": m.get("media_cache_hits", 0),
+        "cache_misses": m.get("media_cache_misses", 0),
+        "single_flight_waits": m.get("media_single_flight_joins", 0),
+        "source_bytes": m.get("media_source_bytes", 0),
+        "payload_bytes": m.get("media_payload_bytes", 0),
+        "vision_tokens": m.get("vision_tokens", 0),
     }
 
 

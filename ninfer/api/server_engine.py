@@ -14,7 +14,8 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from ninfer.api import oplog
-from ninfer.api.config import kv_pool_warning
+from ninfer.api.config import check_vision_plan, kv_pool_warning
+from ninfer.api.media_path import build_media_path
 from ninfer.api.sampling import SamplerPolicy
 from ninfer.api.service import ModelService, SamplerDefaults
 from ninfer.api.state import ServerState
@@ -28,12 +29,18 @@ from ninfer.runtime.request import Request, SamplingParams
 log = logging.getLogger("ninfer.serve")
 
 
-def start_engine(state: ServerState, artifact: Artifact) -> None:
+def start_engine(state: ServerState, artifact: Artifact, resolver: Any = None) -> None:
     """Build the engine (`build_engine`: plan, executor, CUDA Graphs), wire the model service
-    around it, warm it up, and put both on `state`."""
+    around it (with the media path under --vision; `resolver` replaces DNS for media fetches,
+    in tests), warm it up, and put both on `state`."""
     config = state.config
     engine = build_engine(artifact, config.engine)
     plan, executor = engine.plan, engine.executor
+    try:
+        check_vision_plan(config, plan.model.get("declared") or {})
+    except BaseException:
+        engine.close()
+        raise
     pool_tokens = executor.num_pages * executor.page_size
     if warning := kv_pool_warning(config, pool_tokens):
         log.warning(warning)  # `auto` and the default resolve only here
@@ -41,6 +48,11 @@ def start_engine(state: ServerState, artifact: Artifact) -> None:
     _log_plan(plan, executor)
     tokenizer = Tokenizer.from_str(artifact.tokenizer_json)
     template = artifact_template(artifact, tokenizer, config.chat_template)
+    try:
+        media = build_media_path(config, artifact, tokenizer, resolver) if config.vision else None
+    except BaseException:
+        engine.close()
+        raise
     service = ModelService(
         engine=engine,
         tokenizer=tokenizer,
@@ -58,6 +70,7 @@ def start_engine(state: ServerState, artifact: Artifact) -> None:
             config.greedy,
         ),
         default_thinking_budget=config.default_thinking_budget,
+        media=media,
     )
     t1 = time.monotonic()
     _warm_up(engine, tokenizer, config.engine.max_concurrency, config.engine.max_context)
@@ -68,6 +81,7 @@ def start_engine(state: ServerState, artifact: Artifact) -> None:
     state.extra["service"] = service
     state.extra["artifact"] = artifact
     state.extra["memory"] = memory_layout(plan, executor)
+    state.extra["media"] = media
 
 
 def _log_plan(plan: Any, executor: Any) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ninfer.api import context_cost
+from ninfer.api.media_prompt import MAX_VISION_TOKENS
 from ninfer.api.request_log import redact_argv
 
 CONTEXT_COST_KEY = "context_cost"  # state.extra: the ContextCost resolved at startup
@@ -117,11 +118,33 @@ def server_start_fields(state: Any, artifact: Any, argv: list[str] | None = None
             "default_thinking_budget": cfg.default_thinking_budget,
         },
         "default_max_tokens": opts.default_max_tokens,
+        "media": _media(state),
         "memory": state.extra.get("memory"),
         "host_context": _host_context(state),
         "environment": _environment(cfg),
         "pid": os.getpid(),
         "argv": redact_argv(list(sys.argv if argv is None else argv)),
+    }
+
+
+def _media(state: Any) -> dict[str, Any] | None:
+    """The media path as resolved at startup (null without --vision): the budgets, the worker
+    count, the fetch policy and limits, the preparation permits, the preprocessing settings
+    and the per-prompt vision-token envelope."""
+    media = state.extra.get("media")
+    if media is None:
+        return None
+    cfg, preparer = state.config, media.preparer
+    limits = preparer.fetcher.limits
+    return {
+        "cache_mib": cfg.media_cache_mib,
+        "live_mib": cfg.media_live_mib,
+        "preprocess_threads": preparer.pool.threads,
+        "allow_private": preparer.fetcher.policy.allow_private,
+        "fetch_limits": dataclasses.asdict(limits),
+        "preparation_permits": preparer.gate.permits,
+        "preprocess": dataclasses.asdict(preparer.config),
+        "max_vision_tokens": MAX_VISION_TOKENS,
     }
 
 

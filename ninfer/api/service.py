@@ -11,11 +11,12 @@ runs on the HTTP event loop; the engine's worker thread does the model work.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,8 @@ from ninfer.api.generation import (
     GenerationRequest,
     PromptProgress,
 )
+from ninfer.api.media_path import MediaPath, release
+from ninfer.api.media_prompt import split_media
 from ninfer.api.observe import NO_TRACK, Observer, RequestTrack
 from ninfer.api.offload import gc_paused
 from ninfer.api.postprocess import PostProcessor
@@ -44,6 +47,8 @@ from ninfer.api.reasoning import (
 from ninfer.api.sampling import FIELDS, SamplerPolicy
 from ninfer.api.template import ChatTemplate, RenderedPrompt
 from ninfer.artifact.generation import effective_defaults
+from ninfer.media.preparer import PreparedItem, request_log_fields
+from ninfer.runtime.media_span import MediaSpan
 from ninfer.runtime.request import (
     AdmittedEvent,
     EngineError,
@@ -83,10 +88,15 @@ class SamplerDefaults:
 
 @dataclass(frozen=True)
 class Prepared:
+    """A prepared prompt. `media`: its MediaSpans (empty without images/videos); `media_log`:
+    the request's media fields for the request log (None without media)."""
+
     prompt_ids: list[int]
     prompt_text: str
     starts_in_thinking: bool
     checkpoint_positions: tuple[int, ...]
+    media: tuple[MediaSpan, ...] = ()
+    media_log: dict[str, Any] | None = None
 
 
 class ModelService:
@@ -94,6 +104,7 @@ class ModelService:
 
     `engine`: ninfer.runtime.engine.Engine. `tokenizer`: the artifact's `tokenizers.Tokenizer`.
     `template`: the ChatTemplate in use. `eos_ids`: ids that end a turn (withheld from text).
+    `media`: the --vision media path (None: media parts were refused by the protocol parsers).
     """
 
     def __init__(
@@ -108,8 +119,10 @@ class ModelService:
         sampler_policy: SamplerPolicy | None = None,
         default_thinking_budget: int | None = None,
         observer: Observer | None = None,
+        media: MediaPath | None = None,
     ) -> None:
         self.engine = engine
+        self.media = media
         self.observer = observer  # request lifecycle records (metrics, request log, stderr)
         self.tokenizer = tokenizer
         self.template = template
@@ -137,9 +150,16 @@ class ModelService:
 
     # -- preparation ---------------------------------------------------------------------------
 
-    def prepare(self, req: GenerationRequest) -> Prepared:
-        """Render and encode the prompt; raises ApiError (invalid_prompt,
-        context_length_exceeded) when it cannot be served."""
+    def prepare(self, req: GenerationRequest, media: Sequence[PreparedItem] = ()) -> Prepared:
+        """Render and encode the prompt, with `media` (the request's images and videos, from
+        `prepare_media`) placed in it; raises ApiError (invalid_prompt, context_length_exceeded,
+        media_budget_exceeded) when it cannot be served."""
+        param = "input" if req.protocol == "responses" else "messages"  # the conversation's field
+        messages, inputs = split_media(req.messages, param)
+        if len(inputs) != len(media):
+            raise ValueError(f"{len(inputs)} media items in the prompt, {len(media)} prepared")
+        if inputs:  # the template sees the items' types, not their sources
+            req = dataclasses.replace(req, messages=messages)
         rendered = self.template.render(
             req.messages,
             tools=req.tools,
@@ -147,8 +167,6 @@ class ModelService:
             continue_final_message=req.continue_final_message,
             options=req.template_options,
         )
-        # the request field that carries the conversation: Responses calls it `input`
-        param = "input" if req.protocol == "responses" else "messages"
         # a long prompt is counted chunk by chunk first: one tokenizer call on megabytes holds
         # the GIL (and so the event loop) for seconds, to find what a partial count shows
         at_least = self.encoder.count_at_least(
@@ -163,9 +181,12 @@ class ModelService:
                 code="context_length_exceeded",
                 param=param,
             )
-        ids = self.encoder.encode(rendered.text, rendered.special_spans)
-        if not ids:
+        text_ids = self.encoder.encode(rendered.text, rendered.special_spans)
+        if not text_ids:
             raise ApiError(400, "the rendered prompt is empty", code="invalid_prompt", param=param)
+        place = self.media.place if self.media is not None and media else None
+        expansion = place(text_ids, media, self.encoder.encode_text, param) if place else None
+        ids = expansion.ids if expansion is not None else text_ids
         if len(ids) >= self.max_context:
             raise ApiError(
                 400,
@@ -175,9 +196,39 @@ class ModelService:
                 code="context_length_exceeded",
                 param=param,
             )
-        checkpoints = self._checkpoints(req, rendered, ids)
+        checkpoints = self._checkpoints(req, rendered, text_ids)
         starts = prompt_starts_in_thinking(rendered.text, rendered.special_spans)
-        return Prepared(ids, rendered.text, starts, checkpoints)
+        if expansion is None:
+            return Prepared(ids, rendered.text, starts, checkpoints)
+        checkpoints = tuple(expansion.position(p) for p in checkpoints)
+        log = dict(
+            request_log_fields([m.stats for m in media]), vision_tokens=expansion.vision_tokens
+        )
+        return Prepared(ids, rendered.text, starts, checkpoints, expansion.spans, log)
+
+    async def prepare_media(self, req: GenerationRequest) -> list[PreparedItem]:
+        """The request's images and videos prepared off the event loop, in prompt order ([]
+        without media), each holding a cache reference: pass them to `prepare`, `release` them
+        when the engine no longer reads the payloads. --pending-timeout-ms bounds the wait."""
+        _, inputs = split_media(
+            req.messages, "input" if req.protocol == "responses" else "messages"
+        )
+        if not inputs:
+            return []
+        if self.media is None:
+            raise errors.vision_disabled(inputs[0].param)
+        config = getattr(self.engine, "config", None)
+        return await self.media.prepare(inputs, getattr(config, "pending_timeout_ms", 30000))
+
+    async def count_prompt_tokens(self, req: GenerationRequest) -> int:
+        """Prompt tokens of `req` with its media placed (token-count endpoints): the same path
+        as a generation, without submitting anything."""
+        media = await self.prepare_media(req)
+        try:
+            prepared = await asyncio.to_thread(self._prepare_quietly, req, media)
+        finally:
+            release(media)
+        return len(prepared.prompt_ids)
 
     def _checkpoints(
         self, req: GenerationRequest, rendered: RenderedPrompt, ids: list[int]
@@ -199,14 +250,13 @@ class ModelService:
         implicit = req.implicit_cache_point and len(req.cache_points) < MAX_CACHE_WRITES
         return prompt_checkpoints(req, rendered, ids, self.encoder, render, implicit)
 
-    def _prepare_quietly(self, req: GenerationRequest) -> Prepared:
+    def _prepare_quietly(
+        self, req: GenerationRequest, media: Sequence[PreparedItem] = ()
+    ) -> Prepared:
         """`prepare` with garbage collection paused (ninfer.api.offload.gc_paused): rendering a
         large conversation allocates enough to trigger full collections, each a long GIL hold."""
         with gc_paused():
-            return self.prepare(req)
-
-    def count_tokens(self, req: GenerationRequest) -> int:
-        return len(self._prepare_quietly(req).prompt_ids)
+            return self.prepare(req, media)
 
     def sampling_params(
         self, req: GenerationRequest, max_tokens: int, thinking: bool = False
@@ -325,7 +375,24 @@ class ModelService:
         on_sampling: Callable[[SamplingParams], object] | None = None,
     ) -> AsyncIterator[GenerationEvent]:
         t_prepare = time.monotonic()  # the pending timeout counts from here
-        prepared = await asyncio.to_thread(self._prepare_quietly, req)
+        media = await self.prepare_media(req)
+        try:  # the payloads stay referenced until the engine is done with the request
+            events = self._run(req, track, on_sampling, t_prepare, media)
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    yield event
+        finally:
+            release(media)
+
+    async def _run(
+        self,
+        req: GenerationRequest,
+        track: RequestTrack,
+        on_sampling: Callable[[SamplingParams], object] | None,
+        t_prepare: float,
+        media: Sequence[PreparedItem],
+    ) -> AsyncIterator[GenerationEvent]:
+        prepared = await asyncio.to_thread(self._prepare_quietly, req, media)
         prompt_len = len(prepared.prompt_ids)
         prompt_only = req.max_tokens == 0
         max_tokens, length_cause = self.engine.output_limit(prompt_len, req.max_tokens)
@@ -342,6 +409,7 @@ class ModelService:
                 arrival_s=time.monotonic(),
                 prepared_from_s=t_prepare,
                 prompt_only=prompt_only,  # max_tokens 0: prompt processing, no output token
+                media=prepared.media,
                 **thinking,
             )
             handle = self.engine.submit(request)
@@ -357,6 +425,8 @@ class ModelService:
                 code="engine_unavailable",
             ) from None
         track.started(prepared, request)
+        if prepared.media and self.media is not None:
+            self.media.counters.placed(sum(s.tokens for s in prepared.media))
         self._running.add(handle)
 
         post = PostProcessor(

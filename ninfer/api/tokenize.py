@@ -15,7 +15,8 @@ One route per path; the fields sent choose the shape:
 
 `messages` are rendered with the served chat template and encoded exactly as a Chat
 Completions request with the same messages and tools (control tokens only where the template
-put them). Unknown fields, mixed shapes and tokens outside the vocabulary are 400 naming the
+put them); on a --vision server their images and videos are prepared and expanded into their
+vision tokens, as vLLM counts them. Unknown fields, mixed shapes and tokens outside the vocabulary are 400 naming the
 field. Decoding keeps special tokens' text, as both servers do.
 """
 
@@ -32,6 +33,8 @@ from ninfer.api import errors
 from ninfer.api.detokenize import _token_bytes
 from ninfer.api.errors import ApiError
 from ninfer.api.fields import get_array, get_bool, get_str, parse_json_object
+from ninfer.api.media_path import release
+from ninfer.api.media_prompt import split_media
 from ninfer.api.state import ServerState
 
 LLAMA_FIELDS = frozenset({"content", "add_special", "parse_special", "with_pieces"})
@@ -104,7 +107,9 @@ def _tokenize_llama(service: Any, body: dict[str, Any]) -> dict[str, Any]:
     return {"tokens": _pieces(tok, ids) if with_pieces else ids}
 
 
-def _tokenize_vllm(state: ServerState, service: Any, body: dict[str, Any]) -> dict[str, Any]:
+def _tokenize_vllm(
+    state: ServerState, service: Any, body: dict[str, Any], loop: asyncio.AbstractEventLoop
+) -> dict[str, Any]:
     tok: Tokenizer = service.tokenizer
     if "prompt" in body:
         _check_fields(body, VLLM_TEXT_FIELDS, "vLLM's /tokenize (prompt)")
@@ -115,7 +120,7 @@ def _tokenize_vllm(state: ServerState, service: Any, body: dict[str, Any]) -> di
     else:
         _check_fields(body, VLLM_CHAT_FIELDS, "vLLM's /tokenize (messages)")
         _check_model(body, state)
-        ids = _render_messages(state, service, body)
+        ids = _render_messages(state, service, body, loop)
         if get_bool(body, "add_special_tokens"):
             head, tail = _special_affixes(tok)
             ids = head + ids + tail
@@ -125,8 +130,11 @@ def _tokenize_vllm(state: ServerState, service: Any, body: dict[str, Any]) -> di
     return out
 
 
-def _render_messages(state: ServerState, service: Any, body: dict[str, Any]) -> list[int]:
-    """The prompt ids of `messages` as Chat Completions would render them."""
+def _render_messages(
+    state: ServerState, service: Any, body: dict[str, Any], loop: asyncio.AbstractEventLoop
+) -> list[int]:
+    """The prompt ids of `messages` as Chat Completions would render them, media placed (their
+    preparation runs on the event loop `loop`; this runs on a worker thread)."""
     from ninfer.api.openai_chat import to_generation_request
     from ninfer.api.openai_chat_models import parse_chat_request
 
@@ -144,14 +152,24 @@ def _render_messages(state: ServerState, service: Any, body: dict[str, Any]) -> 
         raise errors.invalid_value(
             "continue_final_message", "needs an assistant message last, to continue"
         )
-    rendered = service.template.render(
-        req.messages,
-        tools=req.tools,
-        add_generation_prompt=generation_prompt and not continue_final,
-        continue_final_message=continue_final,
-        options=req.template_options,
+    messages, media = split_media(req.messages, "messages")
+    items = (
+        asyncio.run_coroutine_threadsafe(service.prepare_media(req), loop).result() if media else []
     )
-    return service.encoder.encode(rendered.text, rendered.special_spans)
+    try:
+        rendered = service.template.render(
+            messages,
+            tools=req.tools,
+            add_generation_prompt=generation_prompt and not continue_final,
+            continue_final_message=continue_final,
+            options=req.template_options,
+        )
+        ids = service.encoder.encode(rendered.text, rendered.special_spans)
+        if items:
+            ids = service.media.place(ids, items, service.encoder.encode_text, "messages").ids
+        return ids
+    finally:
+        release(items)
 
 
 def _detokenize(state: ServerState, service: Any, body: dict[str, Any]) -> dict[str, Any]:
@@ -171,7 +189,9 @@ def _detokenize(state: ServerState, service: Any, body: dict[str, Any]) -> dict[
     return {"prompt": text} if "model" in body else {"content": text, "prompt": text}
 
 
-def _tokenize(state: ServerState, service: Any, body: dict[str, Any]) -> dict[str, Any]:
+def _tokenize(
+    state: ServerState, service: Any, body: dict[str, Any], loop: asyncio.AbstractEventLoop
+) -> dict[str, Any]:
     llama, vllm = "content" in body, [k for k in ("prompt", "messages") if k in body]
     if llama and vllm:
         raise errors.invalid_value(
@@ -186,7 +206,7 @@ def _tokenize(state: ServerState, service: Any, body: dict[str, Any]) -> dict[st
             code="missing_required_parameter",
             param="content",
         )
-    return _tokenize_llama(service, body) if llama else _tokenize_vllm(state, service, body)
+    return _tokenize_llama(service, body) if llama else _tokenize_vllm(state, service, body, loop)
 
 
 def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
@@ -200,7 +220,8 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
     @post("/tokenize", status_code=200)
     async def tokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
         body = parse_json_object(await request.body())
-        return await asyncio.to_thread(_tokenize, state, service(), body)
+        loop = asyncio.get_running_loop()
+        return await asyncio.to_thread(_tokenize, state, service(), body, loop)
 
     @post("/detokenize", status_code=200)
     async def detokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:

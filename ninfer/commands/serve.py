@@ -134,6 +134,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--media-live-mib", type=int, default=2048, metavar="N", help="all live prepared media payloads")
     g.add_argument("--media-preprocess-threads", type=int, default=0, metavar="N",
                    help="media preprocessing workers; 0 selects at most 16 from host concurrency")
+    g.add_argument("--media-allow-private", action="store_true",
+                   help="let media URLs reach loopback, private and link-local addresses (local use; "
+                        "metadata addresses stay refused)")
 
     g = p.add_argument_group("generation defaults")
     g.add_argument("--chat-template", metavar="FILE", help="Jinja chat template to use instead of the artifact's")
@@ -356,6 +359,8 @@ def run(args: argparse.Namespace) -> int:
         engine = state.engine
         if engine is not None and hasattr(engine, "close"):
             engine.close()
+        if (media := state.extra.get("media")) is not None:
+            media.close()  # the preprocessing workers
         observability.close()
         log.info("shutdown complete")
     return 0

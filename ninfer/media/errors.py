@@ -35,7 +35,8 @@ _STATUS = {
 
 class MediaError(NinferError):
     """A media item the server refuses. `code` is one of the four codes above; `status` its HTTP
-    status; `message` one line naming the problem (never the media bytes)."""
+    status; `message` one line naming the problem (never the media bytes); `item`: the index of
+    the refused item among a request's media, when `MediaPreparer.prepare_all` knows it."""
 
     def __init__(self, code: str, message: str):
         if code not in _STATUS:
@@ -44,6 +45,7 @@ class MediaError(NinferError):
         self.code = code
         self.status = _STATUS[code]
         self.message = message
+        self.item: int | None = None
 
     @property
     def client_error(self) -> bool:

@@ -11,7 +11,8 @@
 3. It returns one `PreparedItem` per item, in order: a `MediaRef` the request holds until the
    runtime no longer reads the payload, and the item's observations for the request log.
 
-On any failure the references already taken are released and the first `MediaError` propagates.
+On any failure the references already taken are released and the first `MediaError` propagates,
+its `item` set to the index of the refused item.
 Cancelling the request (its deadline, a disconnect) cancels waiting and fetching; a build already
 running finishes and stays in the cache for the next request.
 """
@@ -167,7 +168,9 @@ class MediaPreparer:
     async def prepare_all(self, items: Sequence[tuple[str, Modality]]) -> list[PreparedItem]:
         """(source, modality) pairs -> their prepared items, in order (see the module docstring)."""
         async with self.gate:
-            tasks = [asyncio.ensure_future(self.prepare(s, m)) for s, m in items]
+            tasks = [
+                asyncio.ensure_future(self._prepare_item(i, s, m)) for i, (s, m) in enumerate(items)
+            ]
             try:
                 await asyncio.gather(*tasks)
             except BaseException:
@@ -178,6 +181,13 @@ class MediaPreparer:
                         done.ref.release()
                 raise
             return [t.result() for t in tasks]
+
+    async def _prepare_item(self, index: int, source: str, modality: Modality) -> PreparedItem:
+        try:
+            return await self.prepare(source, modality)
+        except errors.MediaError as e:
+            e.item = index  # which of the request's items was refused, for the field name
+            raise
 
     async def prepare(self, source: str, modality: Modality) -> PreparedItem:
         """One item, without the gate (`prepare_all` holds it for the request)."""

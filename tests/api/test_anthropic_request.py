@@ -314,7 +314,11 @@ def test_images_need_vision_and_keep_their_position():
     assert req.has_media
     assert req.messages[0]["content"] == [
         {"type": "text", "text": "See "},
-        {"type": "image", "url": "data:image/png;base64,iVBORw0KGgo="},
+        {
+            "type": "image",
+            "url": "data:image/png;base64,iVBORw0KGgo=",
+            "param": "messages[0].content[1].source",
+        },
         {"type": "text", "text": "?"},
     ]
     refused(

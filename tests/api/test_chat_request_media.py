@@ -54,8 +54,12 @@ def test_media_with_vision_is_kept_in_order():
         TextPart("a"), MediaPart("image", "https://example.com/a.png"), TextPart("b"), TextPart("c"),
         MediaPart("video", "data:video/mp4;base64,AAAA"),
     )  # fmt: skip
+    # each media item keeps its source and field until the service takes them out to render
     assert r.template_messages()[0]["content"] == [
-        {"type": "text", "text": "a"}, {"type": "image"}, {"type": "text", "text": "bc"}, {"type": "video"},
+        {"type": "text", "text": "a"},
+        {"type": "image", "url": "https://example.com/a.png", "param": "messages[0].content[1].image_url.url"},
+        {"type": "text", "text": "bc"},
+        {"type": "video", "url": "data:video/mp4;base64,AAAA", "param": "messages[0].content[4].video_url.url"},
     ]  # fmt: skip
     assert r.messages[2].media == (MediaPart("image", "data:image/png;base64,AA"),)
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from ninfer import cli
-from ninfer.api.config import ServeConfig, check_capabilities
+from ninfer.api.config import ServeConfig, check_capabilities, check_vision_plan
 from ninfer.artifact import ArtifactWriter, StoredTensor
 from ninfer.commands import serve
 from ninfer.errors import ConfigError
@@ -54,6 +54,7 @@ SPEC_DEFAULTS = {
     "--media-cache-mib": ("media_cache_mib", 1024),
     "--media-live-mib": ("media_live_mib", 2048),
     "--media-preprocess-threads": ("media_preprocess_threads", 0),
+    "--media-allow-private": ("media_allow_private", False),
     "--request-log-jsonl": ("request_log_jsonl", None),
     "--response-store-max-records": ("response_store_max_records", 1024),
     "--response-store-max-mib": ("response_store_max_mib", 256),
@@ -318,9 +319,10 @@ def make_artifact(path, components, name="tiny-serve"):
         (["text", "mtp"], ["--vision"], "--vision"),
         (["text", "mtp"], ["--spec", "mtp", "--vision"], "--vision"),
         (["text", "mtp", "vision"], ["--spec", "mtp"], None),
-        # a vision component converts, but no encoder runs it: refused rather than failing later
-        (["text", "mtp", "vision"], ["--spec", "mtp", "--vision"], "no vision encoder runtime"),
-        (["text", "vision"], ["--vision"], "no vision encoder runtime"),
+        # the artifact has what --vision needs; whether the plan runs it is judged at startup
+        (["text", "mtp", "vision"], ["--spec", "mtp", "--vision"], None),
+        (["text", "vision"], ["--vision", "--media-allow-private"], None),
+        (["text", "vision"], ["--media-allow-private"], "--media-allow-private"),
         (["text", "dflash"], ["--spec", "dflash", "--draft-tokens", "7", "--lm-head-draft"], None),
         (["text"], [], None),
     ],
@@ -335,6 +337,17 @@ def test_capabilities_the_artifact_lacks_are_refused(tmp_path, components, argv,
     with pytest.raises(ConfigError) as e:
         serve.open_artifact(cfg)
     assert refused in str(e.value) and "\n" not in str(e.value)
+
+
+def test_vision_is_refused_when_the_plan_does_not_run_the_tower():
+    # what qwen3_5's IR builder records for a checkpoint whose visual.* weights it cannot run
+    declared = {"vision": "declared, not executed"}
+    with pytest.raises(ConfigError) as e:
+        check_vision_plan(ServeConfig(vision=True), declared)
+    assert "--vision" in str(e.value) and "declared, not executed" in str(e.value)
+    assert "\n" not in str(e.value)
+    check_vision_plan(ServeConfig(vision=False), declared)  # text requests on the same artifact
+    check_vision_plan(ServeConfig(vision=True), {})  # a plan that runs every component
 
 
 @pytest.fixture
