@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from typing import Any
 
 import httpx
@@ -252,3 +253,29 @@ def test_wire_payloads_validate_strictly_against_the_sdk_types(server) -> None:
     for _, data in sse_frames(base, "/v1/responses", {**rbody, "stream": True}):
         ev = STREAM_EVENT.validate_python(with_cache_writes(json.loads(data)), strict=True)
         assert extra_fields(ev) <= RESPONSE_EXTENSIONS, ev.type
+
+
+def running(server) -> float:
+    for fam in text_string_to_metric_families(httpx.get(server.base_url + "/metrics").text):
+        for s in fam.samples:
+            if s.name == "ninfer_requests_running":
+                return s.value
+    raise KeyError("ninfer_requests_running")
+
+
+def test_a_client_leaving_an_n_stream_cancels_every_choice(client, server) -> None:
+    stream = client.chat.completions.create(
+        model="tiny-agent", messages=QUESTION, max_tokens=400, temperature=1.0, n=3, stream=True,
+        extra_body={"ignore_eos": True, **NO_THINKING},
+    )  # fmt: skip
+    seen: set[int] = set()
+    for chunk in stream:
+        seen |= {ch.index for ch in chunk.choices if ch.delta.content}
+        if len(seen) == 3:
+            break
+    assert running(server) == 3  # every choice is generating
+    stream.close()
+    deadline = time.monotonic() + 20
+    while running(server) > 0:
+        assert time.monotonic() < deadline, "the choices kept running after the client left"
+        time.sleep(0.05)
