@@ -200,8 +200,11 @@ class ChatCompletion:
                 yield out
             try:
                 async for e in events:
-                    for out in self._on_choice(e):
+                    chunks = self._on_choice(e)
+                    for out in chunks:
                         yield out
+                    if any("error" in out for out in chunks):
+                        return  # a failed choice fails the completion; the others are cancelled
             except errors.ApiError as e:  # a further choice refused after the stream began
                 yield {"error": e.body()["error"]}
         finally:
@@ -306,10 +309,13 @@ async def _last_event(events: AsyncIterator[GenerationEvent]) -> GenerationEvent
 async def _finals(events: AsyncIterator[ChoiceEvent], n: int) -> list[GenerationEvent]:
     """The last event of each of `n` choices, in choice order; a refusal of any raises."""
     finals: dict[int, GenerationEvent] = {}
-    async for c in events:
-        finals[c.index] = c.event
-        if isinstance(c.event, Finished) and c.event.reason == "error":
-            break  # the request fails: the others are cancelled when `events` closes
+    try:
+        async for c in events:
+            finals[c.index] = c.event
+            if isinstance(c.event, Finished) and c.event.reason == "error":
+                break  # the request fails
+    finally:
+        await events.aclose()  # (after a failure) cancels the other choices
     return [finals[i] for i in sorted(finals)]
 
 

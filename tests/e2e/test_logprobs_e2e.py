@@ -279,3 +279,20 @@ def test_a_client_leaving_an_n_stream_cancels_every_choice(client, server) -> No
     while running(server) > 0:
         assert time.monotonic() < deadline, "the choices kept running after the client left"
         time.sleep(0.05)
+
+
+def test_one_lane_serves_n_choices_in_turn_and_bounds_n_by_capacity(server_factory) -> None:
+    s = server_factory("--max-concurrency", "1", "--max-pending-requests", "1")
+    one_lane = openai.OpenAI(base_url=s.base_url + "/v1", api_key="unused", max_retries=0)
+    kw: dict[str, Any] = {
+        "model": "tiny-agent", "messages": QUESTION, "max_tokens": 6, "temperature": 1.0,
+        "seed": SEED, "extra_body": NO_THINKING,
+    }  # fmt: skip
+    both = one_lane.chat.completions.create(n=2, **kw)
+    alone = [one_lane.chat.completions.create(**{**kw, "seed": SEED + i}) for i in range(2)]
+    assert [c.message.content for c in both.choices] == [
+        a.choices[0].message.content for a in alone
+    ]
+    with pytest.raises(openai.BadRequestError) as e:
+        one_lane.chat.completions.create(n=3, **kw)
+    assert e.value.body["param"] == "n" and "--max-concurrency" in e.value.body["message"]
