@@ -7,9 +7,9 @@ finish reasons and usage are per choice.
 
 Choice 0 is submitted first. The others are submitted once its prompt is computed (its last
 prompt-progress event, or its first output): by then the engine's prefix cache holds the
-prompt's full KV pages, so each further choice reuses them and computes only the prompt's last,
-partial page (vLLM serves `n` the same way). Until then they would only have computed the same
-prompt again, beside it.
+prompt, so each further choice reuses it and computes only what the cache cannot give (the
+prompt's last, partial KV page; on hybrid models the tokens after its last state checkpoint),
+as vLLM serves `n`. Submitted earlier, they would have computed the same prompt again beside it.
 
     fan_out ─▶ choice 0: Admitted, PromptProgress… (prompt done) ─▶ submit choices 1..n-1
             ─▶ ChoiceEvent(index, event) of every choice, interleaved as they arrive
