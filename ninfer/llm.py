@@ -44,6 +44,7 @@ from ninfer.runtime.request import (
     Request,
     RequestError,
     SamplingParams,
+    TokenLogprob,
     TokensEvent,
 )
 from ninfer.runtime.tokenizer import Tokenizer
@@ -53,12 +54,14 @@ from ninfer.runtime.tokenizer import Tokenizer
 class GenerationResult:
     """One prompt's output. `token_ids` are the generated tokens (including a final EOS, and
     up to the token that completed a stop string); `text` is their text without special tokens,
-    cut before a matched stop string."""
+    cut before a matched stop string. `logprobs`: with `SamplingParams.logprobs` set, one
+    `TokenLogprob` per token id (None for a token committed without sampling); else None."""
 
     prompt_token_ids: list[int]
     token_ids: list[int]
     text: str
     finish_reason: str  # "stop" (EOS or stop string) | "length"
+    logprobs: list[TokenLogprob | None] | None = None
 
 
 class LLM:
@@ -271,10 +274,13 @@ class LLM:
             stops=params.stop,
         )
         text: list[str] = []
+        logprobs: list[TokenLogprob | None] | None = None if params.logprobs is None else []
         finish: FinishEvent | None = None
         stopping = False
         for event in handle:
             if isinstance(event, TokensEvent):
+                if logprobs is not None:
+                    logprobs += event.logprobs or (None,) * len(event.token_ids)
                 for tid in event.token_ids:
                     if out.stop_match is not None:
                         break
@@ -297,4 +303,6 @@ class LLM:
         else:  # the whole decode (the stream's pieces differ only around invalid bytes)
             reason = "stop" if finish.reason == "stop" else "length"
             result = self.tokenizer.decode(token_ids)
-        return GenerationResult(list(request.prompt_token_ids), token_ids, result, reason)
+        if logprobs is not None:
+            logprobs = logprobs[: len(token_ids)]
+        return GenerationResult(list(request.prompt_token_ids), token_ids, result, reason, logprobs)

@@ -109,6 +109,8 @@ class GenerationRequest:
     stream: the client asked for a streamed response (recorded in the request log's shape).
     semantic_change: a Responses continuation whose explicit preserve_thinking differs from its
       parent's resolved value, so the history renders differently (request_start log flag).
+    logprobs: None, or the number of alternatives per answer token whose log probabilities
+      the content events and Finished carry (logprob_entries.py).
     """
 
     messages: list[dict[str, Any]]
@@ -128,6 +130,7 @@ class GenerationRequest:
     stream: bool = False
     ignore_eos: bool = False
     semantic_change: bool = False
+    logprobs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -187,8 +190,12 @@ class ReasoningText:
 
 @dataclass(frozen=True)
 class ContentText:
+    """An answer delta; `logprobs` the wire entries of the tokens it completes (a request that
+    asked; may come with empty text at the end of the output), else None."""
+
     text: str
     timings: Timings | None = None
+    logprobs: tuple[dict[str, Any], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -219,6 +226,7 @@ class Finished:
     tool_parse: dict[str, Any] = field(default_factory=dict)
     generated_token_ids: tuple[int, ...] = ()
     error: BaseException | None = None
+    logprobs: tuple[dict[str, Any], ...] | None = None  # every ContentText's entries, in order
 
 
 GenerationEvent = (

@@ -24,6 +24,7 @@ from litestar.handlers import BaseRouteHandler
 from litestar.response import Stream
 
 from ninfer.api import errors
+from ninfer.api.chat_choices import ChoiceEvent, choice_request, fan_out
 from ninfer.api.disconnect import unless_disconnected
 from ninfer.api.errors import CLIENT_CLOSED_STATUS
 from ninfer.api.generation import (
@@ -73,17 +74,23 @@ def to_generation_request(chat: ChatRequest, state: ServerState) -> GenerationRe
         protocol="chat",
         stream=chat.stream,
         ignore_eos=chat.ignore_eos,
+        logprobs=chat.logprobs,
     )
 
 
-def _usage(f: Finished) -> dict[str, Any]:
-    u = f.usage
+def _usage(finals: list[Finished]) -> dict[str, Any]:
+    """The usage of one or more choices of the same prompt: the prompt (and its cached part,
+    choice 0's) counted once, completion and reasoning tokens summed."""
+    u = finals[0].usage
+    completion = sum(f.usage.completion_tokens for f in finals)
     return {
         "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.total_tokens,
+        "completion_tokens": completion,
+        "total_tokens": u.prompt_tokens + completion,
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
+        "completion_tokens_details": {
+            "reasoning_tokens": sum(f.usage.reasoning_tokens for f in finals)
+        },
     }
 
 
@@ -111,7 +118,24 @@ class ChatCompletion:
         self.chat = chat
         self.pending_timeout_ms = state.config.engine.pending_timeout_ms
 
-    def aggregate(self, f: Finished) -> dict[str, Any]:
+    def _logprobs(self, entries: tuple[dict[str, Any], ...] | None) -> dict[str, Any] | None:
+        if self.chat.logprobs is None:
+            return None
+        return {"content": list(entries or ()), "refusal": None}
+
+    def aggregate(self, finals: list[Finished]) -> dict[str, Any]:
+        """The completion of every choice's Finished, in choice order."""
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [self._choice(i, f) for i, f in enumerate(finals)],
+            "usage": _usage(finals),
+            "timings": finals[0].timings.as_dict(),
+        }
+
+    def _choice(self, index: int, f: Finished) -> dict[str, Any]:
         message: dict[str, Any] = {
             "role": "assistant",
             "content": f.content if (f.content or not f.tool_calls) else None,
@@ -122,24 +146,20 @@ class ChatCompletion:
             message["tool_calls"] = [_tool_call_dict(c) for c in f.tool_calls]
         message["refusal"] = None
         return {
-            "id": self.id,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": message,
-                    "logprobs": None,
-                    "finish_reason": _finish_reason(f),
-                }
-            ],
-            "usage": _usage(f),
-            "timings": f.timings.as_dict(),
+            "index": index,
+            "message": message,
+            "logprobs": self._logprobs(f.logprobs),
+            "finish_reason": _finish_reason(f),
         }
 
     def chunk(
-        self, delta: dict[str, Any] | None, finish_reason: str | None = None, **extra: Any
+        self,
+        delta: dict[str, Any] | None,
+        finish_reason: str | None = None,
+        *,
+        index: int = 0,
+        logprobs: dict[str, Any] | None = None,
+        **extra: Any,
     ) -> dict[str, Any]:
         out: dict[str, Any] = {
             "id": self.id,
@@ -148,7 +168,14 @@ class ChatCompletion:
             "model": self.model,
             "choices": []
             if delta is None
-            else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+            else [
+                {
+                    "index": index,
+                    "delta": delta,
+                    "logprobs": logprobs,
+                    "finish_reason": finish_reason,
+                }
+            ],
         }
         if self.chat.include_usage:  # OpenAI: every other chunk carries "usage": null
             out["usage"] = None
@@ -157,29 +184,45 @@ class ChatCompletion:
 
     async def stream(
         self,
-        first: GenerationEvent,
-        events: AsyncIterator[GenerationEvent],
+        first: GenerationEvent | ChoiceEvent,
+        events: AsyncIterator[GenerationEvent] | AsyncIterator[ChoiceEvent],
     ) -> AsyncIterator[dict[str, Any]]:
         """Chunks of one streamed completion; closing it cancels the generation. `first` is
         the first event: the stream opens at admission (`sse.open_events`), so refusals before
-        it are HTTP errors and only failures after it are in-stream error chunks."""
+        it are HTTP errors and only failures after it are in-stream error chunks. With n > 1
+        the events are `ChoiceEvent`s and chunks carry each choice's index."""
         self._processed = -1  # the last prompt_progress sent: they never move backwards
+        self._finals: dict[int, Finished] = {}
         try:
-            yield self.chunk({"role": "assistant", "content": ""})
-            for out in self._on_event(first):
+            for i in range(self.chat.n):
+                yield self.chunk({"role": "assistant", "content": ""}, index=i)
+            for out in self._on_choice(first):
                 yield out
-            async for e in events:
-                for out in self._on_event(e):
-                    yield out
+            try:
+                async for e in events:
+                    chunks = self._on_choice(e)
+                    for out in chunks:
+                        yield out
+                    if any("error" in out for out in chunks):
+                        return  # a failed choice fails the completion; the others are cancelled
+            except errors.ApiError as e:  # a further choice refused after the stream began
+                yield {"error": e.body()["error"]}
         finally:
             await events.aclose()  # a client that hung up cancels its generation
 
-    def _on_event(self, e: GenerationEvent) -> list[dict[str, Any]]:
+    def _on_choice(self, e: GenerationEvent | ChoiceEvent) -> list[dict[str, Any]]:
+        if isinstance(e, ChoiceEvent):
+            return self._on_event(e.event, e.index)
+        return self._on_event(e)
+
+    def _on_event(self, e: GenerationEvent, index: int = 0) -> list[dict[str, Any]]:
         chat = self.chat
         out: list[dict[str, Any]] = []
         if isinstance(e, Admitted):
             return out
         if isinstance(e, PromptProgress):
+            if index != 0:  # the prompt's progress is choice 0's; the others reuse it
+                return out
             # The engine's committed prefill progress: processed == cache at admission, then
             # once per committed chunk up to processed == total before the first output token.
             if chat.return_progress and e.processed >= self._processed:
@@ -198,9 +241,10 @@ class ChatCompletion:
             else {}
         )
         if isinstance(e, ReasoningText):
-            out.append(self.chunk({"reasoning_content": e.text}, **extra))
+            out.append(self.chunk({"reasoning_content": e.text}, index=index, **extra))
         elif isinstance(e, ContentText):
-            out.append(self.chunk({"content": e.text}, **extra))
+            lp = self._logprobs(e.logprobs)
+            out.append(self.chunk({"content": e.text}, index=index, logprobs=lp, **extra))
         elif isinstance(e, ToolCallStart):
             out.append(
                 self.chunk(
@@ -213,13 +257,13 @@ class ChatCompletion:
                                 "function": {"name": e.name, "arguments": ""},
                             }
                         ]
-                    }
+                    },
+                    index=index,
                 )
             )
         elif isinstance(e, ToolCallArgs):
-            out.append(
-                self.chunk({"tool_calls": [{"index": e.index, "function": {"arguments": e.text}}]})
-            )
+            call = {"index": e.index, "function": {"arguments": e.text}}
+            out.append(self.chunk({"tool_calls": [call]}, index=index))
         elif isinstance(e, Finished):
             if e.reason == "error":
                 failure = errors.generation_failure(
@@ -227,12 +271,17 @@ class ChatCompletion:
                 )
                 out.append({"error": failure.body()["error"]})
                 return out
-            timings = e.timings.as_dict()
+            self._finals[index] = e
+            if len(self._finals) < chat.n:  # the last choice to finish ends the stream
+                out.append(self.chunk({}, _finish_reason(e), index=index))
+                return out
+            finals = [self._finals[i] for i in range(chat.n)]
+            timings = finals[0].timings.as_dict()
             if chat.include_usage:
-                out.append(self.chunk({}, _finish_reason(e)))
-                out.append(self.chunk(None, usage=_usage(e), timings=timings))
+                out.append(self.chunk({}, _finish_reason(e), index=index))
+                out.append(self.chunk(None, usage=_usage(finals), timings=timings))
             else:
-                out.append(self.chunk({}, _finish_reason(e), timings=timings))
+                out.append(self.chunk({}, _finish_reason(e), index=index, timings=timings))
         return out
 
 
@@ -257,6 +306,30 @@ async def _last_event(events: AsyncIterator[GenerationEvent]) -> GenerationEvent
     return final
 
 
+async def _finals(events: AsyncIterator[ChoiceEvent], n: int) -> list[GenerationEvent]:
+    """The last event of each of `n` choices, in choice order; a refusal of any raises."""
+    finals: dict[int, GenerationEvent] = {}
+    try:
+        async for c in events:
+            finals[c.index] = c.event
+            if isinstance(c.event, Finished) and c.event.reason == "error":
+                break  # the request fails
+    finally:
+        await events.aclose()  # (after a failure) cancels the other choices
+    return [finals[i] for i in sorted(finals)]
+
+
+def _check_choices(chat: ChatRequest, service: Any) -> None:
+    """n beyond what the engine can ever hold outstanding is refused up front."""
+    capacity = getattr(service, "capacity", None)
+    if chat.n > 1 and capacity is not None and chat.n > capacity:
+        raise errors.invalid_value(
+            "n",
+            f"asks for {chat.n} choices but the server holds at most {capacity} generations"
+            " (--max-concurrency + --max-pending-requests)",
+        )
+
+
 def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
     @post("/v1/chat/completions", status_code=200)
     async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
@@ -269,20 +342,33 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
         service = state.extra.get("service")
         if service is None:
             raise errors.engine_unavailable()
+        _check_choices(chat, service)
         gen = to_generation_request(chat, state)
         request_id = getattr(request.state, "request_id", "")
-        events = service.generate(gen, request_id=request_id)
+        events: Any
+        if chat.n == 1:
+            events = service.generate(gen, request_id=request_id)
+        else:
+            events = fan_out(
+                lambda i: service.generate(
+                    choice_request(gen, i), request_id=f"{request_id}:{i}" if i else request_id
+                ),
+                chat.n,
+            )
         completion = ChatCompletion(state, chat)
         if not chat.stream:
-            final = await unless_disconnected(_last_event(events), request, events)
-            if final is None:  # the client went away; nobody reads this
+            work = _last_event(events) if chat.n == 1 else _finals(events, chat.n)
+            finals = await unless_disconnected(work, request, events)
+            if finals is None:  # the client went away; nobody reads this
                 return Response({}, status_code=CLIENT_CLOSED_STATUS)
-            assert isinstance(final, Finished)
-            if final.reason == "error":
-                raise errors.generation_failure(
-                    final.error, pending_timeout_ms=state.config.engine.pending_timeout_ms
-                )
-            return Response(completion.aggregate(final))
+            finals = [finals] if chat.n == 1 else finals
+            for final in finals:
+                assert isinstance(final, Finished)
+                if final.reason == "error":
+                    raise errors.generation_failure(
+                        final.error, pending_timeout_ms=state.config.engine.pending_timeout_ms
+                    )
+            return Response(completion.aggregate(finals))
         first = await open_events(events, request)  # refusals before admission raise here
         if first is None:  # the client went away before admission; nobody reads this
             return Response({}, status_code=CLIENT_CLOSED_STATUS)

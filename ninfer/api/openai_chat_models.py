@@ -14,7 +14,7 @@ Completions"). It needs no engine, tokenizer or template: it decides only what t
   tool-call arguments keep their JSON member order.
 
 Rejections: a field whose requested behaviour ninfer cannot provide (constrained output,
-logprobs, audio, strict tools, forced tool choice, ...) fails with 400 `unsupported_parameter`
+audio, strict tools, forced tool choice, ...) fails with 400 `unsupported_parameter`
 or `unsupported_value` naming the field; semantically neutral values of those fields pass;
 unknown top-level fields are ignored.
 """
@@ -38,6 +38,7 @@ from ninfer.api.fields import (
 )
 from ninfer.api.generation import CachePoint
 from ninfer.api.generation import SamplingOptions as ChatSampling  # sampler fields as requested
+from ninfer.api.logprobs_fields import chat_choices, chat_logprobs
 from ninfer.api.openai_chat_messages import (
     ChatMessage,
     ContentPart,
@@ -110,6 +111,8 @@ class ChatRequest:
     chat_template_kwargs: dict[str, Any] | None = None
     prompt_cache_mode: Literal["implicit", "explicit"] = "implicit"
     prompt_cache_key: str | None = None
+    logprobs: int | None = None  # None, or alternatives per token (logprobs_fields.py)
+    n: int = 1  # choices to generate
 
     @property
     def callable_tools(self) -> tuple[FunctionTool, ...]:
@@ -186,6 +189,8 @@ def parse_chat_request(body: dict[str, Any], *, model_id: str, vision: bool) -> 
         chat_template_kwargs=get_object(body, "chat_template_kwargs"),
         prompt_cache_mode=_parse_prompt_cache(body),
         prompt_cache_key=get_str(body, "prompt_cache_key"),
+        logprobs=chat_logprobs(body),
+        n=chat_choices(body),
     )
     if get_bool(body, "parallel_tool_calls") is False and req.callable_tools:
         raise errors.unsupported_value(
@@ -296,10 +301,6 @@ def _reject_unsupported(body: dict[str, Any]) -> None:
             raise errors.unsupported_value(
                 f"logit_bias.{token}", value, "logit bias (only all-zero biases are accepted)"
             )
-    if get_bool(body, "logprobs"):
-        raise errors.unsupported_value("logprobs", True, "log probabilities")
-    if get_int(body, "top_logprobs", lo=0, hi=20):
-        raise errors.unsupported_value("top_logprobs", body["top_logprobs"], "log probabilities")
     for i, m in enumerate(get_array(body, "modalities") or []):
         if m == "audio":
             raise errors.unsupported_value(f"modalities[{i}]", m, "audio output")
@@ -336,9 +337,6 @@ def _reject_unsupported(body: dict[str, Any]) -> None:
             raise errors.unsupported_parameter(
                 f"mm_processor_kwargs.{key}", "per-request media processor settings"
             )
-    n = get_int(body, "n", lo=1)
-    if n is not None and n != 1:
-        raise errors.unsupported_value("n", n, "more than one choice per request")
     # Advisory fields: accepted when well-typed, no effect on execution.
     get_object(body, "metadata")
     get_object(body, "prediction")

@@ -38,6 +38,7 @@ class OutputText:
         self.eos_ids = eos_ids
         self.ignore_eos = ignore_eos
         self.kept_tokens = 0
+        self.raw_chars = 0
         self.stop_match: str | None = None
 
     def add(self, token_id: int) -> str:
@@ -47,7 +48,9 @@ class OutputText:
         self.kept_tokens += 1
         if token_id in self.eos_ids and not self.ignore_eos:
             return ""
-        return self._stopped(self.detok.add(token_id))
+        raw = self.detok.add(token_id)
+        self.raw_chars += len(raw)
+        return self._stopped(raw)
 
     def finish(self) -> str:
         """The text held back at the end of the stream (the detokenizer's tail, which may still

@@ -25,9 +25,10 @@ from ninfer.api.generation import (
     ToolCallStart,
     Usage,
 )
+from ninfer.api.logprob_entries import ContentLogprobs, EntryFormatter
 from ninfer.api.output_text import OutputText
 from ninfer.api.reasoning import ReasoningParser
-from ninfer.runtime.request import FinishEvent
+from ninfer.runtime.request import FinishEvent, TokenLogprob
 
 
 class PostProcessor:
@@ -37,7 +38,8 @@ class PostProcessor:
     EOS); `prompt_len` tokens were prompted, starting in thinking when `starts_in_thinking`;
     `t_submit` is the monotonic submission time. The caller sets `t_admit` and `cached` when the
     engine admits the request, and reads `stop_match`, `finish_sent` and `kept_tokens` to end a
-    generation at a stop string."""
+    generation at a stop string. With `req.logprobs` set, `entries` formats the answer tokens'
+    log probabilities, which ContentText events and Finished carry (logprob_entries.py)."""
 
     def __init__(
         self,
@@ -48,6 +50,7 @@ class PostProcessor:
         prompt_len: int,
         starts_in_thinking: bool,
         t_submit: float,
+        entries: EntryFormatter | None = None,
     ) -> None:
         self.eos_ids = eos_ids
         self.prompt_len = prompt_len
@@ -68,6 +71,11 @@ class PostProcessor:
             if req.tools and callable_tools and req.parse_tools
             else None
         )
+        self.logprobs = (
+            ContentLogprobs(entries or EntryFormatter(tokenizer))
+            if req.logprobs is not None
+            else None
+        )
         self.finish_sent = False
         self.reasoning_tokens = 0
         self.content = []
@@ -75,10 +83,14 @@ class PostProcessor:
         self.calls: list[toolcalls.ToolCall] = []
 
     def tokens(
-        self, ids: tuple[int, ...], prompt_s: float | None = None, decode_s: float | None = None
+        self,
+        ids: tuple[int, ...],
+        prompt_s: float | None = None,
+        decode_s: float | None = None,
+        logprobs: tuple[TokenLogprob | None, ...] | None = None,
     ) -> list[GenerationEvent]:
         """Text events of newly committed ids; `prompt_s` / `decode_s` the engine's cumulative
-        timings at the last of them (TokensEvent), which `snapshot` reports."""
+        timings at the last of them, `logprobs` their entries (TokensEvent)."""
         out: list[GenerationEvent] = []
         if prompt_s is not None and decode_s is not None:
             self.engine_times = (prompt_s, decode_s)
@@ -86,13 +98,33 @@ class PostProcessor:
         if self.t_first is None and ids:
             self.t_first = now
         self.t_last = now
-        for tid in ids:
+        for i, tid in enumerate(ids):
             if self.stop_match is not None:
                 break
-            if self.reasoning.in_reasoning:
+            thinking = self.reasoning.in_reasoning
+            if thinking:
                 self.reasoning_tokens += 1
-            out.extend(self._parse(self.text.add(tid)))
+            before = self.text.raw_chars
+            events = self._parse(self.text.add(tid))
+            if self.logprobs is not None:
+                answer = not (thinking or self.reasoning.in_reasoning) and not (
+                    tid in self.eos_ids and not self.text.ignore_eos
+                )
+                lp = logprobs[i] if logprobs is not None else None
+                self.logprobs.add(lp, self.text.raw_chars - before, answer)
+                events = self._with_logprobs(events)
+            out.extend(events)
         return out
+
+    def _with_logprobs(self, events: list[GenerationEvent]) -> list[GenerationEvent]:
+        """`events` with each content delta carrying the entries it completes."""
+        assert self.logprobs is not None
+        return [
+            ContentText(e.text, e.timings, tuple(self.logprobs.release(e.text)))
+            if isinstance(e, ContentText)
+            else e
+            for e in events
+        ]
 
     @property
     def stop_match(self) -> str | None:
@@ -143,6 +175,11 @@ class PostProcessor:
         out.extend(self._split(tail.reasoning, tail.content))
         if self.tools is not None:
             out.extend(self._content(self.tools.finish()))
+        if self.logprobs is not None:
+            out = self._with_logprobs(out)
+            rest = self.logprobs.finish(tool_calls=bool(self.calls))
+            if rest:
+                out.append(ContentText("", self.snapshot(), tuple(rest)))
         return out
 
     def snapshot(self) -> Timings:
@@ -207,4 +244,5 @@ class PostProcessor:
             ).as_dict(),
             generated_token_ids=token_ids,
             error=event.error,
+            logprobs=None if self.logprobs is None else tuple(self.logprobs.entries),
         )

@@ -140,6 +140,7 @@ def prepare(
         protocol="responses",
         stream=req.stream,
         semantic_change=semantic_change,
+        logprobs=req.logprobs,
     )
     return Prepared(rid, req, parent, generation, options, session)
 
@@ -204,7 +205,7 @@ def response_object(
         "text": {"format": {"type": "text"}},
         "tool_choice": req.tool_choice_wire,
         "tools": list(req.tools.wire),
-        "top_logprobs": 0,
+        "top_logprobs": req.logprobs or 0,
         "top_p": p.sampling["top_p"],
         "truncation": "disabled",
         "usage": usage,

@@ -10,7 +10,7 @@ fields" and "Responses input token count".
 - Unknown top-level fields fail with 400 `unknown_parameter`.
 - Recognised features ninfer cannot provide (Conversations, prompt templates, context
   management, moderation, background execution, include values other than
-  "reasoning.encrypted_content", JSON output, forced tool choice, hosted tools, ...) fail with a field-specific 400 instead of being ignored.
+  "reasoning.encrypted_content" and "message.output_text.logprobs", JSON output, forced tool choice, hosted tools, ...) fail with a field-specific 400 instead of being ignored.
 - Advisory hints (metadata, client_metadata, user, safety_identifier, prompt-cache hints,
   service_tier auto/default, stream_options.include_obfuscation) are validated and have no
   effect on generation.
@@ -32,10 +32,12 @@ from ninfer.api.fields import (
     get_sampling,
     get_str,
 )
+from ninfer.api.logprobs_fields import INCLUDE_LOGPROBS, responses_logprobs
 from ninfer.api.openai_chat_models import CONSTRAINED, REASONING_EFFORTS
 from ninfer.api.reasoning_seal import ReasoningSeal
 from ninfer.api.responses_items import parse_input
 from ninfer.api.responses_tools import FunctionDef, ToolSet, parse_tool_choice, parse_tools
+from ninfer.runtime.request import MAX_TOP_LOGPROBS
 
 # Fields of the create body that ninfer reads (everything else is unknown_parameter or one of
 # the recognised-unsupported features below).
@@ -83,7 +85,9 @@ class ResponsesRequest:
     responses_items); empty when `input` was omitted or empty. `input_given`: `input` was sent
     (not omitted or null). `allowed` is the allowed_tools subset or None. Sampling values and
     `max_output_tokens` are None when omitted. `include_reasoning`: include asked for
-    "reasoning.encrypted_content" (each reasoning output Item carries a reasoning token)."""
+    "reasoning.encrypted_content" (each reasoning output Item carries a reasoning token).
+    `logprobs`: top_logprobs or include "message.output_text.logprobs" asked for the
+    output_text parts' log probabilities, with this many alternatives (logprobs_fields.py)."""
 
     model: str
     input_items: tuple[dict[str, Any], ...]
@@ -112,6 +116,7 @@ class ResponsesRequest:
     safety_identifier: str | None = None
     user: str | None = None
     include_reasoning: bool = False
+    logprobs: int | None = None  # None, or alternatives per output_text token
 
     @property
     def callable_functions(self) -> tuple[FunctionDef, ...]:
@@ -207,6 +212,7 @@ def _parse(
         safety_identifier=get_str(body, "safety_identifier"),
         user=get_str(body, "user"),
         include_reasoning=INCLUDE_REASONING in (get_array(body, "include") or []),
+        logprobs=None if count else responses_logprobs(body, get_array(body, "include") or []),
     )
     if not req.parallel_tool_calls and req.callable_functions:
         raise errors.unsupported_value(
@@ -236,8 +242,7 @@ def _reject_unsupported(body: dict[str, Any]) -> None:
         raise errors.unsupported_value(
             "truncation", truncation, "silent truncation of the input (overlong input fails)"
         )
-    if get_int(body, "top_logprobs", lo=0, hi=20):
-        raise errors.unsupported_value("top_logprobs", body["top_logprobs"], "log probabilities")
+    get_int(body, "top_logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
     tier = get_str(body, "service_tier")
     if tier not in (None, "auto", "default"):
         raise errors.unsupported_value("service_tier", tier, "service tiers other than default")
@@ -246,9 +251,11 @@ def _reject_unsupported(body: dict[str, Any]) -> None:
     for i, value in enumerate(get_array(body, "include") or []):
         if not isinstance(value, str):
             raise errors.invalid_type(f"include[{i}]", "a string", value)
-        if value != INCLUDE_REASONING:
+        if value not in (INCLUDE_REASONING, INCLUDE_LOGPROBS):
             raise errors.unsupported_value(
-                f"include[{i}]", value, f"included output data other than {INCLUDE_REASONING}"
+                f"include[{i}]",
+                value,
+                f"included output data other than {INCLUDE_REASONING} and {INCLUDE_LOGPROBS}",
             )
     opts = get_object(body, "stream_options")
     if opts is not None:

@@ -74,6 +74,7 @@ class OutputBuilder:
         self._calls: dict[int, int] = {}  # ToolCallStart.index -> output index
         self._args: dict[int, str] = {}  # output index -> arguments streamed so far
         self._text: dict[int, str] = {}  # output index -> text streamed so far
+        self._logprobs: dict[int, list[dict[str, Any]]] = {}  # output index -> its entries
 
     # -- text Items ----------------------------------------------------------------------------
 
@@ -112,13 +113,20 @@ class OutputBuilder:
         })  # fmt: skip
         return events
 
-    def _delta(self, kind: str, text: str) -> list[dict[str, Any]]:
-        if not text:
+    def _delta(
+        self, kind: str, text: str, logprobs: tuple[dict[str, Any], ...] | None = None
+    ) -> list[dict[str, Any]]:
+        """A text delta; `logprobs` the entries of its tokens (message text only), which may
+        come without text at the end of the output (then only into an open message)."""
+        open_message = self._open is not None and self.output[self._open]["type"] == "message"
+        if not text and not (logprobs and open_message):
             return []
         events = self._open_text(kind)
         idx = self._open
         assert idx is not None
         self._text[idx] += text
+        entries = list(logprobs or ())
+        self._logprobs.setdefault(idx, []).extend(entries)
         name = (
             "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
         )
@@ -130,7 +138,7 @@ class OutputBuilder:
             "delta": text,
         }
         if kind == "message":
-            ev["logprobs"] = []
+            ev["logprobs"] = _event_entries(entries)
         events.append(ev)
         return events
 
@@ -144,8 +152,12 @@ class OutputBuilder:
             part = {"type": "reasoning_text", "text": text}
             done = {"type": "response.reasoning_text.done", **base, "text": text}
         else:
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-            done = {"type": "response.output_text.done", **base, "text": text, "logprobs": []}
+            entries = self._logprobs.get(idx, [])
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": entries}
+            done = {
+                "type": "response.output_text.done", **base, "text": text,
+                "logprobs": _event_entries(entries),
+            }  # fmt: skip
         item["content"] = [part]
         if item["type"] == "reasoning" and self._seal is not None:
             item["encrypted_content"] = self._seal(text)
@@ -221,7 +233,7 @@ class OutputBuilder:
         if isinstance(event, ReasoningText):
             return self._delta("reasoning", event.text)
         if isinstance(event, ContentText):
-            return self._delta("message", event.text)
+            return self._delta("message", event.text, event.logprobs)
         if isinstance(event, ToolCallStart):
             return self._call_start(event.index, event.id, event.name)
         if isinstance(event, ToolCallArgs):
@@ -263,6 +275,21 @@ class OutputBuilder:
 
     def _calls_started(self) -> bool:
         return any(it["type"] == "function_call" for it in self.output)
+
+
+def _event_entries(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Log-probability entries as the output_text delta / done events carry them: the API
+    reference gives those no `bytes` (the output_text part's entries have them)."""
+    return [
+        {
+            "token": e["token"],
+            "logprob": e["logprob"],
+            "top_logprobs": [
+                {"token": t["token"], "logprob": t["logprob"]} for t in e["top_logprobs"]
+            ],
+        }
+        for e in entries
+    ]
 
 
 def _copy(item: dict[str, Any]) -> dict[str, Any]:

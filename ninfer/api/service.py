@@ -31,6 +31,7 @@ from ninfer.api.generation import (
     GenerationRequest,
     PromptProgress,
 )
+from ninfer.api.logprob_entries import EntryFormatter
 from ninfer.api.media_path import MediaPath, release
 from ninfer.api.media_prompt import split_media
 from ninfer.api.observe import NO_TRACK, Observer, RequestTrack
@@ -276,7 +277,13 @@ class ModelService:
             # a request without a seed gets a fresh one here, so the request log can record it
             seed=r["seed"] if r["seed"] is not None else secrets.randbits(63),
             ignore_eos=req.ignore_eos,
+            logprobs=req.logprobs,
         )
+
+    @functools.cached_property
+    def logprob_entries(self) -> EntryFormatter:
+        """The formatter of log-probability entries (token texts cached across requests)."""
+        return EntryFormatter(self.tokenizer)
 
     @functools.cached_property
     def thinking_control_ids(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -436,6 +443,7 @@ class ModelService:
             prompt_len=prompt_len,
             starts_in_thinking=prepared.starts_in_thinking,
             t_submit=time.monotonic(),
+            entries=self.logprob_entries if req.logprobs is not None else None,
         )
         admitted = first_token = False
         try:
@@ -458,7 +466,9 @@ class ModelService:
                     if not first_token:
                         first_token = True
                         track.first_token()
-                    for out in post.tokens(event.token_ids, event.prompt_s, event.decode_s):
+                    for out in post.tokens(
+                        event.token_ids, event.prompt_s, event.decode_s, event.logprobs
+                    ):
                         yield out
                     if post.stop_match is not None and not post.finish_sent:
                         post.finish_sent = True

@@ -29,6 +29,7 @@ from ninfer.runtime.engine_stats import EngineStats
 from ninfer.runtime.executor_api import Executor
 from ninfer.runtime.handle import RequestHandle
 from ninfer.runtime.host_work import DEVICE_WAIT, HostWork
+from ninfer.runtime.logprob_ledger import LogprobLedger
 from ninfer.runtime.request import (
     FIRST_OUTPUT_PARTS,
     AdmittedEvent,
@@ -121,6 +122,7 @@ class Engine:
         self._overlap = config.overlap and bool(getattr(executor, "feeds_tokens", False))
         self._inflight: _Launched | None = None  # launched ahead, not committed (worker only)
         self._work = HostWork()
+        self._logprobs = LogprobLedger()  # sampled tokens' entries until published (worker)
         self._ready = True
         self._stats = self._build_stats(idle=True)
         self._thread = threading.Thread(target=self._run, name="ninfer-engine", daemon=True)
@@ -368,6 +370,9 @@ class Engine:
         if step.work_class == "prefill":
             self._count_prefill_gpu(step.plan)
         self._sched.commit(step.plan, sampled, self._clock())
+        if step.tokens.logprobs is not None:  # after the commit: only published tokens take one
+            seqs = [s.seq_id if s.seq_id in self._handles else -1 for s in step.plan.logit_seqs]
+            self._logprobs.record(seqs, step.tokens.logprob_entries())
         self._work.lap("program_post")
 
     def _count_prefill_gpu(self, plan: StepPlan) -> None:
@@ -399,10 +404,12 @@ class Engine:
             if tokens:
                 if seq.first_output is None:
                     seq.first_output = self._first_output(seq)
-                handle._push(tokens_event(seq, tokens))
+                lp = seq.request.sampling.logprobs is not None
+                handle._push(tokens_event(seq, tokens, self._logprobs if lp else None))
             if finished:
                 del self._handles[seq.seq_id]
                 self._sampler.forget(seq.seq_id)
+                self._logprobs.forget(seq.seq_id)
                 mark = self._exposure.pop(seq.seq_id, None)
                 exposure = None if mark is None else self._work.exposure_since(mark)
                 with self._wake:  # before the push: its reader may submit at once

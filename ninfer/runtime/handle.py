@@ -77,10 +77,15 @@ class RequestHandle:
         event = self._events.popleft()
         if isinstance(event, TokensEvent):
             ids = list(event.token_ids)
+            lps = None if event.logprobs is None else list(event.logprobs)
             while self._events and isinstance(self._events[0], TokensEvent):
                 event = self._events.popleft()  # type: ignore[assignment]
                 ids += event.token_ids
-            event = TokensEvent(tuple(ids), event.prompt_s, event.decode_s)  # the latest timings
+                if lps is not None and event.logprobs is not None:
+                    lps += event.logprobs
+            logprobs = None if lps is None else tuple(lps)
+            # the latest timings
+            event = TokensEvent(tuple(ids), event.prompt_s, event.decode_s, logprobs)
         elif isinstance(event, PromptProgressEvent):
             while self._events and isinstance(self._events[0], PromptProgressEvent):
                 event = self._events.popleft()  # type: ignore[assignment]

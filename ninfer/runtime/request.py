@@ -26,6 +26,7 @@ from ninfer.runtime.media_span import MediaSpan
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 ReusePath = Literal["root", "checkpoint"]
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "cancelled", "error")
+MAX_TOP_LOGPROBS = 20  # most alternatives a sampled token reports (OpenAI's bound)
 
 
 class RequestError(NinferError):
@@ -55,6 +56,10 @@ class SamplingParams:
     filters. Presence/frequency penalties apply to tokens generated so far (OpenAI semantics).
     `seed` None means a fresh random seed. `stop` strings are matched by the caller, which then
     calls `Engine.finish(handle, "stop", ...)`; the engine never looks at them.
+
+    `logprobs` None: no log probabilities; k (0..20): each sampled token's TokensEvent carries a
+    `TokenLogprob` with its log probability and the k most likely tokens (runtime/logprobs.py
+    says which distribution they describe).
     """
 
     max_tokens: int | None = None  # None: the engine's default_max_tokens
@@ -67,6 +72,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and (
@@ -93,6 +99,13 @@ class SamplingParams:
             raise RequestError(f"seed must be a signed 64-bit integer, got {self.seed!r}")
         if not isinstance(self.ignore_eos, bool):
             raise RequestError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+        lp = self.logprobs
+        if lp is not None and (
+            isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= MAX_TOP_LOGPROBS
+        ):
+            raise RequestError(
+                f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}], got {lp!r}"
+            )
         stop = (
             () if self.stop is None else (self.stop,) if isinstance(self.stop, str) else self.stop
         )
@@ -299,17 +312,32 @@ SCHEDULING_BOUNDARIES = (
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """The log probability of one sampled token and of the `top` most likely tokens at its
+    position ((token id, logprob) pairs, most likely first, as many as the request's
+    `SamplingParams.logprobs`). Values are natural logs, -inf for a token the distribution
+    excludes (top-k, top-p, min-p)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class TokensEvent:
     """Newly committed output token ids, in order. Never republished (replay after a pause
     rebuilds state without emitting). May include EOS; the caller withholds it from text.
     Includes a thinking-budget suffix the engine committed without sampling. `prompt_s` and
     `decode_s`: the request's cumulative engine-clock prompt time (admission to the first output
     commit) and generation time (first to latest output commit) at this event's last token, as
-    the FinishEvent's `Timings` measure them (None when not measured)."""
+    the FinishEvent's `Timings` measure them (None when not measured). `logprobs`: for a request
+    that set `SamplingParams.logprobs`, one entry per token id (None for a token committed
+    without sampling, such as a thinking-budget suffix); None otherwise."""
 
     token_ids: tuple[int, ...]
     prompt_s: float | None = None
     decode_s: float | None = None
+    logprobs: tuple[TokenLogprob | None, ...] | None = None
 
 
 @dataclass(frozen=True)

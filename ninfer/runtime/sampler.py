@@ -3,6 +3,9 @@
 Each request draws from its own `torch.Generator`, seeded from `SamplingParams.seed` (or a fresh
 random seed), and draws exactly once per sampled token. A request's tokens therefore do not
 depend on which other requests share its batch, nor on pauses and replays (which never sample).
+
+Rows whose request sets `SamplingParams.logprobs` also get the log probabilities of the final
+distribution (logprobs.py), computed after the draw from the same tensors.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from typing import NamedTuple
 
 import torch
 
-from ninfer.runtime.request import SamplingParams
+from ninfer.runtime.logprobs import LogprobRows, row_logprobs
+from ninfer.runtime.request import SamplingParams, TokenLogprob
 
 
 class SampleRow(NamedTuple):
@@ -27,14 +31,18 @@ class SampleRow(NamedTuple):
 class SampledTokens:
     """The token chosen for each row of a step, as a device tensor (`ids`, int64 [rows]) that
     the next step can read without a host round trip, and a copy on its way to the host:
-    `tolist()` waits for that copy only."""
+    `tolist()` waits for that copy only. `logprobs`: the asking rows' log probabilities, copied
+    with the ids (`logprob_entries`)."""
 
-    def __init__(self, ids: torch.Tensor) -> None:
+    def __init__(self, ids: torch.Tensor, logprobs: LogprobRows | None = None) -> None:
         self.ids = ids
+        self.logprobs = logprobs
         self._ready: torch.cuda.Event | None = None
         if ids.device.type == "cuda":
             self._host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
             self._host.copy_(ids, non_blocking=True)
+            if logprobs is not None:
+                logprobs.start_copy()
             self._ready = torch.cuda.Event()
             self._ready.record()
         else:
@@ -44,6 +52,13 @@ class SampledTokens:
         if self._ready is not None:
             self._ready.synchronize()
         return self._host.tolist()
+
+    def logprob_entries(self) -> list[TokenLogprob | None]:
+        """One entry per row: its `TokenLogprob`, or None when its request did not ask."""
+        ids = self.tolist()
+        if self.logprobs is None:
+            return [None] * len(ids)
+        return self.logprobs.entries(ids, len(ids))
 
 
 class Sampler:
@@ -69,17 +84,56 @@ class Sampler:
             x = self._penalize(x.clone(), rows)
         out = x.argmax(dim=-1)
         idx = [i for i, r in enumerate(rows) if not r.params.greedy]
+        kept: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         if idx:
-            probs = self.probabilities(x[idx], [rows[i].params for i in idx])  # [n, vocab]
+            sorted_x, keep, order, probs = self._filter(x[idx], [rows[i].params for i in idx])
+            kept = (sorted_x, keep, order)
             for j, i in enumerate(idx):
                 gen = self._generator(rows[i], logits.device)
                 out[i : i + 1] = torch.multinomial(probs[j], 1, generator=gen)
-        return SampledTokens(out)
+        asks = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+        if not asks:
+            return SampledTokens(out)
+        return SampledTokens(out, self._logprobs(x, out, rows, asks, idx, kept))
+
+    def _logprobs(
+        self,
+        x: torch.Tensor,
+        out: torch.Tensor,
+        rows: Sequence[SampleRow],
+        asks: list[int],
+        idx: list[int],
+        kept: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    ) -> LogprobRows:
+        """The asking rows' log probabilities (logprobs.py): greedy rows from the penalised
+        logits, sampled rows from the filtered, temperature-scaled ones `_filter` returned."""
+        where = {i: j for j, i in enumerate(idx)}  # logits row -> its row of `kept`
+        logp = x.new_empty((len(asks), x.shape[1]))  # [m, vocab]
+        greedy = [m for m, i in enumerate(asks) if i not in where]
+        if greedy:
+            logp[greedy] = torch.log_softmax(x[[asks[m] for m in greedy]], dim=-1)
+        sampled = [m for m, i in enumerate(asks) if i in where]
+        if sampled and kept is not None:
+            sorted_x, keep, order = (t[[where[asks[m]] for m in sampled]] for t in kept)
+            masked = sorted_x.masked_fill(~keep, float("-inf")).log_softmax(dim=-1)
+            logp[sampled] = torch.empty_like(masked).scatter_(-1, order, masked)
+        ks = [rows[i].params.logprobs or 0 for i in asks]
+        return row_logprobs(logp, out, asks, ks)
 
     @staticmethod
     def probabilities(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
         """The distribution sampled from: softmax(x / T) restricted by top-k, then top-p, then
         min-p, renormalised. x: [n, vocab] fp32 (penalties already applied)."""
+        return Sampler._filter(x, params)[3]
+
+    @staticmethod
+    def _filter(
+        x: torch.Tensor, params: Sequence[SamplingParams]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`probabilities`, with what it was made of: (sorted_x, keep, order, probs), where
+        sorted_x [n, vocab] is x / T sorted descending, order its token ids, keep [n, vocab]
+        bool the tokens the filters keep (a prefix of each sorted row), probs as
+        `probabilities`."""
         vocab = x.shape[1]
         temp = torch.tensor([p.temperature for p in params], dtype=x.dtype, device=x.device)
         x = x / temp.clamp_min(1e-5)[:, None]
@@ -98,7 +152,7 @@ class Sampler:
         keep &= sorted_p >= min_p[:, None] * sorted_p[:, :1]
         sorted_p = sorted_p * keep
         sorted_p = sorted_p / sorted_p.sum(dim=-1, keepdim=True)
-        return torch.zeros_like(sorted_p).scatter_(-1, order, sorted_p)
+        return sorted_x, keep, order, torch.zeros_like(sorted_p).scatter_(-1, order, sorted_p)
 
     @staticmethod
     def _penalize(x: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:

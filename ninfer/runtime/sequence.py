@@ -21,6 +21,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ninfer.runtime.logprob_ledger import LogprobLedger
 from ninfer.runtime.prefix_cache import CacheNode
 from ninfer.runtime.request import FinishEvent, Request, ReusePath, Timings, TokensEvent, Usage
 from ninfer.runtime.thinking import ThinkingBudget
@@ -130,13 +131,17 @@ def _prefill_s(seq: Sequence) -> float | None:
     return None if first is None or admitted is None else first - admitted
 
 
-def tokens_event(seq: Sequence, tokens: tuple[int, ...]) -> TokensEvent:
-    """Newly committed output tokens with the request's cumulative timings at the latest."""
+def tokens_event(
+    seq: Sequence, tokens: tuple[int, ...], logprobs: LogprobLedger | None = None
+) -> TokensEvent:
+    """Newly committed output tokens with the request's cumulative timings at the latest, and
+    their log probabilities taken from `logprobs` (a request that asks for them)."""
     first, last = seq.first_token_s, seq.last_token_s
     return TokensEvent(
         tokens,
         prompt_s=_prefill_s(seq),
         decode_s=None if first is None or last is None else last - first,
+        logprobs=None if logprobs is None else logprobs.take(seq.seq_id, tokens),
     )
 
 

@@ -97,7 +97,15 @@ def test_minimal_request_defaults():
         ),
         ({"response_format": {"type": "text"}}, lambda r: True),
         ({"logit_bias": {"15": 0, "99": 0.0}}, lambda r: True),
-        ({"logprobs": False, "top_logprobs": 0}, lambda r: True),
+        ({"logprobs": False, "top_logprobs": 0}, lambda r: r.logprobs is None),
+        # log probabilities: logprobs alone reports the chosen token, top_logprobs adds
+        # alternatives; llama.cpp's n_probs turns them on with that many alternatives
+        ({"logprobs": True}, lambda r: r.logprobs == 0),
+        ({"logprobs": True, "top_logprobs": 20}, lambda r: r.logprobs == 20),
+        ({"n_probs": 3}, lambda r: r.logprobs == 3),
+        ({"n_probs": 0}, lambda r: r.logprobs is None),
+        ({"n": 3}, lambda r: r.n == 3),
+        ({"n": 16}, lambda r: r.n == 16),
         ({"verbosity": "medium"}, lambda r: True),
         ({"modalities": ["text"], "audio": {"voice": "alloy", "format": "wav"}}, lambda r: True),
         ({"prediction": {"type": "content", "content": "x"}}, lambda r: True),
@@ -177,8 +185,9 @@ def test_accepted_fields(fields, check):
         ({"stop": ["ok", ""]}, 400, "invalid_value", "stop[1]"),
         ({"stop": [1]}, 400, "invalid_type", "stop[0]"),
         ({"stop": 5}, 400, "invalid_type", "stop"),
-        ({"n": 2}, 400, "unsupported_value", "n"),
         ({"n": 0}, 400, "invalid_value", "n"),
+        ({"n": 17}, 400, "invalid_value", "n"),
+        ({"n": 2.0}, 400, "invalid_type", "n"),
         ({"stream": "yes"}, 400, "invalid_type", "stream"),
         (
             {"stream": True, "stream_options": {"include_usage": 1}},
@@ -216,8 +225,11 @@ def test_accepted_fields(fields, check):
         # keys are token ids: a non-integer key is malformed even with a neutral bias
         ({"logit_bias": {"hello": 0}}, 400, "invalid_value", "logit_bias.hello"),
         ({"logit_bias": {"-5": 0}}, 400, "invalid_value", "logit_bias.-5"),
-        ({"logprobs": True}, 400, "unsupported_value", "logprobs"),
-        ({"top_logprobs": 3}, 400, "unsupported_value", "top_logprobs"),
+        ({"logprobs": "yes"}, 400, "invalid_type", "logprobs"),
+        ({"top_logprobs": 3}, 400, "invalid_value", "top_logprobs"),  # needs logprobs: true
+        ({"logprobs": True, "top_logprobs": 21}, 400, "invalid_value", "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": -1}, 400, "invalid_value", "top_logprobs"),
+        ({"n_probs": 21}, 400, "invalid_value", "n_probs"),
         ({"modalities": ["text", "audio"]}, 400, "unsupported_value", "modalities[1]"),
         ({"web_search_options": {}}, 400, "unsupported_parameter", "web_search_options"),
         ({"moderation": True}, 400, "unsupported_parameter", "moderation"),
@@ -253,7 +265,6 @@ def test_rejections(fields, status, code, param):
     ("fields", "guarantee"),
     [
         ({"response_format": {"type": "json_object"}}, "constrained"),
-        ({"logprobs": True}, "log probabilities"),
         ({"tools": [WEATHER], "tool_choice": "required"}, "forced tool call"),
         ({"grammar": "g"}, "constrained"),
         ({"json_schema": {"type": "object"}}, "constrained"),

@@ -30,6 +30,13 @@ def reject(**fields: Any) -> ApiError:
     return e.value
 
 
+def test_log_probabilities_are_asked_by_include_or_top_logprobs():
+    assert parse().logprobs is None and parse(top_logprobs=0).logprobs is None
+    assert parse(include=["message.output_text.logprobs"]).logprobs == 0
+    assert parse(include=["message.output_text.logprobs"], top_logprobs=5).logprobs == 5
+    assert parse(top_logprobs=2).logprobs == 2
+
+
 def test_defaults():
     r = parse()
     assert r.store and not r.stream and r.parallel_tool_calls and r.tool_choice == "auto"
@@ -85,11 +92,11 @@ def test_tools_namespaces_and_allowed_tools():
         ({"context_management": [{"type": "compaction"}]}, "unsupported_parameter", "context_management"),
         ({"moderation": {"model": "m"}}, "unsupported_parameter", "moderation"),
         ({"background": True}, "unsupported_value", "background"),
-        ({"include": ["message.output_text.logprobs"]}, "unsupported_value", "include[0]"),
+        ({"include": ["file_search_call.results"]}, "unsupported_value", "include[0]"),
         ({"text": {"format": {"type": "json_schema"}}}, "unsupported_value", "text.format.type"),
         ({"text": {"verbosity": "low"}}, "unsupported_value", "text.verbosity"),
         ({"truncation": "auto"}, "unsupported_value", "truncation"),
-        ({"top_logprobs": 2}, "unsupported_value", "top_logprobs"),
+        ({"top_logprobs": 21}, "invalid_value", "top_logprobs"),
         ({"service_tier": "flex"}, "unsupported_value", "service_tier"),
         ({"temperature": 2.5}, "invalid_value", "temperature"),
         ({"top_p": -0.1}, "invalid_value", "top_p"),

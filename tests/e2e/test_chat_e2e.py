@@ -232,9 +232,9 @@ def test_rejections_name_the_field(client):
     p = by_name("hello")
     unsupported, invalid = "unsupported_value", "invalid_value"
     cases = [
-        ({"n": 2}, "n", unsupported),
+        ({"n": 17}, "n", invalid),
         ({"logit_bias": {"5": 3}}, "logit_bias.5", unsupported),
-        ({"logprobs": True}, "logprobs", unsupported),
+        ({"top_logprobs": 3}, "top_logprobs", invalid),  # without logprobs: true
         ({"response_format": {"type": "json_object"}}, "response_format.type", unsupported),
         ({"tool_choice": "required", "tools": by_name("weather_paris")["tools"]}, "tool_choice", unsupported),
         ({"extra_body": {"guided_json": {"type": "object"}}}, "guided_json", "unsupported_parameter"),

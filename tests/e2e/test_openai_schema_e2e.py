@@ -439,7 +439,7 @@ def test_responses_delete_body(live_server):
 BAD_REQUESTS = [
     ("/v1/chat/completions", {"model": MODEL}, 400, "missing_required_parameter", "messages"),
     ("/v1/chat/completions", {"model": "gpt-4o", "messages": []}, 404, "model_not_found", "model"),
-    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "unsupported_value", "n"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 17}, 400, "invalid_value", "n"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "x", "content": "x"}]}, 400, "invalid_value", "messages[0].role"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": "yes"}, 400, "invalid_type", "stream"),
     ("/v1/responses", {"model": MODEL}, 400, "missing_required_parameter", "input"),
