@@ -57,7 +57,7 @@ class Retention:
         ps = self.page_size
         for i in range(len(seq.nodes), seq.computed // ps):
             parent = seq.nodes[-1] if seq.nodes else None
-            node = self.cache.insert(parent, tuple(seq.tokens[i * ps : (i + 1) * ps]), seq.pages[i])
+            node = self.cache.insert(parent, seq.key_tokens(i * ps, (i + 1) * ps), seq.pages[i])
             if node.page != seq.pages[i]:
                 self.pool.retain(node.page)
                 self.pool.release([seq.pages[i]])
