@@ -46,6 +46,7 @@ from ninfer.runtime.scheduler import Scheduler, StepPlan
 from ninfer.runtime.sequence import Sequence, finish_event, tokens_event, unit_counts
 from ninfer.runtime.step import SeqChunk, StepBatch
 from ninfer.runtime.vision.mrope import MRope
+from ninfer.runtime.vision.placeholders import check_media
 
 if TYPE_CHECKING:
     from ninfer.ir.plan import Plan
@@ -90,6 +91,7 @@ class Engine:
             )
         self.config = config
         self.plan = plan
+        self._vision = None if plan is None else plan.vision  # the tower media requests need
         self.eos_ids = tuple(eos_ids)
         self._executor = executor
         self._sampler = sampler
@@ -135,7 +137,7 @@ class Engine:
         served, EngineOverloaded when max_concurrency + max_pending_requests are outstanding,
         EngineError when the engine is closed or failed."""
         self._sched.validate(request)  # reads only fixed sizes: safe off the worker
-        self._check_media(request.media)
+        check_media(request.prompt_token_ids, request.media, self._vision)
         if request.arrival_s is None:
             request = dataclasses.replace(request, arrival_s=self._clock())
         with self._wake:
@@ -166,11 +168,6 @@ class Engine:
             raise ValueError(f"finish reason must be stop, length or cancelled, not {reason!r}")
         self._command(("abort", handle.seq_id, reason, keep_tokens))
 
-    def _check_media(self, media: tuple[MediaSpan, ...]) -> None:
-        if media and (self.plan is None or self.plan.vision is None):  # nothing can encode it
-            raise RequestError("the request has image or video input but the engine runs no "
-                               "vision tower (start it with --vision / vision=True)")  # fmt: skip
-
     def prompt_logits(self, token_ids: Iterable[int], media: tuple[MediaSpan, ...] = ()) -> Future:
         """A future of the float32 logits [len(token_ids), vocab] of every position of one
         prefill of `token_ids` with its `media` (as Request.media) (for tests and tools:
@@ -180,8 +177,8 @@ class Engine:
         tokens, EngineError when the engine stops first."""
         future: Future = Future()
         ids = tuple(token_ids)
-        self._check_media(media)
         media = Request(ids, media=media).media if media else ()  # validated as a request's
+        check_media(ids, media, self._vision)
         with self._wake:
             if self._closing or not self._ready:
                 raise EngineError("the engine is not running")

@@ -111,3 +111,17 @@ def test_an_engine_without_the_vision_tower_refuses_media(vision_artifact, promp
         llm.logits(request.prompt_token_ids, request.media)
     # the text part of the same artifact still serves
     assert len(llm.generate([[10, 20, 30]], greedy(2))[0].token_ids) == 2
+
+
+def test_a_span_over_other_tokens_is_the_callers_error(vision_artifact, prompt_builder):
+    """Spans must sit on their modality's placeholders: refused at submission (HTTP 400 for the
+    protocol layer), never a failed step."""
+    llm = _alone_llm(str(vision_artifact(ARCH)))
+    request = image_request(prompt_builder(ARCH), 1, "Look: ", 2)
+    (span,) = request.media
+    shifted = dataclasses.replace(span, offset=span.offset - 1)  # starts on <|vision_start|>
+    with pytest.raises(RequestError, match="covers token .* not its placeholder"):
+        llm.engine.submit(dataclasses.replace(request, media=(shifted,)))
+    video = dataclasses.replace(span, modality="video")  # image pads are not video pads
+    with pytest.raises(RequestError, match="not its placeholder"):
+        llm.logits(request.prompt_token_ids, (video,))
