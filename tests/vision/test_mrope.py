@@ -96,3 +96,16 @@ def test_bad_spans_are_refused(args, match):
 def test_a_frame_by_frame_video_spans_its_runs():
     span = MediaSpan(3, 8, (2, 4, 4), b"d", "video", None, (0.5, 1.5), (3, 12))
     assert span.runs == ((3, 4), (12, 4)) and span.end == 16 and span.merge_size == 2
+
+
+def test_a_contiguous_video_is_its_frames_back_to_back():
+    """Without frame_offsets each temporal patch's lh x lw tokens still restart the temporal
+    position (as if its timestamp text were empty), so the width grid never runs on."""
+    span = MediaSpan(1, 8, (2, 4, 4), b"d", "video", None)  # 2 frames of 2 x 2 tokens
+    m = MRope.of([span])
+    assert m.positions(0, 10) == (
+        [0, 1, 1, 1, 1, 3, 3, 3, 3, 5],
+        [0, 1, 1, 2, 2, 3, 3, 4, 4, 5],
+        [0, 1, 2, 1, 2, 3, 4, 3, 4, 5],
+    )
+    assert m.delta == 5 - 9

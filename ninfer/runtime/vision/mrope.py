@@ -11,7 +11,8 @@ a video) of lh x lw merged tokens (lh = h / merge, lw = w / merge), starting at 
 
 so text after a run continues from the run's largest position + 1. Each temporal patch of a
 video is its own run (its temporal position is the run's base, like an image's): Qwen3.5
-separates frames by their timestamps. Decode tokens continue with i + `delta` (transformers'
+separates frames by their timestamps; a video whose frames' placeholders are contiguous (no
+`frame_offsets`) is read as its frames back to back. Decode tokens continue with i + `delta` (transformers'
 rope_deltas), delta = the shift after the last run.
 
 No torch import.
@@ -45,11 +46,12 @@ class MRope:
             _, h, w = span.grid_thw
             m = span.merge_size
             lh, lw = h // m, w // m
-            for start, n in span.runs:
-                starts.append(start)
-                shapes.append((lh, lw))
-                shifts.append(shift)
-                shift += max(lh, lw) - n
+            for start, n in span.runs:  # a video's frames may also sit back to back
+                for frame in range(start, start + n, lh * lw):
+                    starts.append(frame)
+                    shapes.append((lh, lw))
+                    shifts.append(shift)
+                    shift += max(lh, lw) - lh * lw
         if not starts:
             return None
         return MRope(tuple(starts), tuple(shapes), tuple(shifts), shift)
