@@ -143,11 +143,16 @@ def _run(graph: Graph, options: CompileOptions) -> Graph:
         weights += weight_bytes(w, options, dtype) if packed is None else packed
     step = {"T": options.step_tokens, "R": options.max_concurrency, "M": options.step_tokens}
     workspace = workspace_bytes(g, step)
+    detail = f"peak live activations at T={options.step_tokens}"
     vision = g.meta.get("vision")
     if vision is not None:  # encoded before the step that needs it, freed before it runs
         n = options.vision_tokens
-        p = n * vision["merge_size"] ** 2
-        workspace = max(workspace, workspace_bytes(g, {"P": p, "N": n}, "vision"))
+        encode = workspace_bytes(g, {"P": n * vision["merge_size"] ** 2, "N": n}, "vision")
+        detail = (
+            f"the larger of {workspace:,} B (step at T={options.step_tokens}) and {encode:,} B "
+            f"(vision encode of a {n}-token item)"
+        )
+        workspace = max(workspace, encode)
     state_total = state["slots"] * state["bytes_per_slot"]
     budget = options.memory_budget
     per_token, page = kv["bytes_per_token"], options.page_size
@@ -203,7 +208,7 @@ def _run(graph: Graph, options: CompileOptions) -> Graph:
         {
             "item": "workspace",
             "bytes": workspace,
-            "detail": f"peak live activations at T={options.step_tokens}",
+            "detail": detail,
         },
         {
             "item": "kv_cache",

@@ -76,3 +76,14 @@ def test_the_artifact_keeps_the_processor_settings(vision_artifact):
     cfg = VisionPreprocessConfig.from_hf(art.preprocessor["image"], art.preprocessor["video"])
     assert (cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size) == (8, 2, 2)
     assert (cfg.image_max_pixels, cfg.video_fps, cfg.video_max_frames) == (4096, 2.0, 4)
+
+
+@pytest.mark.parametrize("verbose", [False, True], ids=["summary", "verbose"])
+def test_vision_plan_snapshot(verbose, vision_artifact, capsys, snapshot):
+    """The printed plan with the tower is deterministic (pinned like the text plans)."""
+    path = str(vision_artifact("qwen3_5_vl"))
+    capsys.readouterr()
+    argv = [path, "--vision", "--max-concurrency", "2", *(["--verbose"] if verbose else [])]
+    rc, out, err = compile_out(capsys, *argv)
+    assert rc == 0, err
+    assert out == snapshot
