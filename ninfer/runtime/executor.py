@@ -17,6 +17,11 @@ the step's tokens. It writes each chunk's K/V into the pages its block table nam
 advances each chunk's state slot; it mutates nothing else. Pages and slots are owned by the
 caller (scheduler or `LLM`): the executor never allocates or frees them.
 
+With a vision plan (`plan.vision`, --vision) positions are 3-axis (each chunk's `mrope`), and
+`ex.media` (ninfer/runtime/vision/encoder.py) runs the plan's vision calls once per image or
+video of the chunks' `media` and supplies the embeddings of the placeholder rows a step
+computes; the vision stage's output is the plan's second output.
+
 Every call runs the kernel the plan names for it, looked up in CPU_KERNELS: the torch
 references of ninfer.runtime.ops_torch under the names assign_kernels gives them on cpu
 (`torch.<op>`, `view.split`). A plan compiled for cuda names kernels this executor does not
