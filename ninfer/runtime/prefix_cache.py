@@ -14,6 +14,13 @@ reusable. A hybrid model's recurrent layers also need their state *at* the reuse
 only a node carrying a checkpoint (a state slot holding the recurrent state after the node's
 last token) can be resumed from. Checkpoints live in the extra state slots beyond the lanes.
 
+Multimodal prompts: a page that overlaps an image or video (`Request.media`) is keyed by its
+token ids *and*, per overlapping span, (offset of the span relative to the page, digest, grid):
+placeholder ids are the same for every image, so without them two prompts with other images
+would share KV computed from the wrong pixels. A page after the media follows it in the tree,
+so its key needs nothing more (its MRoPE positions follow from the path). `page_key` builds
+the key for both matching and insertion.
+
 Ownership: the cache holds one pool reference per node page. A node is evictable when it is a
 leaf and the cache's is its page's only reference (no resident sequence uses it). Eviction is
 LRU over such leaves, and frees the node's checkpoint slot too. Checkpoints alone can also be
@@ -25,10 +32,27 @@ No torch import.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+from ninfer.runtime.media_span import MediaSpan
 from ninfer.runtime.pages import PagePool
+
+PageKey = tuple[Any, ...]
+
+
+def page_key(
+    tokens: Sequence[int], media: Sequence[MediaSpan], index: int, page_size: int
+) -> PageKey:
+    """The cache key of page `index` of a prompt: its `page_size` token ids, followed by
+    (offset - page start, digest, grid_thw) of every media span the page overlaps."""
+    start, end = index * page_size, (index + 1) * page_size
+    key = tuple(tokens[start:end])
+    tags = tuple(
+        (s.offset - start, s.digest, s.grid_thw) for s in media if s.offset < end and s.end > start
+    )
+    return key + tags if tags else key
 
 
 @dataclass(eq=False)
@@ -36,7 +60,7 @@ class CacheNode:
     """One full page of a retained prefix. `depth` pages from the root end at position
     depth * page_size. `attached` turns False when the node is evicted."""
 
-    key: tuple[int, ...]
+    key: PageKey
     page: int
     parent: CacheNode | None
     depth: int
@@ -45,7 +69,7 @@ class CacheNode:
     session_key: str | None = None
     marked: bool = False  # the checkpoint is a caller-marked boundary
     attached: bool = True
-    children: dict[tuple[int, ...], CacheNode] = field(default_factory=dict)
+    children: dict[PageKey, CacheNode] = field(default_factory=dict)
 
 
 class PrefixMatch(NamedTuple):
@@ -79,7 +103,7 @@ class PrefixCache:
         self.page_size = page_size
         self.needs_checkpoint = needs_checkpoint
         self.evicted_pages = 0  # pages given back under pressure, since start
-        self._children: dict[tuple[int, ...], CacheNode] = {}  # children of the root
+        self._children: dict[PageKey, CacheNode] = {}  # children of the root
         self._nodes: set[CacheNode] = set()
         self._free_slots = sorted(checkpoint_slots, reverse=True)
         self.num_slots = len(self._free_slots)
@@ -100,14 +124,20 @@ class PrefixCache:
     def num_free_slots(self) -> int:
         return len(self._free_slots)
 
-    def match(self, tokens: list[int] | tuple[int, ...], limit: int) -> PrefixMatch:
-        """The longest reusable prefix of `tokens` covering at most `limit` tokens (callers pass
-        len(tokens) - 1 so one token is left to compute logits from). Marks it recently used."""
+    def match(
+        self,
+        tokens: list[int] | tuple[int, ...],
+        limit: int,
+        media: Sequence[MediaSpan] = (),
+    ) -> PrefixMatch:
+        """The longest reusable prefix of `tokens` (whose images/videos are `media`) covering at
+        most `limit` tokens (callers pass len(tokens) - 1 so one token is left to compute logits
+        from). Marks it recently used."""
         ps = self.page_size
         nodes: list[CacheNode] = []
         children = self._children
         for i in range(limit // ps):
-            node = children.get(tuple(tokens[i * ps : (i + 1) * ps]))
+            node = children.get(page_key(tokens, media, i, ps))
             if node is None:
                 break
             nodes.append(node)
@@ -121,11 +151,11 @@ class PrefixCache:
 
     # -- insertion --------------------------------------------------------------------------
 
-    def insert(self, parent: CacheNode | None, key: tuple[int, ...], page: int) -> CacheNode:
-        """Retain full page `page` holding tokens `key` after prefix `parent` (None = root).
+    def insert(self, parent: CacheNode | None, key: PageKey, page: int) -> CacheNode:
+        """Retain full page `page` whose `page_key` is `key` after prefix `parent` (None = root).
         If that prefix is already cached, returns the existing node (whose page the caller
         should switch to) and takes no reference; else retains `page` for the cache."""
-        assert len(key) == self.page_size
+        assert len(key) >= self.page_size
         assert parent is None or parent.attached, "insert under an evicted node"
         children = self._children if parent is None else parent.children
         node = children.get(key)

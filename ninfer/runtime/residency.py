@@ -121,7 +121,7 @@ class Residency:
     def _match(self, seq: Sequence) -> PrefixMatch:
         if self.cache is None or seq.saved is not None:  # a snapshot brings its own pages
             return PrefixMatch((), None)
-        return self.cache.match(seq.key_tokens(0, seq.known), seq.known - 1)
+        return self.cache.match(seq.tokens, seq.known - 1, seq.request.media)
 
     def _fits(self, seq: Sequence, match: PrefixMatch) -> bool:
         """Whether the frontier (plus one more unit when restoring) fits in free pages and

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ninfer.runtime.pages import PagePool
-from ninfer.runtime.prefix_cache import PrefixCache
+from ninfer.runtime.prefix_cache import PrefixCache, page_key
 from ninfer.runtime.sequence import Sequence
 from ninfer.runtime.step import StateCopy
 
@@ -57,7 +57,8 @@ class Retention:
         ps = self.page_size
         for i in range(len(seq.nodes), seq.computed // ps):
             parent = seq.nodes[-1] if seq.nodes else None
-            node = self.cache.insert(parent, seq.key_tokens(i * ps, (i + 1) * ps), seq.pages[i])
+            key = page_key(seq.tokens, seq.request.media, i, ps)  # media pages: digest + grid
+            node = self.cache.insert(parent, key, seq.pages[i])
             if node.page != seq.pages[i]:
                 self.pool.retain(node.page)
                 self.pool.release([seq.pages[i]])

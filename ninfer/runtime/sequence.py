@@ -18,7 +18,6 @@ No torch import.
 from __future__ import annotations
 
 import enum
-import hashlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -63,21 +62,6 @@ class Sequence:
     thinking: ThinkingBudget | None = None  # thinking-budget state (Request.thinking_budget)
     saved: SavedContext | None = None  # paused with a host snapshot (preemption.py)
     mrope: MRope | None = None  # 3-axis positions of a prompt with media (Request.media)
-    _media_keys: dict[int, int] = field(default_factory=dict, repr=False)  # key_tokens
-
-    def __post_init__(self) -> None:
-        self.mrope = MRope.of(self.request.media)
-        self._media_keys = media_keys(self.request.media)
-
-    def key_tokens(self, start: int, end: int) -> tuple[int, ...]:
-        """Tokens start..end-1 as the prefix cache keys them: each media placeholder replaced
-        by a negative id derived from its item's digest, grid and its index in the item, so
-        that prompts with the same placeholders but other images share no page there."""
-        tokens = self.tokens[start:end]
-        if self._media_keys:
-            tokens = [self._media_keys.get(start + i, t) for i, t in enumerate(tokens)]
-        return tuple(tokens)
-
     # usage and timing
     bound_once: bool = False
     cached_tokens: int = 0
@@ -106,6 +90,9 @@ class Sequence:
     paused_s: float = 0.0
     finish_reason: str | None = None
     error: BaseException | None = None
+
+    def __post_init__(self) -> None:
+        self.mrope = MRope.of(self.request.media)
 
     def media_in(self, start: int, end: int) -> tuple[MediaSpan, ...]:
         """The prompt's media spans overlapping positions start..end-1."""
@@ -145,21 +132,6 @@ class Sequence:
             and self.num_output == 0
             and self.computed >= self.high_water
         )
-
-
-def media_keys(spans: tuple[MediaSpan, ...]) -> dict[int, int]:
-    """prompt index -> prefix-cache key of each media placeholder (ids below -1: never a token,
-    nor the FED placeholder)."""
-    keys: dict[int, int] = {}
-    for span in spans:
-        what = f"{span.modality}/{span.grid_thw}/".encode() + span.digest
-        base = int.from_bytes(hashlib.sha256(what).digest()[:7], "little")
-        row = 0
-        for start, n in span.runs:
-            for i in range(n):
-                keys[start + i] = -2 - base - row
-                row += 1
-    return keys
 
 
 def _prefill_s(seq: Sequence) -> float | None:
