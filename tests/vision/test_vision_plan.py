@@ -70,8 +70,14 @@ def test_vision_is_refused_where_it_cannot_run(vision_artifact, fixture_artifact
         CompileOptions(vision="yes")
 
 
-def test_the_artifact_keeps_the_processor_settings(vision_artifact):
-    art = Artifact(vision_artifact("qwen3_5_vl"))
+def test_the_artifact_keeps_the_processor_settings(vision_artifact, fixture_root, tmp_path):
+    """`ninfer convert` of the Hugging Face directory writes the vision component and the
+    processor files' settings, which ninfer.media reads."""
+    vision_artifact("qwen3_5_vl")  # builds the directory too
+    out = tmp_path / "vl.ninfer"
+    assert main(["convert", str(fixture_root / "qwen3_5_vl-hf"), "-o", str(out)]) == 0
+    art = Artifact(out)
+    assert any(n.startswith("visual.blocks.1.") for n in art.tensors)
     assert art.components == ["text", "vision"]
     cfg = VisionPreprocessConfig.from_hf(art.preprocessor["image"], art.preprocessor["video"])
     assert (cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size) == (8, 2, 2)

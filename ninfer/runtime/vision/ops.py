@@ -35,7 +35,8 @@ def patch_embed(ctx: Any, a: dict, x: torch.Tensor, w: torch.Tensor, b: torch.Te
 
 
 def pos_embed_interp(ctx: Any, a: dict, index: torch.Tensor, weight: torch.Tensor, table):
-    return (table[index.long()] * weight[:, :, None].to(table.dtype)).sum(1)
+    # the taps weighted in float32 (the reference's f32 weights promote a bf16 table), then cast
+    return (table[index.long()] * weight[:, :, None]).sum(1).to(table.dtype)
 
 
 def layernorm(ctx: Any, a: dict, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor):
