@@ -57,6 +57,7 @@ class MediaPrompt:
     ids: list[int]
     spans: tuple[MediaSpan, ...]
     token_types: list[int]  # 0 text, 1 image, 2 video (transformers' mm_token_type_ids)
+    videos: tuple[PreparedMedia, ...] = ()  # whole videos, as the reference takes them
 
     def reference_inputs(self) -> dict[str, torch.Tensor]:
         """Keyword arguments of the transformers model's forward / generate."""
@@ -64,11 +65,11 @@ class MediaPrompt:
             "input_ids": torch.tensor([self.ids]),
             "mm_token_type_ids": torch.tensor([self.token_types]),
         }
-        for modality, key in (("image", "pixel_values"), ("video", "pixel_values_videos")):
-            items = [s for s in self.spans if s.modality == modality]
+        images = [s.prepared for s in self.spans if s.modality == "image"]
+        for key, items in (("pixel_values", images), ("pixel_values_videos", self.videos)):
             if items:
-                kw[key] = torch.cat([s.prepared.pixel_values for s in items])
-                kw[f"{modality}_grid_thw"] = torch.tensor([s.grid_thw for s in items])
+                kw[key] = torch.cat([m.pixel_values for m in items])
+                kw[f"{items[0].modality}_grid_thw"] = torch.tensor([m.grid_thw for m in items])
         return kw
 
 
@@ -87,6 +88,7 @@ class PromptBuilder:
         self.ids: list[int] = []
         self.types: list[int] = []
         self.spans: list[MediaSpan] = []
+        self._videos: list[PreparedMedia] = []
 
     def text(self, text: str) -> PromptBuilder:
         ids = self.tokenizer.encode(text)
@@ -107,18 +109,27 @@ class PromptBuilder:
         self.spans.append(_span(offset, m, data))
         return self
 
-    def video(self, data: bytes) -> PromptBuilder:
+    def video(self, data: bytes, per_frame: bool = False) -> PromptBuilder:
+        """One span for the video with its `frame_offsets`; `per_frame`: one span per temporal
+        patch instead (grid (1, h, w), its own rows and digest), as the protocol layer does."""
         m = prepare_video(data, self.config)
-        per = m.tokens // m.grid_thw[0]
+        t, h, w = m.grid_thw
+        per = m.tokens // t
         offsets = []
-        for ts in m.timestamps:
+        for k, ts in enumerate(m.timestamps):
             self.text(f"<{ts:.1f} seconds>")
             offsets.append(self._run(per, self.video_id, 2))
-        self.spans.append(_span(offsets[0], m, data, tuple(offsets)))
+            if per_frame:
+                rows = m.pixel_values[k * h * w : (k + 1) * h * w]
+                frame = PreparedMedia("video", rows, (1, h, w), per, (ts,))
+                self.spans.append(_span(offsets[-1], frame, data + bytes([k])))
+        if not per_frame:
+            self.spans.append(_span(offsets[0], m, data, tuple(offsets)))
+        self._videos.append(m)
         return self
 
     def build(self) -> MediaPrompt:
-        return MediaPrompt(list(self.ids), tuple(self.spans), list(self.types))
+        return MediaPrompt(list(self.ids), tuple(self.spans), list(self.types), tuple(self._videos))
 
 
 def _span(offset: int, m: PreparedMedia, data: bytes, frames: tuple[int, ...] = ()) -> MediaSpan:

@@ -16,7 +16,8 @@ from ninfer import LLM
 from ninfer.runtime.request import Request, SamplingParams
 
 ARCHS = ("qwen3_5_vl", "qwen3_5_moe_vl")
-KINDS = ("image", "video", "image+video")
+# video: one span with frame_offsets; frames: one span per temporal patch (the protocol layer's)
+KINDS = ("image", "video", "image+video", "frames")
 NEW_TOKENS = 8
 
 
@@ -24,8 +25,8 @@ def media_prompt(builder: PromptBuilder, kind: str) -> MediaPrompt:
     builder.text("Look: ")
     if "image" in kind:
         builder.image(png(40, 56, seed=1)).text(" and ")  # resized to 32 x 64: a 2 x 4 token grid
-    if "video" in kind:
-        builder.video(mp4(8, 48, 32, fps=4, seed=2))  # 2 temporal patches of 2 x 3 tokens
+    if "video" in kind or kind == "frames":  # 2 temporal patches of 2 x 3 tokens
+        builder.video(mp4(8, 48, 32, fps=4, seed=2), per_frame=kind == "frames")
     return builder.text(" What is it?").build()
 
 
