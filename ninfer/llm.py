@@ -38,6 +38,7 @@ from ninfer.runtime.build import build_engine
 from ninfer.runtime.config import NO_TIMEOUT_MS, EngineOptions
 from ninfer.runtime.engine import Engine
 from ninfer.runtime.handle import RequestHandle
+from ninfer.runtime.media_span import MediaSpan
 from ninfer.runtime.request import (
     EngineError,
     FinishEvent,
@@ -107,12 +108,13 @@ class LLM:
         self._finalizer()
 
     # -- logits ------------------------------------------------------------------------------
-    def logits(self, token_ids: Sequence[int]) -> Any:
+    def logits(self, token_ids: Sequence[int], media: Sequence[MediaSpan] = ()) -> Any:
         """float32 logits [len(token_ids), vocab] of every position, from one prefill (a torch
-        tensor on the engine's device)."""
+        tensor on the engine's device); `media`: the prompt's images and videos (Request.media,
+        needs vision=True)."""
         ids = self._check_ids(list(token_ids))
         with self._lock:
-            return self.engine.prompt_logits(ids).result()
+            return self.engine.prompt_logits(ids, tuple(media)).result()
 
     # -- generate ----------------------------------------------------------------------------
     def generate(

@@ -1,7 +1,8 @@
 """Hugging Face model directory -> .ninfer.
 
 Reads config.json, safetensors (one file or shards with an index), tokenizer.json,
-tokenizer_config.json or chat_template.jinja, generation_config.json. Tensor names are
+tokenizer_config.json or chat_template.jinja, generation_config.json, and a vision model's
+preprocessor_config.json / video_preprocessor_config.json. Tensor names are
 normalised as docs/artifact.md describes; values keep their source dtype unless `weights`
 asks for a storage format.
 """
@@ -239,6 +240,17 @@ def _store(
     return plain(dense, "f32")  # norms and other vectors stay exact
 
 
+# the vision processor's settings, kept with the model they belong to (Artifact.preprocessor)
+_PREPROCESSOR_FILES = {
+    "image": "preprocessor_config.json",
+    "video": "video_preprocessor_config.json",
+}
+
+
+def _preprocessor(src: Path) -> dict[str, Any]:
+    return {k: _read_json(src / f) for k, f in _PREPROCESSOR_FILES.items() if (src / f).exists()}
+
+
 def load_tokenizer(src: Path) -> tuple[str, dict[str, Any], str | None]:
     """(tokenizer.json text, tokenizer_config dict, chat template or None)."""
     tok_path = src / "tokenizer.json"
@@ -369,6 +381,8 @@ def convert_hf(
         },
         "components": ["text"],
     }
+    if preprocessor := _preprocessor(src):
+        header["preprocessor"] = preprocessor
     if not isinstance(header["metadata"]["name"], str) or "/" in header["metadata"]["name"]:
         header["metadata"]["name"] = name or src.name
     components = {"text"}

@@ -306,6 +306,13 @@ class Artifact:
     def components(self) -> list[str]:
         return self.header.get("components", ["text"])
 
+    @property
+    def preprocessor(self) -> dict[str, Any]:
+        """The vision processor settings as converted: {"image": preprocessor_config.json,
+        "video": video_preprocessor_config.json} contents, each present when the checkpoint
+        had it (ninfer.media.config.VisionPreprocessConfig.from_hf reads them); {} otherwise."""
+        return self.header.get("preprocessor") or {}
+
     # -- tensors -------------------------------------------------------------------------
     def __contains__(self, name: str) -> bool:
         return name in self.tensors

@@ -61,6 +61,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="memory the plan may use (default: 139 on cuda, 16 on cpu)",
     )
     p.add_argument(
+        "--vision",
+        action="store_true",
+        help="include the vision tower (needs the artifact's vision component; cpu only)",
+    )
+    p.add_argument(
         "--verbose",
         action="store_true",
         help="also print every weight and call (rows of identical layers folded)",
@@ -82,6 +87,7 @@ def options_from_args(args: argparse.Namespace) -> CompileOptions:
         cuda_graphs=not args.no_cuda_graph,
         cpu_weights=args.cpu_weights,
         device_memory=_memory_bytes(args.memory_gib),
+        vision=args.vision,
     )
 
 

@@ -114,7 +114,16 @@ def _split_gated_q(ts: Types, a: dict) -> Types:
 
 def _rotary(ts: Types, a: dict) -> Types:
     q, k, pos = ts
-    _need(pos.rank == 1 and pos.dtype in ("i32", "i64"), f"positions must be int [T], got {pos}")
+    if "mrope_axes" in a["rope"]:  # multimodal rotary: a (temporal, height, width) position each
+        _need(
+            pos.rank == 2 and pos.shape[0] == 3 and pos.dtype in ("i32", "i64"),
+            f"MRoPE positions must be int [3, T], got {pos}",
+        )
+        _need(len(a["rope"]["mrope_axes"]) == a["rotary_dim"] // 2, "mrope_axes per frequency")
+    else:
+        _need(
+            pos.rank == 1 and pos.dtype in ("i32", "i64"), f"positions must be int [T], got {pos}"
+        )
     _need(a["rotary_dim"] <= a["head_dim"] and a["rotary_dim"] % 2 == 0, "bad rotary_dim")
     return [q, k]
 
@@ -146,7 +155,7 @@ def _attention(ts: Types, a: dict) -> Types:
     )
     _need("rope" in a and "rotary_dim" in a, "attention prologue needs rope and rotary_dim")
     _rotary([q, k, extra[0]], a)
-    _need(extra[0].shape[0] == q.shape[0], f"positions {extra[0]} do not match {q}")
+    _need(extra[0].shape[-1] == q.shape[0], f"positions {extra[0]} do not match {q}")
     if prologue == "qk_norm+rotary":
         _need("eps" in a and "zero_centered" in a, "attention qk_norm needs eps and zero_centered")
         for w in extra[1:]:
@@ -352,6 +361,11 @@ SIGNATURES: dict[str, OpSig] = {
         OpSig("select_rows", ("x", "rows"), ("y",), (), _select, "y = x[rows]"),
     ]
 }
+
+# the vision tower's ops and media_merge (ops_vision.py imports OpSig from here)
+from ninfer.ir.ops_vision import VISION_SIGNATURES
+
+SIGNATURES.update((s.kind, s) for s in VISION_SIGNATURES)
 
 VIEW_OPS = ("split", "split_gated_q")  # views of their input: kernel `view.split`, no launch
 

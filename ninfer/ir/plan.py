@@ -25,11 +25,13 @@ from ninfer.ir.plan_sections import (
     LedgerEntry,
     PlanOptions,
     StateLayout,
+    VisionLayout,
     kv_from_dict,
     ledger_from_dict,
     options_from_dict,
     section_dict,
     state_from_dict,
+    vision_from_dict,
 )
 from ninfer.ir.plan_text import summary_lines, verbose_lines
 
@@ -42,6 +44,7 @@ __all__ = [
     "Plan",
     "PlanOptions",
     "StateLayout",
+    "VisionLayout",
     "launch_for",
 ]
 
@@ -102,6 +105,17 @@ class Plan:
     ledger: Ledger
     cuda_graph_buckets: tuple[int, ...]  # decode batch sizes replayed from CUDA Graphs
     version: int = PLAN_VERSION
+    vision: VisionLayout | None = None  # the vision tower's calls run apart from the step
+
+    @property
+    def vision_calls(self) -> tuple[int, ...]:
+        """Indices of the calls of the vision stage (one run per image or video)."""
+        return tuple(i for i, c in enumerate(self.calls) if c.attrs.get("stage") == "vision")
+
+    @property
+    def step_calls(self) -> tuple[int, ...]:
+        """Indices of the calls one step runs (all but the vision stage's)."""
+        return tuple(i for i, c in enumerate(self.calls) if c.attrs.get("stage") != "vision")
 
     # -- serialisation --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -109,6 +123,7 @@ class Plan:
         d["buffers"] = [asdict(b) for b in self.buffers.values()]
         for name in ("options", "kv", "state", "ledger"):
             d[name] = section_dict(getattr(self, name))
+        d["vision"] = None if self.vision is None else section_dict(self.vision)
         d["cuda_graph_buckets"] = list(self.cuda_graph_buckets)
         return d
 
@@ -134,6 +149,7 @@ class Plan:
         d["kv"] = kv_from_dict(d["kv"])
         d["state"] = state_from_dict(d["state"])
         d["ledger"] = ledger_from_dict(d["ledger"])
+        d["vision"] = vision_from_dict(d.get("vision"))
         d["cuda_graph_buckets"] = tuple(d["cuda_graph_buckets"])
         return Plan(**d)
 

@@ -58,6 +58,25 @@ class StateLayout:
 
 
 @dataclass(frozen=True)
+class VisionLayout:
+    """The vision tower a plan runs (--vision; None without): its calls are those with
+    attrs["stage"] == "vision", run once per image or video apart from the steps. Units:
+    patches (pixels for patch_size), channels for hidden / out_hidden."""
+
+    blocks: int
+    hidden: int
+    heads: int
+    patch_size: int
+    temporal_patch_size: int
+    merge_size: int
+    in_channels: int
+    out_hidden: int  # = the text model's hidden size
+    grid_side: int  # the learned position embedding grid is grid_side x grid_side
+    image_token_id: int  # the placeholder ids the embeddings replace
+    video_token_id: int
+
+
+@dataclass(frozen=True)
 class LedgerEntry:
     item: str  # weights | nvfp4_copies | workspace | kv_cache | state_slots
     bytes: int
@@ -99,6 +118,10 @@ def state_from_dict(d: dict[str, Any]) -> StateLayout:
 def ledger_from_dict(d: dict[str, Any]) -> Ledger:
     entries = tuple(LedgerEntry(**e) for e in d["entries"])
     return Ledger(entries, d["total"], d["budget"])
+
+
+def vision_from_dict(d: dict[str, Any] | None) -> VisionLayout | None:
+    return None if d is None else VisionLayout(**_known(VisionLayout, d))
 
 
 def options_from_dict(d: dict[str, Any]) -> PlanOptions:

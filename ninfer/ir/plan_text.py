@@ -35,6 +35,14 @@ def summary_lines(plan: Plan) -> list[str]:
     if plan.model.get("declared"):
         declared = sorted(plan.model["declared"].items())
         L.append("declared: " + " ".join(f"{k}({v})" for k, v in declared))
+    if plan.vision is not None:
+        v = plan.vision
+        L.append(
+            f"vision: blocks={v.blocks} hidden={v.hidden} heads={v.heads} "
+            f"patch={v.temporal_patch_size}x{v.patch_size}x{v.patch_size} merge={v.merge_size} "
+            f"pos_grid={v.grid_side}x{v.grid_side} out={v.out_hidden} calls={len(plan.vision_calls)} "
+            "(one run per image or video) mrope=3-axis"
+        )
     kv = plan.kv
     L.append(
         f"kv: dtype={kv.dtype} page_size={kv.page_size} pages={kv.num_pages} "

@@ -11,7 +11,7 @@ from dataclasses import fields
 
 from ninfer.ir.graph import Graph
 from ninfer.ir.plan import BufferSpec, KernelCall, Ledger, LedgerEntry, Plan, PlanOptions
-from ninfer.ir.plan_sections import kv_from_dict, state_from_dict
+from ninfer.ir.plan_sections import kv_from_dict, state_from_dict, vision_from_dict
 from ninfer.passes.options import CompileOptions
 
 
@@ -63,4 +63,5 @@ def lower(graph: Graph, options: CompileOptions) -> Plan:
             tuple(LedgerEntry(**e) for e in ledger["entries"]), ledger["total"], ledger["budget"]
         ),
         cuda_graph_buckets=tuple(meta.get("cuda_graph_buckets", [])),
+        vision=vision_from_dict(meta.get("vision")),
     )

@@ -24,6 +24,7 @@ GIB = 1 << 30
 # identical on every machine.
 DEFAULT_DEVICE_MEMORY = {"cuda": 139 * GIB, "cpu": 16 * GIB}
 HEADROOM = GIB  # `--kv-capacity auto` leaves this much free
+VISION_TOKENS = 32768  # the vision envelope: merged tokens of one prompt's media, at most
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class CompileOptions:
     cuda_graphs: bool = True
     device_memory: int | None = None  # bytes the plan may use; None: DEFAULT_DEVICE_MEMORY
     cpu_weights: str = "packed"  # CPU_WEIGHTS; cuda plans ignore it
+    vision: bool = False  # run the vision tower (--vision): its weights, ops and MRoPE positions
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -72,6 +74,13 @@ class CompileOptions:
             raise ConfigError(f"cuda_graphs must be true or false, got {self.cuda_graphs!r}")
         if self.device_memory is not None:
             int_range("device_memory", self.device_memory, 1, 1 << 50)
+        if not isinstance(self.vision, bool):
+            raise ConfigError(f"vision must be true or false, got {self.vision!r}")
+        if self.vision and self.device != "cpu":
+            raise ConfigError(
+                "--vision: the vision tower runs on --device cpu only in this build (the CUDA "
+                "executor has no vision kernels yet); drop --vision or use --device cpu"
+            )
 
     @property
     def compute_dtype(self) -> str:
@@ -87,6 +96,12 @@ class CompileOptions:
             if self.device_memory is not None
             else DEFAULT_DEVICE_MEMORY[self.device]
         )
+
+    @property
+    def vision_tokens(self) -> int:
+        """Merged vision tokens of the largest item the vision stage encodes (sizes its
+        workspace): a prompt's worth, at most the 32,768-token vision envelope."""
+        return min(self.max_context, VISION_TOKENS)
 
     @property
     def state_slots(self) -> int:

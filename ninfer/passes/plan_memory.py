@@ -8,7 +8,9 @@
                 (kernels/nvfp4_mma.py), where the plan fits with them (--kv-capacity auto: with
                 KV for max_concurrency x max_context tokens left); absent otherwise
     workspace   peak bytes of live activations over one step of `step_tokens` tokens
-                (values freed after their last use, in op order)
+                (values freed after their last use, in op order); with a vision tower, the
+                larger of that and one run of the vision stage on the largest item
+                (`vision_tokens` merged tokens), which runs apart from the step
     kv_cache    num_pages * bytes_per_page; num_pages covers --kv-capacity tokens
                 (N; auto = what the budget leaves after the rest and 1 GiB headroom, capped
                 at what the lanes can use, max_concurrency * max_context rounded up to pages;
@@ -98,17 +100,19 @@ def nvfp4_copy_bytes(g: Graph, options: CompileOptions) -> int:
     return sum(copy_bytes(*w.type.shape) for w in ws) if copy_enabled() else 0
 
 
-def workspace_bytes(g: Graph, bindings: dict[str, int]) -> int:
-    """Peak bytes of live op outputs, freeing each value after its last reader."""
+def workspace_bytes(g: Graph, bindings: dict[str, int], stage: str | None = None) -> int:
+    """Peak bytes of live op outputs of the ops of `stage` (attrs["stage"]; None: the step's
+    ops), freeing each value after its last reader."""
+    ops = [op for op in g.ops if op.attrs.get("stage") == stage]
     last_use: dict[str, int] = {}
-    for i, op in enumerate(g.ops):
+    for i, op in enumerate(ops):
         for name in op.inputs:
             last_use[name] = i
     for name in g.outputs:
-        last_use[name] = len(g.ops)
+        last_use[name] = len(ops)
     live: dict[str, int] = {}
     peak = 0
-    for i, op in enumerate(g.ops):
+    for i, op in enumerate(ops):
         for name in op.outputs:
             live[name] = g.values[name].nbytes(bindings)
         peak = max(peak, sum(live.values()))
@@ -137,7 +141,18 @@ def _run(graph: Graph, options: CompileOptions) -> Graph:
     for w in g.weights.values():
         packed = cpu_packed_bytes(w, readers.get(w.name, set()))
         weights += weight_bytes(w, options, dtype) if packed is None else packed
-    workspace = workspace_bytes(g, {"T": options.step_tokens, "R": options.max_concurrency})
+    step = {"T": options.step_tokens, "R": options.max_concurrency, "M": options.step_tokens}
+    workspace = workspace_bytes(g, step)
+    detail = f"peak live activations at T={options.step_tokens}"
+    vision = g.meta.get("vision")
+    if vision is not None:  # encoded before the step that needs it, freed before it runs
+        n = options.vision_tokens
+        encode = workspace_bytes(g, {"P": n * vision["merge_size"] ** 2, "N": n}, "vision")
+        detail = (
+            f"the larger of {workspace:,} B (step at T={options.step_tokens}) and {encode:,} B "
+            f"(vision encode of a {n}-token item)"
+        )
+        workspace = max(workspace, encode)
     state_total = state["slots"] * state["bytes_per_slot"]
     budget = options.memory_budget
     per_token, page = kv["bytes_per_token"], options.page_size
@@ -193,7 +208,7 @@ def _run(graph: Graph, options: CompileOptions) -> Graph:
         {
             "item": "workspace",
             "bytes": workspace,
-            "detail": f"peak live activations at T={options.step_tokens}",
+            "detail": detail,
         },
         {
             "item": "kv_cache",

@@ -112,6 +112,11 @@ class EngineOptions:
         return self.compile.dtype or ("float32" if self.compile.device == "cpu" else "bfloat16")
 
     @property
+    def vision(self) -> bool:
+        """Whether the plan runs the vision tower (--vision): requests may carry media."""
+        return self.compile.vision
+
+    @property
     def max_concurrency(self) -> int:
         return self.compile.max_concurrency
 

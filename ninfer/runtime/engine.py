@@ -30,6 +30,7 @@ from ninfer.runtime.executor_api import Executor
 from ninfer.runtime.handle import RequestHandle
 from ninfer.runtime.host_work import DEVICE_WAIT, HostWork
 from ninfer.runtime.logprob_ledger import LogprobLedger
+from ninfer.runtime.media_span import MediaSpan
 from ninfer.runtime.request import (
     FIRST_OUTPUT_PARTS,
     AdmittedEvent,
@@ -45,6 +46,8 @@ from ninfer.runtime.sampler import SampledTokens, Sampler, SampleRow
 from ninfer.runtime.scheduler import Scheduler, StepPlan
 from ninfer.runtime.sequence import Sequence, finish_event, tokens_event, unit_counts
 from ninfer.runtime.step import SeqChunk, StepBatch
+from ninfer.runtime.vision.mrope import MRope
+from ninfer.runtime.vision.placeholders import check_media
 
 if TYPE_CHECKING:
     from ninfer.ir.plan import Plan
@@ -89,6 +92,7 @@ class Engine:
             )
         self.config = config
         self.plan = plan
+        self._vision = None if plan is None else plan.vision  # the tower media requests need
         self.eos_ids = tuple(eos_ids)
         self._executor = executor
         self._sampler = sampler
@@ -135,6 +139,7 @@ class Engine:
         served, EngineOverloaded when max_concurrency + max_pending_requests are outstanding,
         EngineError when the engine is closed or failed."""
         self._sched.validate(request)  # reads only fixed sizes: safe off the worker
+        check_media(request.prompt_token_ids, request.media, self._vision)
         if request.arrival_s is None:
             request = dataclasses.replace(request, arrival_s=self._clock())
         with self._wake:
@@ -165,17 +170,21 @@ class Engine:
             raise ValueError(f"finish reason must be stop, length or cancelled, not {reason!r}")
         self._command(("abort", handle.seq_id, reason, keep_tokens))
 
-    def prompt_logits(self, token_ids: Iterable[int]) -> Future:
+    def prompt_logits(self, token_ids: Iterable[int], media: tuple[MediaSpan, ...] = ()) -> Future:
         """A future of the float32 logits [len(token_ids), vocab] of every position of one
-        prefill of `token_ids` (for tests and tools: `LLM.logits`). It runs on the worker once
+        prefill of `token_ids` with its `media` (as Request.media) (for tests and tools:
+        `LLM.logits`). It runs on the worker once
         no request is outstanding, on pages taken from the pool (cached prefixes are evicted
         as needed) and given back. Its exception: RequestError when the pool cannot hold the
         tokens, EngineError when the engine stops first."""
         future: Future = Future()
+        ids = tuple(token_ids)
+        media = Request(ids, media=media).media if media else ()  # validated as a request's
+        check_media(ids, media, self._vision)
         with self._wake:
             if self._closing or not self._ready:
                 raise EngineError("the engine is not running")
-            self._inbox.append(("logits", tuple(token_ids), future))
+            self._inbox.append(("logits", ids, media, future))
             self._wake.notify()
         return future
 
@@ -305,7 +314,7 @@ class Engine:
         """Run the queued `prompt_logits` jobs (no request is outstanding: lane 0's state
         slot is free, and pages come from the pool)."""
         jobs, self._logit_jobs = self._logit_jobs, []
-        for ids, future in jobs:
+        for ids, media, future in jobs:
             pages = self._sched.lend_pages(len(ids))
             if pages is None:
                 need = -(-len(ids) // self._executor.page_size)
@@ -316,7 +325,7 @@ class Engine:
                 continue
             slot = 0 if self._executor.is_hybrid else None
             try:
-                chunk = SeqChunk(-1, ids, 0, tuple(pages), slot)
+                chunk = SeqChunk(-1, ids, 0, tuple(pages), slot, True, media, MRope.of(media))
                 future.set_result(self._executor.run(StepBatch((chunk,)), all_logits=True))
             except Exception as e:
                 log.exception("prompt_logits failed")
@@ -326,7 +335,7 @@ class Engine:
 
     def _fail_logit_jobs(self, error: BaseException) -> None:
         jobs, self._logit_jobs = self._logit_jobs, []
-        for _, future in jobs:
+        for *_, future in jobs:
             future.set_exception(error)
 
     def _publish_stats(self, idle: bool = False) -> None:

@@ -17,6 +17,11 @@ the step's tokens. It writes each chunk's K/V into the pages its block table nam
 advances each chunk's state slot; it mutates nothing else. Pages and slots are owned by the
 caller (scheduler or `LLM`): the executor never allocates or frees them.
 
+With a vision plan (`plan.vision`, --vision) positions are 3-axis (each chunk's `mrope`), and
+`ex.media` (ninfer/runtime/vision/encoder.py) runs the plan's vision calls once per image or
+video of the chunks' `media` and supplies the embeddings of the placeholder rows a step
+computes; the vision stage's output is the plan's second output.
+
 Every call runs the kernel the plan names for it, looked up in CPU_KERNELS: the torch
 references of ninfer.runtime.ops_torch under the names assign_kernels gives them on cpu
 (`torch.<op>`, `view.split`). A plan compiled for cuda names kernels this executor does not
@@ -43,6 +48,8 @@ from ninfer.runtime.kernel_registry import KernelRegistry
 from ninfer.runtime.kv_cache import PagedKVCache, StateSlots
 from ninfer.runtime.ops_torch import OPS, ChunkView, StepContext
 from ninfer.runtime.step import StepBatch
+from ninfer.runtime.vision.encoder import MediaEncoder
+from ninfer.runtime.vision.ops import VISION_OPS, VisionContext
 from ninfer.runtime.weights import TORCH_DTYPES, load_weights
 
 # the names assign_kernels gives cpu ops: the reference of each op kind, views as view.split,
@@ -51,7 +58,7 @@ from ninfer.runtime.weights import TORCH_DTYPES, load_weights
 CPU_KERNELS = KernelRegistry(
     "cpu",
     {
-        **{(cpu_kernel(op), op): impl for op, impl in OPS.items()},
+        **{(cpu_kernel(op), op): impl for op, impl in {**OPS, **VISION_OPS}.items()},
         **{(name, "linear"): OPS["linear"] for name in CPU_PACKED_GEMMS.values()},
         (CPU_PACKED_LOGITS, "logits"): OPS["logits"],
         (CPU_PACKED_ROWS, "embed"): OPS["embed"],
@@ -83,6 +90,13 @@ class Executor(PlanExecutorBase):
         )
         self._rope: dict[str, torch.Tensor] = {}
         self._last_use = self._liveness()
+        self.media = (
+            None
+            if plan.vision is None
+            else MediaEncoder(
+                self._vision_stage, plan.vision, self.dtype, self.device, plan.outputs[1]
+            )
+        )
         self.last_step_seconds = 0.0
         # positions computed by `run` since construction (every chunk token, prefill or decode;
         # state copies excluded): tests read deltas of it to prove prefix reuse skipped work
@@ -114,6 +128,7 @@ class Executor(PlanExecutorBase):
         chunks: list[ChunkView] = []
         tokens: list[int] = []
         positions: list[int] = []
+        axes: tuple[list[int], list[int], list[int]] = ([], [], [])  # MRoPE plans
         rows: list[int] = []
         for c in batch.chunks:
             n = len(c.token_ids)
@@ -126,7 +141,16 @@ class Executor(PlanExecutorBase):
             begin = len(tokens)
             chunks.append(ChunkView(begin, n, c.start_pos, tuple(c.block_table), c.state_slot))
             tokens.extend(c.token_ids)
-            positions.extend(range(c.start_pos, c.start_pos + n))
+            if self.media is None:
+                positions.extend(range(c.start_pos, c.start_pos + n))
+            else:
+                pos3 = (
+                    c.mrope.positions(c.start_pos, n)
+                    if c.mrope
+                    else [range(c.start_pos, c.start_pos + n)] * 3
+                )
+                for axis, p in zip(axes, pos3):
+                    axis.extend(p)
             if all_logits:
                 rows.extend(range(begin, begin + n))
             elif c.want_logits:
@@ -134,13 +158,23 @@ class Executor(PlanExecutorBase):
         env: dict[str, Any] = dict(self.weights)
         env["tokens"] = torch.tensor(tokens, dtype=torch.int32, device=self.device)
         self._feed(env["tokens"], batch, fed)
-        env["positions"] = torch.tensor(positions, dtype=torch.int32, device=self.device)
+        if self.media is None:
+            env["positions"] = torch.tensor(positions, dtype=torch.int32, device=self.device)
+        else:  # 3-axis positions [3, T] and the vision embeddings of the placeholder rows
+            env["positions"] = torch.tensor(axes, dtype=torch.int32, device=self.device)
+            begins = [(v.begin, c) for v, c in zip(chunks, batch.chunks)]
+            hidden = int(self.plan.model["hidden"])
+            env["media_embeds"], env["media_rows"] = self.media.step_inputs(begins, hidden)
         env["logit_rows"] = torch.tensor(rows, dtype=torch.int32, device=self.device)
         ctx = StepContext(chunks, self.kv, self.state, self._rope)
         env = self._interpret(ctx, env, decode=False)
         self.last_step_seconds = time.perf_counter() - t0
         self.tokens_computed += batch.num_tokens
         return env[self.plan.outputs[0]]
+
+    def _vision_stage(self, ctx: VisionContext, inputs: dict[str, Any]) -> dict[str, Any]:
+        """Run the plan's vision calls once over one item's inputs (MediaEncoder's runner)."""
+        return self._interpret(ctx, {**self.weights, **inputs}, False, self.plan.vision_calls)
 
 
 def executor_for(path: str, **options: Any) -> Executor:

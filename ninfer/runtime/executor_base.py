@@ -44,13 +44,19 @@ class PlanExecutorBase:
         self._step_impls = [kernels.resolve(c, decode=False) for c in self.plan.calls]
         self._decode_impls = [kernels.resolve(c, decode=True) for c in self.plan.calls]
 
-    def _interpret(self, ctx: Any, env: dict[str, Any], decode: bool) -> dict[str, Any]:
-        """Run the plan's calls in order, each by the kernel the plan names for it (its
-        `decode_kernel` in a `decode` step), `impl(ctx, call.attrs, *inputs)`, binding outputs
-        in `env` (weights and step inputs on entry) and dropping each activation after its last
-        reader; returns `env`."""
+    def _interpret(
+        self, ctx: Any, env: dict[str, Any], decode: bool, calls: Sequence[int] | None = None
+    ) -> dict[str, Any]:
+        """Run the plan's step calls (`calls`: these call indices instead, e.g. the vision
+        stage's) in order, each by the kernel the plan names for it (its `decode_kernel` in a
+        `decode` step), `impl(ctx, call.attrs, *inputs)`, binding outputs in `env` (weights and
+        step inputs on entry) and dropping each activation after its last reader; returns
+        `env`."""
         impls = self._decode_impls if decode else self._step_impls
-        for i, call in enumerate(self.plan.calls):
+        if calls is None:
+            calls = self.plan.step_calls if self.plan.vision is not None else range(len(impls))
+        for i in calls:
+            call = self.plan.calls[i]
             out = impls[i](ctx, call.attrs, *[env[n] for n in call.inputs])
             if len(call.outputs) == 1:
                 env[call.outputs[0]] = out

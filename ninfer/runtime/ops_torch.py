@@ -167,7 +167,12 @@ def _cos_sin(ctx: StepContext, a: dict, pos: torch.Tensor, dtype: torch.dtype):
         return ctx.memo[memo_key]
     if key not in ctx.rope_cache:
         ctx.rope_cache[key] = _inv_freq(a["rope"], rd).to(pos.device)
-    freqs = pos.float()[:, None] * ctx.rope_cache[key][None, :]  # [T, rd/2]
+    inv = ctx.rope_cache[key]
+    if pos.dim() == 2:  # MRoPE [3, T]: frequency j turns with axis mrope_axes[j] (t, h or w)
+        axes = torch.tensor(a["rope"]["mrope_axes"], device=pos.device)
+        freqs = pos.float()[axes].T * inv[None, :]  # [T, rd/2]
+    else:
+        freqs = pos.float()[:, None] * inv[None, :]  # [T, rd/2]
     emb = torch.cat([freqs, freqs], dim=-1)
     cos, sin = emb.cos(), emb.sin()  # [T, rd] fp32
     scale = rope_scale(a["rope"])

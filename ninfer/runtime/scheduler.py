@@ -271,13 +271,7 @@ class Scheduler(Residency):
         if not rows or not all(self._reserve_free(seq, pos + 1) for seq, _, pos in rows):
             return None
         ahead = tuple(
-            SeqChunk(
-                seq_id=seq.seq_id,
-                token_ids=(FED,),
-                start_pos=pos,
-                block_table=tuple(seq.pages),
-                state_slot=seq.lane if self.is_hybrid else None,
-            )
+            SeqChunk(seq.seq_id, (FED,), pos, tuple(seq.pages), self._slot(seq), mrope=seq.mrope)
             for seq, _, pos in rows
         )
         batch = StepBatch(ahead, step_index=self._step, fed_rows=tuple(r for _, r, _ in rows))
@@ -402,14 +396,14 @@ class Scheduler(Residency):
 
     def _chunk(self, seq: Sequence, n: int) -> SeqChunk:
         start, end = seq.computed, seq.computed + n
+        ids, want = tuple(seq.tokens[start:end]), end == seq.known
+        media = seq.media_in(start, end)
         return SeqChunk(
-            seq_id=seq.seq_id,
-            token_ids=tuple(seq.tokens[start:end]),
-            start_pos=start,
-            block_table=tuple(seq.pages),
-            state_slot=seq.lane if self.is_hybrid else None,
-            want_logits=end == seq.known,
+            seq.seq_id, ids, start, tuple(seq.pages), self._slot(seq), want, media, seq.mrope
         )
+
+    def _slot(self, seq: Sequence) -> int | None:
+        return seq.lane if self.is_hybrid else None
 
     # -- commit -----------------------------------------------------------------------------
 

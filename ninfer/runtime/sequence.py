@@ -22,9 +22,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ninfer.runtime.logprob_ledger import LogprobLedger
+from ninfer.runtime.media_span import MediaSpan
 from ninfer.runtime.prefix_cache import CacheNode
 from ninfer.runtime.request import FinishEvent, Request, ReusePath, Timings, TokensEvent, Usage
 from ninfer.runtime.thinking import ThinkingBudget
+from ninfer.runtime.vision.mrope import MRope
 
 if TYPE_CHECKING:
     from ninfer.runtime.preemption import SavedContext
@@ -60,6 +62,7 @@ class Sequence:
     bypassed: int = 0  # times a later request was admitted ahead of this one while it waited
     thinking: ThinkingBudget | None = None  # thinking-budget state (Request.thinking_budget)
     saved: SavedContext | None = None  # paused with a host snapshot (preemption.py)
+    mrope: MRope | None = None  # 3-axis positions of a prompt with media (Request.media)
     # usage and timing
     bound_once: bool = False
     cached_tokens: int = 0
@@ -88,6 +91,13 @@ class Sequence:
     paused_s: float = 0.0
     finish_reason: str | None = None
     error: BaseException | None = None
+
+    def __post_init__(self) -> None:
+        self.mrope = MRope.of(self.request.media)
+
+    def media_in(self, start: int, end: int) -> tuple[MediaSpan, ...]:
+        """The prompt's media spans overlapping positions start..end-1."""
+        return tuple(m for m in self.request.media if m.offset < end and m.end > start)
 
     @property
     def known(self) -> int:

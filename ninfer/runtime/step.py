@@ -22,6 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ninfer.runtime.media_span import MediaSpan
+from ninfer.runtime.vision.mrope import MRope
+
 
 @dataclass(frozen=True)
 class SeqChunk:
@@ -33,6 +36,12 @@ class SeqChunk:
     block_table: tuple[int, ...]  # KV pages covering positions [0, start_pos + len(token_ids))
     state_slot: int | None = None  # recurrent-state slot (hybrid models), else None
     want_logits: bool = True  # return logits of the last position of this chunk
+    # images / videos of the sequence with a placeholder among positions start_pos.. of this
+    # chunk: the executor writes their vision embeddings over those rows (a chunk may start or
+    # end inside a span)
+    media: tuple[MediaSpan, ...] = ()
+    # the sequence's 3-axis rotary positions (a prompt with media); None: position = index
+    mrope: MRope | None = None
 
 
 @dataclass(frozen=True)

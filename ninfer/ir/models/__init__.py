@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ninfer.artifact.model_spec import ModelSpec, model_spec
-from ninfer.errors import ArtifactError
+from ninfer.errors import ArtifactError, ConfigError
 from ninfer.ir.builder import MissingTensor, TensorTable
 from ninfer.ir.graph import Graph
 from ninfer.ir.models import llama, qwen2, qwen3, qwen3_5
@@ -21,16 +21,34 @@ BUILDERS = {
 }
 
 
+VISION_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe")
+
+
 def build_graph(
-    architecture: str, config: dict[str, Any], tensors: TensorTable, dtype: str = "f32"
+    architecture: str,
+    config: dict[str, Any],
+    tensors: TensorTable,
+    dtype: str = "f32",
+    vision: bool = False,
 ) -> Graph:
-    """The unfused graph of one step. ArtifactError when the config or tensors do not fit."""
+    """The unfused graph of one step. ArtifactError when the config or tensors do not fit;
+    ConfigError for `vision` (--vision) on an artifact without a vision tower."""
     if architecture not in BUILDERS:
         raise ArtifactError(
             f"no graph builder for architecture {architecture!r} (have: {', '.join(BUILDERS)})"
         )
     spec = model_spec(architecture, config)
+    if vision and (
+        architecture not in VISION_ARCHITECTURES
+        or not any(t.startswith("visual.") for t in tensors)
+    ):
+        raise ConfigError(
+            f"--vision needs the artifact's vision component, which this {architecture} artifact "
+            "lacks; drop --vision or convert a checkpoint with a vision tower"
+        )
     try:
+        if vision:
+            return qwen3_5.build(spec, tensors, dtype, config, vision=True)
         return BUILDERS[architecture](spec, tensors, dtype)
     except MissingTensor as e:
         raise ArtifactError(f"{architecture}: missing tensor {e.args[0]!r}") from None
@@ -42,6 +60,8 @@ def check_tensors(architecture: str, config: dict[str, Any], tensors: TensorTabl
     """Raise ArtifactError unless `tensors` build the model `config` describes (the check a
     converter runs before it writes an artifact: ninfer.artifact.convert_hf.check_fits)."""
     build_graph(architecture, config, tensors)
+    if any(t.startswith("visual.") for t in tensors) and architecture in VISION_ARCHITECTURES:
+        build_graph(architecture, config, tensors, vision=True)  # the tower's weights fit too
 
 
 __all__ = ["BUILDERS", "ModelSpec", "build_graph", "check_tensors", "model_spec"]

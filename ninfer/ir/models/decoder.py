@@ -4,7 +4,11 @@
     for each layer i:   x = x + mixer_i(norm_in(x));   x = x + ffn_i(norm_post(x))
     logits = lm_head(norm_final(x[logit_rows]))         # only rows that want logits
 
-Step inputs: tokens i32[T], positions i32[T], logit_rows i32[R]. Architecture files supply the
+Step inputs: tokens i32[T], positions i32[T], logit_rows i32[R]. With a vision tower
+(`vision`, which adds the vision stage and returns its output), positions are 3-axis [3, T] and
+`media_embeds` [M, hidden] replace the embeddings of the `media_rows` i32[M] placeholder rows
+right after the lookup; the graph's outputs are then logits and the vision stage's output.
+Architecture files supply the
 mixer (attention or Gated DeltaNet) and ffn (MLP or MoE) per layer, and whether RMSNorm is
 zero-centred (y = x/rms(x) * (1 + w), Qwen3.5) or plain (y = x/rms(x) * w).
 """
@@ -29,14 +33,20 @@ def build_decoder(
     ffn: Block,
     zero_centered: bool,
     declared: dict[str, str] | None = None,
+    vision: Callable[[GraphBuilder], str] | None = None,
 ) -> Graph:
     b = GraphBuilder(s.architecture, tensors, dtype)
+    outputs = [] if vision is None else [vision(b)]
     tokens = b.input("tokens", TensorType("i32", ("T",)))
-    b.input("positions", TensorType("i32", ("T",)))
+    b.input("positions", TensorType("i32", ("T",) if vision is None else (3, "T")))
     rows = b.input("logit_rows", TensorType("i32", ("R",)))
     nattr = {"eps": s.eps, "zero_centered": zero_centered}
     embedding = b.sized("model.embed_tokens.weight", s.vocab, "vocab_size")
     x = b.op1("embed", [tokens, embedding], {"dtype": dtype}, "x")
+    if vision is not None:
+        media = b.input("media_embeds", TensorType(dtype, ("M", s.hidden)))
+        media_rows = b.input("media_rows", TensorType("i32", ("M",)))
+        x = b.op1("media_merge", [x, media, media_rows], None, "x_media")
     for i in range(s.layers):
         p = f"model.layers.{i}"
         h = b.op1("rmsnorm", [x, b.weight(f"{p}.input_layernorm.weight")], nattr, f"L{i}.h")
@@ -54,7 +64,7 @@ def build_decoder(
     )
     logits = b.op1("logits", [h, b.weight(head)], None, "logits")
     return b.finish(
-        [logits],
+        [logits, *outputs],
         architecture=s.architecture,
         hybrid=s.is_hybrid,
         vocab=s.vocab,

@@ -4,17 +4,21 @@ Layers are Gated DeltaNet (linear attention) or gated full attention as `layer_t
 Full attention: q_proj emits per head query|gate, zero-centred q/k norm, rotary on the first
 partial_rotary_factor of each head, output * sigmoid(gate). Every RMSNorm is zero-centred except
 the DeltaNet output norm (gated, plain weight). MoE layers add a shared expert gated by
-sigmoid(shared_expert_gate h); the router always renormalises. MTP heads and the vision tower
-are declared in `meta["declared"]` when present but not executed.
+sigmoid(shared_expert_gate h); the router always renormalises. MTP heads are declared in
+`meta["declared"]` when present but not executed; so is the vision tower, unless the graph is
+built `vision=True`: then it runs (qwen3_5_vision.py) and the text rotary is 3-axis (MRoPE).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from ninfer.artifact.model_spec import ModelSpec
 from ninfer.ir.builder import GraphBuilder, TensorTable
 from ninfer.ir.graph import Graph
 from ninfer.ir.models import blocks
 from ninfer.ir.models.decoder import build_decoder
+from ninfer.ir.models.qwen3_5_vision import build_vision, mrope_axes, vision_spec
 
 
 def _mixer(b: GraphBuilder, s: ModelSpec, i: int, h: str) -> str:
@@ -29,10 +33,33 @@ def _ffn(b: GraphBuilder, s: ModelSpec, i: int, h: str) -> str:
     return blocks.mlp(b, s, f"model.layers.{i}.mlp", f"L{i}", h, intermediate_size=s.inter)
 
 
-def build(s: ModelSpec, tensors: TensorTable, dtype: str) -> Graph:
+def build(
+    s: ModelSpec,
+    tensors: TensorTable,
+    dtype: str,
+    config: dict | None = None,
+    vision: bool = False,
+) -> Graph:
+    """`vision`: run the tower (`config`: the artifact's config, holding vision_config)."""
     declared = {}
     if any(t.startswith("mtp.") for t in tensors):
         declared["mtp"] = "declared, not executed"
-    if any(t.startswith("visual.") for t in tensors):
-        declared["vision"] = "declared, not executed"
-    return build_decoder(s, tensors, dtype, _mixer, _ffn, zero_centered=True, declared=declared)
+    if not vision:
+        if any(t.startswith("visual.") for t in tensors):
+            declared["vision"] = "declared, not executed"
+        return build_decoder(s, tensors, dtype, _mixer, _ffn, zero_centered=True, declared=declared)
+    cfg = config or {}
+    v = vision_spec(cfg, s.hidden)
+    s = dataclasses.replace(s, rope={**s.rope, "mrope_axes": mrope_axes(cfg, s.rotary_dim)})
+    g = build_decoder(
+        s,
+        tensors,
+        dtype,
+        _mixer,
+        _ffn,
+        zero_centered=True,
+        declared=declared,
+        vision=lambda b: build_vision(b, v),
+    )
+    g.meta["vision"] = v.layout()
+    return g
