@@ -22,7 +22,7 @@ drafters, as synthetic models of the target's width (ratios to the target's deco
   dflash     five decoder layers over a block of k+1 positions in one forward (rows), plus the
              LM head on each
   `--lm-head-draft` variants of both: the head reduced to the 32,768 most frequent tokens
-             (FR-Spec's size).
+             (the size FR-Spec uses).
 
 Each figure is the median of `--repeats` timed runs (host clock around the step with a device
 sync, which is what a round costs the engine loop), all in one process.
@@ -45,7 +45,7 @@ from ninfer.runtime.cuda_synthetic import build_synthetic
 from ninfer.runtime.step import SeqChunk, StepBatch
 
 PAGE = 16
-DRAFT_VOCAB = 32768  # FR-Spec's reduced head size
+DRAFT_VOCAB = 32768  # the reduced head size FR-Spec uses
 
 
 class Rig:

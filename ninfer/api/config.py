@@ -63,7 +63,6 @@ class ServeConfig:
     draft_tokens: int | None = None
     lm_head_draft: bool = False
     default_thinking_budget: int | None = None
-    vision: bool = False
     thinking: bool = True  # --no-thinking turns the default off
     preserve_thinking: bool = False
     cors: bool = False
@@ -137,7 +136,6 @@ class ServeConfig:
             _int("seed", self.seed, -(1 << 63), (1 << 63) - 1, what="a signed 64-bit integer")
         for name in (
             "lm_head_draft",
-            "vision",
             "media_allow_private",
             "thinking",
             "preserve_thinking",
@@ -148,6 +146,12 @@ class ServeConfig:
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
     # -- derived values -----------------------------------------------------------------------
+    @property
+    def vision(self) -> bool:
+        """--vision: an engine option (the plan runs the vision tower), read here by the
+        protocol layer, which accepts media only then."""
+        return self.engine.vision
+
     @property
     def max_request_bytes(self) -> int:
         """The raw body limit in bytes (--max-request-mib)."""

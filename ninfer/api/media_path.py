@@ -125,10 +125,15 @@ def release(items: Sequence[PreparedItem]) -> None:
         item.ref.release()
 
 
-def preprocess_config(model_config: Mapping[str, Any], dtype: str) -> VisionPreprocessConfig:
-    """Preprocessing settings: Qwen3-VL / Qwen3.5's processor defaults with the patch geometry
-    of the model's ``vision_config`` (patch_size, temporal_patch_size, spatial_merge_size), and
-    payload rows in float32 for a float32 engine, else bfloat16."""
+def preprocess_config(
+    model_config: Mapping[str, Any], dtype: str, processor: Mapping[str, Any] | None = None
+) -> VisionPreprocessConfig:
+    """Preprocessing settings: the checkpoint's own processor files (`processor`, as
+    `Artifact.preprocessor` holds them: {"image": preprocessor_config.json, "video":
+    video_preprocessor_config.json}) over Qwen3-VL / Qwen3.5's processor defaults, with the
+    patch geometry of the model's ``vision_config`` (patch_size, temporal_patch_size,
+    spatial_merge_size) where the files leave it out, and payload rows in float32 for a float32
+    engine, else bfloat16."""
     vision = model_config.get("vision_config")
     geometry: dict[str, Any] = {}
     if isinstance(vision, Mapping):
@@ -139,8 +144,11 @@ def preprocess_config(model_config: Mapping[str, Any], dtype: str) -> VisionPrep
         ):
             if isinstance(vision.get(theirs), int):
                 geometry[ours] = vision[theirs]
+    files = processor or {}
+    image = {**geometry, **(files.get("image") or {})}
+    video = {**geometry, **(files.get("video") or {})} if files.get("video") else None
     return VisionPreprocessConfig.from_hf(
-        geometry, None, dtype="float32" if dtype == "float32" else "bfloat16"
+        image, video, dtype="float32" if dtype == "float32" else "bfloat16"
     )
 
 
@@ -150,7 +158,7 @@ def build_media_path(
     """The media path of a --vision server (`config`: ServeConfig). `resolver` replaces DNS
     (tests). Raises ConfigError when the artifact cannot place media in a prompt."""
     tokens = VisionTokens.resolve(tokenizer, artifact.config)
-    settings = preprocess_config(artifact.config, config.engine.dtype)
+    settings = preprocess_config(artifact.config, config.engine.dtype, artifact.preprocessor)
     policy = FetchPolicy(allow_private=config.media_allow_private)
     preparer = MediaPreparer.create(
         settings,

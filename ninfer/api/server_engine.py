@@ -142,8 +142,9 @@ def plan_summary(options: EngineOptions, memory: dict[str, Any]) -> str:
 def memory_layout(plan: Any, executor: Any) -> dict[str, Any]:
     """The server_start record's `memory`: the plan's sizing ledger (what it budgeted, against
     which device budget), the one workspace allocation, the KV pool as the executor sized it
-    (after `auto`), recurrent-state slots and the CUDA Graph buckets captured. No vision runtime
-    exists, so `vision_workspace` is null (--vision is refused for every current artifact)."""
+    (after `auto`), recurrent-state slots and the CUDA Graph buckets captured.
+    `vision_workspace` is null: with --vision the tower's encode shares the one workspace, which
+    the plan sizes as the larger of a step and one vision encode (the ledger's workspace row)."""
     entries = [dataclasses.asdict(e) for e in plan.ledger.entries]
     planned = {e["item"]: e["bytes"] for e in entries}
     per_page = plan.kv.bytes_per_page

@@ -214,6 +214,7 @@ def config_from_args(
             device_state_slots=args.device_state_slots,
             cuda_graphs=args.cuda_graph,
             cpu_weights=args.cpu_weights,
+            vision=args.vision,
         ),
         device_index=None if device == "cpu" else int(device.removeprefix("cuda:")),
         max_pending_requests=args.max_pending_requests,

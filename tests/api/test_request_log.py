@@ -234,7 +234,7 @@ def test_server_start_comes_first_and_hides_the_key(served):
     assert sampler["thinking"] == sampler["non_thinking"]  # artifact's generation defaults
     assert set(sampler["thinking"]) >= {"temperature", "top_p", "top_k", "min_p", "seed"}
     mem = first["memory"]  # the plan's sizing ledger and the pools as sized at startup
-    assert mem["vision_workspace"] is None  # no vision runtime
+    assert mem["vision_workspace"] is None  # the vision encode shares the workspace
     items = {e["item"]: e["bytes"] for e in mem["ledger"]}
     assert {"weights", "workspace", "kv_cache", "state_slots"} <= set(items)
     assert mem["workspace"]["capacity_bytes"] == items["workspace"] > 0

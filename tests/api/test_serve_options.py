@@ -123,7 +123,7 @@ def test_every_flag_reaches_the_config():
         "--media-live-mib", "8", "--media-preprocess-threads", "3", "--request-log-jsonl", "r.jsonl",
         "--response-store-max-records", "2", "--response-store-max-mib", "3", "--kv-dtype", "k8v4",
         "--spec", "dflash2", "--draft-tokens", "15", "--lm-head-draft", "--default-max-tokens", "7",
-        "--default-thinking-budget", "512", "--vision", "--no-cuda-graph", "--no-prefix-reuse",
+        "--default-thinking-budget", "512", "--no-cuda-graph", "--no-prefix-reuse",
         "--device-state-slots", "0", "--host-context-mib", "0", "--no-thinking", "--preserve-thinking",
         "--cors", "--temperature", "0.5", "--top-p", "0.9", "--top-k", "0", "--min-p", "0.1",
         "--presence-penalty", "-2", "--frequency-penalty", "2", "--seed", "-7", "--greedy",
@@ -156,7 +156,7 @@ def test_every_flag_reaches_the_config():
         media_live_mib=8, media_preprocess_threads=3, request_log_jsonl="r.jsonl",
         response_store_max_records=2, response_store_max_mib=3, spec="dflash2",
         draft_tokens=15, lm_head_draft=True, default_thinking_budget=512,
-        vision=True, thinking=False, preserve_thinking=True, cors=True, temperature=0.5, top_p=0.9, top_k=0,
+        thinking=False, preserve_thinking=True, cors=True, temperature=0.5, top_p=0.9, top_k=0,
         min_p=0.1, presence_penalty=-2.0, frequency_penalty=2.0, seed=-7, greedy=True,
         chat_template="t.jinja",
     )  # fmt: skip
@@ -339,15 +339,27 @@ def test_capabilities_the_artifact_lacks_are_refused(tmp_path, components, argv,
     assert refused in str(e.value) and "\n" not in str(e.value)
 
 
+def test_vision_is_an_engine_option_on_cpu_and_refused_on_cuda():
+    """--vision compiles the tower into the plan (an engine option the protocol layer reads);
+    the CUDA executor has no vision kernels, so there it is one line, not a late failure."""
+    cfg = parse("--vision", "--device", "cpu")
+    assert cfg.vision and cfg.engine.vision and cfg.engine.compile.vision
+    assert not parse("--device", "cpu").vision
+    with pytest.raises(ConfigError) as e:
+        parse("--vision", cuda=True)
+    assert "--vision" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_vision_is_refused_when_the_plan_does_not_run_the_tower():
     # what qwen3_5's IR builder records for a checkpoint whose visual.* weights it cannot run
     declared = {"vision": "declared, not executed"}
+    on = ServeConfig(engine=EngineOptions.of(vision=True))
     with pytest.raises(ConfigError) as e:
-        check_vision_plan(ServeConfig(vision=True), declared)
+        check_vision_plan(on, declared)
     assert "--vision" in str(e.value) and "declared, not executed" in str(e.value)
     assert "\n" not in str(e.value)
-    check_vision_plan(ServeConfig(vision=False), declared)  # text requests on the same artifact
-    check_vision_plan(ServeConfig(vision=True), {})  # a plan that runs every component
+    check_vision_plan(ServeConfig(), declared)  # text requests on the same artifact
+    check_vision_plan(on, {})  # a plan that runs every component
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ninfer.runtime.request import Request
 from tests.media.test_video import make_video
-from tests.media.vision_server import build_vision_text_artifact, vision_server, vision_tokenizer
+from tests.media.vision_server import build_vision_artifact, vision_server, vision_tokenizer
 
 TOK = vision_tokenizer()
 START, END, IMAGE_PAD, VIDEO_PAD = (
@@ -52,7 +52,7 @@ def data_uri(data: bytes, kind: str = "image/png") -> str:
 
 @pytest.fixture(scope="module")
 def artifact(fixture_root: Path) -> Path:
-    return build_vision_text_artifact(fixture_root)
+    return build_vision_artifact(fixture_root)
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +161,7 @@ def test_an_image_gives_the_same_prompt_through_the_three_protocols(server: Any)
     assert tuple(tokenized["tokens"]) == chat.prompt_token_ids
     assert counted_responses.input_tokens == counted_anthropic.input_tokens
     assert counted_anthropic.input_tokens == len(chat.prompt_token_ids)
-    # one image, resized up to the processor's minimum area, in 16-pixel patches merged 2x2:
+    # one image, resized within the fixture processor's budget, in 8-pixel patches merged 2x2:
     # the span covers exactly the image pads, framed by start / end
     (span,) = chat.media
     assert chat.media == responses.media == messages.media
@@ -172,7 +172,7 @@ def test_an_image_gives_the_same_prompt_through_the_three_protocols(server: Any)
     t, h, w = span.grid_thw
     assert t == 1 and span.tokens == h * w // 4 and span.modality == "image"
     assert span.digest == hashlib.sha256(image).digest()
-    assert span.prepared.pixel_values.shape == (h * w, 3 * 2 * 16 * 16)
+    assert span.prepared.pixel_values.shape == (h * w, 3 * 2 * 8 * 8)  # C x frames x patch^2
 
 
 def metric(client: Any, name: str, **labels: str) -> float:
@@ -197,7 +197,17 @@ def test_the_same_image_sent_twice_is_prepared_once(server: Any) -> None:
         return oa.chat.completions.create(
             model="tiny-vision-text",
             messages=[
-                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": image}}]}
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image_url", "image_url": {"url": image}},
+                        {
+                            "type": "text",
+                            "text": "Describe this picture: its colours, shapes, "
+                            "and anything written in it, in a few plain words.",
+                        },
+                    ],
+                }
             ],
             max_completion_tokens=1,
         )
@@ -214,7 +224,7 @@ def test_the_same_image_sent_twice_is_prepared_once(server: Any) -> None:
     # same placeholders reuses only what comes before it
     span = first.media[0]
     assert first_usage.prompt_tokens_details.cached_tokens == 0
-    # (every full page but the last token's: here all of them hold image placeholders)
+    # (the hybrid model reuses at the conversation's checkpoint, a page boundary after the image)
     assert second_usage.prompt_tokens_details.cached_tokens > span.offset
     other = send(data_uri(png(40, 40, seed=6))).usage
     assert other.prompt_tokens == first_usage.prompt_tokens

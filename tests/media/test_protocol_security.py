@@ -32,7 +32,7 @@ from PIL import Image
 from ninfer.media.fetch import FetchLimits
 from tests.media.servers import LoopbackServer, StubResolver, dribble, redirect, send_bytes
 from tests.media.test_image import png_header_only
-from tests.media.vision_server import build_vision_text_artifact, vision_server
+from tests.media.vision_server import build_vision_artifact, vision_server
 
 FORBIDDEN = {
     "loopback.test": "127.0.0.1",
@@ -106,7 +106,7 @@ def listener() -> Iterator[LoopbackServer]:
 def strict(fixture_root: Path, listener: LoopbackServer) -> Iterator[str]:
     """A server with the default fetch policy; every FORBIDDEN name resolves as listed."""
     resolver = StubResolver({name: [ip] for name, ip in FORBIDDEN.items()})
-    with vision_server(build_vision_text_artifact(fixture_root), resolver) as (base, _):
+    with vision_server(build_vision_artifact(fixture_root), resolver) as (base, _):
         yield base
 
 
@@ -117,7 +117,7 @@ def local(fixture_root: Path, listener: LoopbackServer) -> Iterator[str]:
     the option)."""
     resolver = StubResolver({"images.test": ["127.0.0.1"], "meta.test": ["169.254.169.254"]})
     limits = FetchLimits(max_bytes=64 * 1024, timeout_s=5.0, idle_timeout_s=0.5)
-    artifact = build_vision_text_artifact(fixture_root)
+    artifact = build_vision_artifact(fixture_root)
     options = {"media_allow_private": True, "pending_timeout_ms": 3000}
     with vision_server(artifact, resolver, limits, **options) as (base, _):
         yield base
