@@ -317,8 +317,8 @@ class CudaExecutor(PlanExecutorBase):
             n = len(c.token_ids)
             if all_logits:
                 rows.extend(range(t, t + n))
-            elif c.want_logits:
-                rows.append(t + n - 1)
+            elif c.want_logits:  # the last num_logits positions (1, or k + 1 to verify)
+                rows.extend(range(t + n - min(c.num_logits, n), t + n))
             t += n
         width = max(-(-(c.start_pos + len(c.token_ids)) // self.page_size) for c in chunks)
         lay = _Layout(t, len(chunks), len(rows), width)

@@ -47,6 +47,7 @@ from ninfer.runtime.step import SeqChunk, StepBatch
 
 if TYPE_CHECKING:
     from ninfer.ir.plan import Plan
+    from ninfer.spec.speculator import Accepted, Speculator
 
 log = logging.getLogger("ninfer.engine")
 
@@ -58,7 +59,7 @@ class _Launched:
     """A step queued on the device and not committed yet."""
 
     plan: StepPlan
-    tokens: SampledTokens
+    tokens: SampledTokens | Accepted  # Accepted: a speculative step's tokens per chunk
     work_class: str  # host_work.py's class of the time spent on it
 
 
@@ -80,6 +81,7 @@ class Engine:
         *,
         clock: Callable[[], float] = time.monotonic,
         plan: Plan | None = None,
+        speculator: Speculator | None = None,
     ) -> None:
         if executor.is_hybrid and executor.num_state_slots < config.max_concurrency:
             raise ConfigError(
@@ -119,6 +121,8 @@ class Engine:
         # launch a decode step before the previous one's tokens are read (executors that take
         # their tokens from the device only)
         self._overlap = config.overlap and bool(getattr(executor, "feeds_tokens", False))
+        self._spec = speculator  # drafts and verifies decode rows (ninfer/spec/speculator.py)
+        self._overlap = self._overlap and speculator is None  # a round needs the last commit
         self._inflight: _Launched | None = None  # launched ahead, not committed (worker only)
         self._work = HostWork()
         self._ready = True
@@ -339,12 +343,14 @@ class Engine:
         try:
             self._publish_stats()  # gauges show the batch while the device runs it
             self._sched.run_transfers(plan, self._executor)  # pause snapshots and restores
-            if fed is None:
-                logits = self._executor.run(plan.batch)  # [rows, vocab]
+            if self._spec is not None:  # the plan widened by drafts: commit that one
+                plan, tokens = self._spec.launch(self._sched, plan, self._executor, self._sampler)
             else:
-                logits = self._executor.run(plan.batch, fed=fed.ids)
-            rows = [SampleRow(s.seq_id, s.request.sampling, s.output_ids) for s in plan.logit_seqs]
-            tokens = self._sampler.sample_async(logits, rows)
+                logits = self._executor.run(plan.batch, **({} if fed is None else {"fed": fed.ids}))
+                rows = [
+                    SampleRow(s.seq_id, s.request.sampling, s.output_ids) for s in plan.logit_seqs
+                ]
+                tokens = self._sampler.sample_async(logits, rows)
         except Exception as e:
             log.exception("step %d failed", plan.batch.step_index)
             self._fail(plan, e)
@@ -403,6 +409,8 @@ class Engine:
             if finished:
                 del self._handles[seq.seq_id]
                 self._sampler.forget(seq.seq_id)
+                if self._spec is not None:
+                    self._spec.forget(seq.seq_id)
                 mark = self._exposure.pop(seq.seq_id, None)
                 exposure = None if mark is None else self._work.exposure_since(mark)
                 with self._wake:  # before the push: its reader may submit at once
@@ -468,6 +476,10 @@ class Engine:
             decode_rounds_total=c.decode_rounds,
             decode_rows_total=c.decode_rows,
             step_failures_total=self._step_failures,
+            spec_decode_rounds_total=c.spec_rounds,
+            spec_decode_draft_tokens_total=c.spec_draft_tokens,
+            spec_decode_accepted_tokens_total=c.spec_accepted_tokens,
+            spec_decode_fallback_steps_total=c.spec_fallback_steps,
             device_wait_seconds_total=self._work.seconds[DEVICE_WAIT],
             requests_by_outcome=dict(c.outcomes),
             context_transfer_bytes=dict(s.preemption.transfer_bytes),

@@ -104,8 +104,9 @@ class Executor(PlanExecutorBase):
     def run(
         self, batch: StepBatch, all_logits: bool = False, fed: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Run one step. Returns float32 logits [rows, vocab]: one row per chunk with
-        want_logits (its last position), in chunk order; with `all_logits`, every position of
+        """Run one step. Returns float32 logits [rows, vocab]: for each chunk with
+        want_logits its last `num_logits` positions (one row, or k + 1 for a verify chunk), in
+        chunk order; with `all_logits`, every position of
         every chunk instead (used by `LLM.logits`). `fed`: the previous step's sampled ids,
         for a batch with `fed_rows`."""
         t0 = time.perf_counter()
@@ -129,8 +130,8 @@ class Executor(PlanExecutorBase):
             positions.extend(range(c.start_pos, c.start_pos + n))
             if all_logits:
                 rows.extend(range(begin, begin + n))
-            elif c.want_logits:
-                rows.append(begin + n - 1)
+            elif c.want_logits:  # the last num_logits positions (1, or k + 1 to verify)
+                rows.extend(range(begin + n - min(c.num_logits, n), begin + n))
         env: dict[str, Any] = dict(self.weights)
         env["tokens"] = torch.tensor(tokens, dtype=torch.int32, device=self.device)
         self._feed(env["tokens"], batch, fed)

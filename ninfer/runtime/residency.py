@@ -17,16 +17,19 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.pages import PagePool
-from ninfer.runtime.preemption import DeviceOp, Preemption
+from ninfer.runtime.preemption import DeviceOp, Preemption, SnapshotIn, SnapshotOut
 from ninfer.runtime.prefix_cache import PrefixCache, PrefixMatch
 from ninfer.runtime.request import AdmittedEvent, PromptProgressEvent, SchedulingEvent
 from ninfer.runtime.retention import Retention
 from ninfer.runtime.sequence import SeqStatus, Sequence
 from ninfer.runtime.step import StateCopy
+
+if TYPE_CHECKING:
+    from ninfer.runtime.scheduler import StepPlan
 
 
 @dataclass
@@ -54,6 +57,12 @@ class SchedulerCounters:
     state_captures: int = 0
     state_restores: int = 0
     last_selection: dict[str, object] | None = None  # a gauge: the latest selection
+    # speculative decoding (speculation.py): verify rounds, draft tokens proposed and accepted,
+    # decode rows of a speculating engine that ran without drafts
+    spec_rounds: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_fallback_steps: int = 0
 
 
 class SeqUpdate(NamedTuple):
@@ -196,6 +205,29 @@ class Residency:
         if need > self.pool.num_pages or not self._evict_for(need):
             return None
         return self.pool.allocate(need)
+
+    def fail_step(self, plan: StepPlan, now: float, error: BaseException) -> None:
+        """The executor raised on `plan` (its transfers or its batch): fail the requests whose
+        KV, state or snapshot it was to write, and forget checkpoints its state copies were to
+        fill (they hold garbage)."""
+        copies = [op for op in plan.transfers if isinstance(op, StateCopy)]
+        dst_slots = {c.dst_slot for c in (*copies, *plan.batch.state_copies)}
+        if self.cache is not None:
+            for slot in dst_slots:
+                self.cache.invalidate_slot(slot)
+        hit = {s.seq_id: s for s in plan.chunk_seqs}
+        for op in plan.transfers:
+            if isinstance(op, (SnapshotIn, SnapshotOut)):
+                hit[op.seq.seq_id] = op.seq
+                self.preemption.abandon(op)
+        hit.update({s.seq_id: s for s in self.running if s.lane in dst_slots})
+        for seq in list(self.running):
+            if seq.rolling_slot in dst_slots:
+                hit[seq.seq_id] = seq
+        for seq in hit.values():
+            if seq.status is not SeqStatus.FINISHED:
+                self.retention.drop_rolling(seq)  # its captured state may be garbage
+                self._finish(seq, "error", now, error)
 
     # -- pressure ---------------------------------------------------------------------------
 

@@ -66,13 +66,13 @@ class Sampler:
         assert logits.dim() == 2 and logits.shape[0] == len(rows), (logits.shape, len(rows))
         x = logits.float()  # [rows, vocab]; a copy when the dtype differs
         if any(r.params.presence_penalty or r.params.frequency_penalty for r in rows):
-            x = self._penalize(x.clone(), rows)
+            x = self.penalize(x.clone(), rows)
         out = x.argmax(dim=-1)
         idx = [i for i, r in enumerate(rows) if not r.params.greedy]
         if idx:
             probs = self.probabilities(x[idx], [rows[i].params for i in idx])  # [n, vocab]
             for j, i in enumerate(idx):
-                gen = self._generator(rows[i], logits.device)
+                gen = self.generator(rows[i], logits.device)
                 out[i : i + 1] = torch.multinomial(probs[j], 1, generator=gen)
         return SampledTokens(out)
 
@@ -101,7 +101,9 @@ class Sampler:
         return torch.zeros_like(sorted_p).scatter_(-1, order, sorted_p)
 
     @staticmethod
-    def _penalize(x: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
+    def penalize(x: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
+        """Subtract each row's presence/frequency penalties from `x` [len(rows), vocab] fp32
+        in place (counts from the row's `output_ids`); returns `x`."""
         vocab = x.shape[1]
         for i, r in enumerate(rows):
             p = r.params
@@ -112,7 +114,10 @@ class Sampler:
             x[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(x.dtype)
         return x
 
-    def _generator(self, row: SampleRow, device: torch.device) -> torch.Generator:
+    def generator(self, row: SampleRow, device: torch.device) -> torch.Generator:
+        """The request's own generator (created, seeded, on first use). Speculative decoding
+        draws its drafts, acceptance tests and residual samples from it too, so a seed fixes
+        the whole output."""
         gen = self._generators.get(row.seq_id)
         if gen is None:
             gen = torch.Generator(device=device)

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class SeqChunk:
-    """Work for one sequence in one step: a prefill chunk or one decode token."""
+    """Work for one sequence in one step: a prefill chunk, one decode token, or a verify
+    chunk (the decode token followed by draft tokens, logits at every one of them)."""
 
     seq_id: int  # engine-wide id of the sequence (stable for its lifetime)
     token_ids: tuple[int, ...]  # tokens to compute this step, len >= 1
@@ -33,6 +34,9 @@ class SeqChunk:
     block_table: tuple[int, ...]  # KV pages covering positions [0, start_pos + len(token_ids))
     state_slot: int | None = None  # recurrent-state slot (hybrid models), else None
     want_logits: bool = True  # return logits of the last position of this chunk
+    # with want_logits: logits of the last `num_logits` positions, in order (a speculative
+    # verify chunk: the fed token and k drafts, k + 1 rows); 1 for every other chunk
+    num_logits: int = 1
 
 
 @dataclass(frozen=True)
