@@ -1,7 +1,8 @@
 """The speculator `build_engine` attaches for `EngineOptions.spec`.
 
     --spec draft --draft-model ARTIFACT
-        the draft artifact ──compile_artifact(options.compile)──▶ its plan ──make_executor──▶
+        the draft artifact (a .gguf / HF directory converted once, as `ninfer serve` does)
+            ──compile_artifact(options.compile)──▶ its plan ──make_executor──▶
         its executor (its own KV pages) ──▶ DraftModelDrafter ──▶ Speculator
 
 Refused at startup, each with a one-line ConfigError: a draft model whose tokenizer differs
@@ -32,7 +33,9 @@ def build_speculator(artifact: Any, options: EngineOptions, executor: Any) -> Sp
     """The speculator of `options.spec` for `artifact` served by `executor` (None: off)."""
     if options.spec is None:
         return None
+    from ninfer.artifact.cache import servable_path
     from ninfer.artifact.format import Artifact
+    from ninfer.ir.models import check_tensors
     from ninfer.passes.pipeline import compile_artifact
     from ninfer.runtime.executors import make_executor
 
@@ -43,7 +46,8 @@ def build_speculator(artifact: Any, options: EngineOptions, executor: Any) -> Sp
             " drafts yet; serve it without --spec"
         )
     assert options.spec == "draft" and options.draft_model is not None
-    draft = Artifact(options.draft_model)
+    # a .ninfer as it is; a .gguf or Hugging Face directory converted once into the cache
+    draft = Artifact(servable_path(options.draft_model, check_model=check_tensors))
     if _vocab(draft.tokenizer_json) != _vocab(getattr(artifact, "tokenizer_json", "")):
         raise ConfigError(
             f"--draft-model {options.draft_model}: its tokenizer differs from the served"
