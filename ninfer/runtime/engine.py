@@ -59,7 +59,7 @@ class _Launched:
     """A step queued on the device and not committed yet."""
 
     plan: StepPlan
-    tokens: SampledTokens | Accepted  # Accepted: a speculative step's tokens per chunk
+    tokens: SampledTokens | Accepted  # Accepted: a speculative step's (speculator.py)
     work_class: str  # host_work.py's class of the time spent on it
 
 
@@ -119,10 +119,10 @@ class Engine:
         self._exposure: dict[int, tuple[float, ...]] = {}  # worker only: seq id -> mark
         self._step_failures = 0
         # launch a decode step before the previous one's tokens are read (executors that take
-        # their tokens from the device only)
-        self._overlap = config.overlap and bool(getattr(executor, "feeds_tokens", False))
+        # their tokens from the device only; not while speculating: drafts need the last commit)
+        feeds = bool(getattr(executor, "feeds_tokens", False))
+        self._overlap = config.overlap and feeds and speculator is None
         self._spec = speculator  # drafts and verifies decode rows (ninfer/spec/speculator.py)
-        self._overlap = self._overlap and speculator is None  # a round needs the last commit
         self._inflight: _Launched | None = None  # launched ahead, not committed (worker only)
         self._work = HostWork()
         self._ready = True
@@ -187,6 +187,10 @@ class Engine:
         (`EngineOptions.output_limit`)."""
         pool = self._executor.num_pages * self._executor.page_size
         return self.config.output_limit(prompt_len, max_tokens, pool)
+
+    @property
+    def speculator(self) -> Speculator | None:
+        return self._spec  # its drafter's counters and timings (ninfer bench)
 
     @property
     def executor(self) -> Executor:
@@ -476,10 +480,7 @@ class Engine:
             decode_rounds_total=c.decode_rounds,
             decode_rows_total=c.decode_rows,
             step_failures_total=self._step_failures,
-            spec_decode_rounds_total=c.spec_rounds,
-            spec_decode_draft_tokens_total=c.spec_draft_tokens,
-            spec_decode_accepted_tokens_total=c.spec_accepted_tokens,
-            spec_decode_fallback_steps_total=c.spec_fallback_steps,
+            **c.spec_totals(),
             device_wait_seconds_total=self._work.seconds[DEVICE_WAIT],
             requests_by_outcome=dict(c.outcomes),
             context_transfer_bytes=dict(s.preemption.transfer_bytes),

@@ -64,6 +64,15 @@ class SchedulerCounters:
     spec_accepted_tokens: int = 0
     spec_fallback_steps: int = 0
 
+    def spec_totals(self) -> dict[str, int]:
+        """The speculative counters under their EngineStats names."""
+        return {
+            "spec_decode_rounds_total": self.spec_rounds,
+            "spec_decode_draft_tokens_total": self.spec_draft_tokens,
+            "spec_decode_accepted_tokens_total": self.spec_accepted_tokens,
+            "spec_decode_fallback_steps_total": self.spec_fallback_steps,
+        }
+
 
 class SeqUpdate(NamedTuple):
     """Something to publish: a `notice` (admission, prompt progress), newly committed tokens,
