@@ -121,23 +121,42 @@ def run_spec_bench(args: argparse.Namespace) -> dict[str, Any]:
         "prefix_reuse": False, "max_pending_requests": len(pool) + maxb,
         "default_max_tokens": args.output_len,
     }  # fmt: skip
+    batches = [
+        [pool[i % len(pool)] for i in range(max(b, len(pool) if args.prompts else b))]
+        for b in args.batch_sizes
+    ]
+    context = min(longest + args.output_len // 2, ctx - k - 1)
+    # one engine at a time (a large target loaded twice may not fit): plain runs and the step
+    # costs first, then the speculative engine
     plain = build_engine(source, EngineOptions.of(**common))
+    dtype = plain.config.dtype
+    try:
+        _run(plain, pool[:1], 4)  # warm-up
+        plain_runs = [_run(plain, prompts, args.output_len) for prompts in batches]
+        costs = [
+            (step_cost(plain.executor, b, 1, context, args.reps),
+             step_cost(plain.executor, b, k + 1, context, args.reps))
+            for b in args.batch_sizes
+        ]  # fmt: skip
+    finally:
+        plain.close()
+    del plain
     spec = build_engine(
         source,
         EngineOptions.of(**common, spec="draft", draft_model=args.draft_model, draft_tokens=k),
     )
+    assert spec.speculator is not None
     drafter = spec.speculator.drafter  # the draft model's wall time and forwards
     results = []
     try:
-        _run(plain, pool[:1], 4)  # warm-up
         _run(spec, pool[:1], 4)
-        for b in args.batch_sizes:
-            prompts = [pool[i % len(pool)] for i in range(max(b, len(pool) if args.prompts else b))]
-            t_plain, outs_plain = _run(plain, prompts, args.output_len)
+        for b, prompts, (t_plain, outs_plain), (t1, tv) in zip(
+            args.batch_sizes, batches, plain_runs, costs
+        ):
             s0 = spec.snapshot()
             d0 = (drafter.seconds, drafter.steps)
             t_spec, outs_spec = _run(spec, prompts, args.output_len)
-            time.sleep(0.05)
+            time.sleep(0.05)  # the stats publish right after the last finish
             s1 = spec.snapshot()
             rounds = s1.spec_decode_rounds_total - s0.spec_decode_rounds_total
             drafted = s1.spec_decode_draft_tokens_total - s0.spec_decode_draft_tokens_total
@@ -148,9 +167,6 @@ def run_spec_bench(args: argparse.Namespace) -> dict[str, Any]:
                     per_pos[i] += a
             n_plain = sum(len(o.token_ids) for o in outs_plain)
             n_spec = sum(len(o.token_ids) for o in outs_spec)
-            context = min(longest + args.output_len // 2, ctx - k - 1)
-            t1 = step_cost(plain.executor, b, 1, context, args.reps)
-            tv = step_cost(plain.executor, b, k + 1, context, args.reps)
             draft_round_s = (drafter.seconds - d0[0]) / max(rounds, 1)
             tau = (accepted + rounds) / rounds if rounds else 0.0
             verify_ratio, draft_ratio = tv / t1, draft_round_s / t1
@@ -168,11 +184,10 @@ def run_spec_bench(args: argparse.Namespace) -> dict[str, Any]:
                 "projected_speedup": tau / (verify_ratio + draft_ratio) if tau else 0.0,
             })  # fmt: skip
     finally:
-        plain.close()
         spec.close()
     return {
         "mode": "engine-spec", "model": source.name, "draft_model": Artifact(drafter_path(args)).name,
-        "device": device, "dtype": plain.config.dtype, "spec": "draft",
+        "device": device, "dtype": dtype, "spec": "draft",
         "prompts": args.prompts or f"{len(pool)} random prompts of {args.input_len} tokens",
         "output_len": args.output_len, "results": results,
     }  # fmt: skip

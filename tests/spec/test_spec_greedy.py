@@ -167,3 +167,19 @@ def test_a_draft_model_with_another_tokenizer_is_refused(tmp_path, fixture_hf_di
     target, other = convert("target", False), convert("other", True)
     with pytest.raises(ConfigError, match=r"--draft-model .*other\.ninfer: its tokenizer differs"):
         make_engine(target, other)
+
+
+def test_penalties_count_the_drafts_before_each_position(fixture_artifacts):
+    """Presence / frequency penalties read the output so far: at a draft position they count
+    the drafts before it, on both sides, so greedy output still equals plain decoding."""
+    target, draft = fixture_artifacts("qwen3"), fixture_artifacts("qwen3")
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True,
+                            presence_penalty=1.5, frequency_penalty=1.0)  # fmt: skip
+    requests = [Request(r.prompt_token_ids, params) for r in _requests(3)]
+    with make_engine(target, None, max_concurrency=4) as plain:
+        want = [o.token_ids for o in run(plain, requests)]
+    with make_engine(target, draft, k=4, max_concurrency=4) as spec:
+        outs = run(spec, requests)
+        stats = settled(spec)
+    assert [o.token_ids for o in outs] == want
+    assert stats.spec_decode_accepted_tokens_total > 0
