@@ -95,7 +95,7 @@ def run_spec_bench(args: argparse.Namespace) -> dict[str, Any]:
     from ninfer.artifact.cache import servable_path
     from ninfer.ir.models import check_tensors
     from ninfer.runtime.build import build_engine
-    from ninfer.runtime.config import EngineOptions
+    from ninfer.runtime.config import NO_TIMEOUT_MS, EngineOptions
 
     if args.artifact is None or args.draft_model is None:
         raise ConfigError("--spec draft: give the target ARTIFACT and --draft-model DRAFT")
@@ -119,7 +119,7 @@ def run_spec_bench(args: argparse.Namespace) -> dict[str, Any]:
         "device": device, "dtype": args.dtype, "max_concurrency": maxb, "max_context": ctx,
         "kv_capacity": maxb * ctx, "page_size": page, "prefill_chunk": max(1024, longest),
         "prefix_reuse": False, "max_pending_requests": len(pool) + maxb,
-        "default_max_tokens": args.output_len,
+        "default_max_tokens": args.output_len, "pending_timeout_ms": NO_TIMEOUT_MS,
     }  # fmt: skip
     batches = [
         [pool[i % len(pool)] for i in range(max(b, len(pool) if args.prompts else b))]

@@ -90,6 +90,10 @@ class EngineOptions:
         if (self.spec == "draft") != (self.draft_model is not None):
             raise ConfigError("--spec draft and --draft-model ARTIFACT go together")
         int_range("draft_tokens", self.draft_tokens, 1, MAX_DRAFT_TOKENS)
+        if self.spec is not None:  # k more state slots per lane (hybrid models use them)
+            spec_slots = self.compile.max_concurrency * self.draft_tokens
+            compile_options = dataclasses.replace(self.compile, spec_state_slots=spec_slots)
+            object.__setattr__(self, "compile", compile_options)
         for name in ("prefix_reuse", "overlap", "collect_timings"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")

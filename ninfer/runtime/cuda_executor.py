@@ -207,6 +207,8 @@ class CudaExecutor(PlanExecutorBase):
                 raise ValueError(f"sequence {c.seq_id}: empty chunk")
             if self.is_hybrid:
                 self._check_slot(c.state_slot)
+            if c.spill_slots:  # the GDN kernels do not write per-position states yet
+                raise ValueError("hybrid verify chunks (spill_slots) run on the CPU executor only")
         if self.state is not None:
             self.state.reset([c.state_slot for c in chunks if c.start_pos == 0])  # type: ignore[misc]
         decode = all(len(c.token_ids) == 1 and c.want_logits for c in chunks) and not all_logits

@@ -125,7 +125,17 @@ class Executor(PlanExecutorBase):
                 if c.start_pos == 0:
                     self.state.reset(c.state_slot)  # type: ignore[union-attr]
             begin = len(tokens)
-            chunks.append(ChunkView(begin, n, c.start_pos, tuple(c.block_table), c.state_slot))
+            if c.spill_slots:
+                for slot in c.spill_slots:
+                    self._check_slot(slot)
+                if len(c.spill_slots) != n:
+                    raise ValueError(
+                        f"sequence {c.seq_id}: {n} tokens but {len(c.spill_slots)} spill slots"
+                    )
+            view = ChunkView(
+                begin, n, c.start_pos, tuple(c.block_table), c.state_slot, c.spill_slots
+            )
+            chunks.append(view)
             tokens.extend(c.token_ids)
             positions.extend(range(c.start_pos, c.start_pos + n))
             if all_logits:

@@ -113,10 +113,13 @@ class Residency:
         self.page_size = page_size
         self.is_hybrid = is_hybrid
         self.num_state_slots = num_state_slots if is_hybrid else 0
+        # the top lanes * k slots: each lane's extra round slots while speculating
+        self.spec_slots = config.compile.spec_state_slots if is_hybrid else 0
+        assert not is_hybrid or num_state_slots >= lanes + self.spec_slots, "no round slots"
         self.pool = PagePool(num_pages)
         self.cache: PrefixCache | None = None
         if config.prefix_reuse:
-            slots = range(lanes, num_state_slots) if is_hybrid else range(0)
+            slots = range(lanes, num_state_slots - self.spec_slots) if is_hybrid else range(0)
             self.cache = PrefixCache(
                 self.pool, page_size, needs_checkpoint=is_hybrid, checkpoint_slots=slots
             )
@@ -158,6 +161,7 @@ class Residency:
         """Give `seq` a lane and its starting pages (`_fits` said yes); sets `computed`.
         Returns True when a host snapshot was restored, False for a prefix match (or none)."""
         seq.lane = self._free_lanes.pop()
+        seq.slot = seq.lane if self.is_hybrid else None
         restored = seq.saved is not None
         if seq.saved is not None:  # copy the snapshot back into fresh pages: no recompute
             seq.nodes, seq.pages = [], self._take_pages(seq.saved.num_pages)
@@ -170,7 +174,7 @@ class Residency:
             seq.pages = [n.page for n in match.nodes]
             seq.computed = len(match.nodes) * self.page_size
             if match.state_slot is not None:  # after pending captures
-                self._ops.append(StateCopy(match.state_slot, seq.lane))
+                self._ops.append(StateCopy(match.state_slot, seq.lane))  # = seq.slot
         seq.capture_at = self.retention.split_points(seq)
         seq.status = SeqStatus.RUNNING
         bisect.insort(self.running, seq, key=lambda s: s.seq_id)
@@ -229,7 +233,7 @@ class Residency:
             if isinstance(op, (SnapshotIn, SnapshotOut)):
                 hit[op.seq.seq_id] = op.seq
                 self.preemption.abandon(op)
-        hit.update({s.seq_id: s for s in self.running if s.lane in dst_slots})
+        hit.update({s.seq_id: s for s in self.running if s.slot in dst_slots})
         for seq in list(self.running):
             if seq.rolling_slot in dst_slots:
                 hit[seq.seq_id] = seq
@@ -341,8 +345,16 @@ class Residency:
         seq.nodes = []
         assert seq.lane is not None
         self._free_lanes.append(seq.lane)
-        seq.lane = None
+        seq.lane = seq.slot = None
         self.running.remove(seq)
+
+    def round_slots(self, seq: Sequence) -> tuple[int, ...]:
+        """The k + 1 state slots of `seq`'s lane a hybrid verify chunk writes (the state after
+        its position t into slot t): the lane's own and its k round slots."""
+        assert seq.lane is not None and self.spec_slots
+        k = self.spec_slots // self.config.max_concurrency
+        base = self.num_state_slots - self.spec_slots + seq.lane * k
+        return (seq.lane, *range(base, base + k))
 
     def _pages_for(self, tokens: int) -> int:
         return -(-tokens // self.page_size)

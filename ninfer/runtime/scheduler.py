@@ -279,7 +279,7 @@ class Scheduler(Residency, SpeculativeRounds):
                 token_ids=(FED,),
                 start_pos=pos,
                 block_table=tuple(seq.pages),
-                state_slot=seq.lane if self.is_hybrid else None,
+                state_slot=seq.slot,
             )
             for seq, _, pos in rows
         )
@@ -393,7 +393,7 @@ class Scheduler(Residency, SpeculativeRounds):
             token_ids=tuple(seq.tokens[start:end]),
             start_pos=start,
             block_table=tuple(seq.pages),
-            state_slot=seq.lane if self.is_hybrid else None,
+            state_slot=seq.slot,
             want_logits=end == seq.known,
         )
 

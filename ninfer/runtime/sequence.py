@@ -81,6 +81,9 @@ class Sequence:
     computed: int = 0
     high_water: int = 0
     lane: int | None = None
+    # its recurrent state's slot (hybrid models): the lane's own, or after a verify round one of
+    # the lane's k + 1 round slots (Residency.round_slots); set while resident
+    slot: int | None = None
     pages: list[int] = field(default_factory=list)
     nodes: list[CacheNode] = field(default_factory=list)  # cache node of each full page, in order
     rolling_slot: int | None = None  # private checkpoint of the latest page boundary (hybrid)

@@ -13,6 +13,9 @@ and am is the target's own token (the correction or the bonus). Committing them:
     known     n -> n + j    a1 .. aj appended one by one, each through the stop conditions
     j = m, or fewer when a stop / max_tokens / the context / the thinking budget ends the round
     pages holding only positions past the new `computed` (rejected drafts) go back to the pool
+    hybrid models: the chunk reads the state from the sequence's slot and writes the state after
+    its position t into round slot t (Residency.round_slots: the lane's k + 1 slots); the commit
+    makes the slot of the last committed position the sequence's slot. Nothing is copied back.
 
 so the state after a round is exactly the state after j plain decode steps. No torch import.
 """
@@ -75,6 +78,7 @@ class SpeculativeRounds:
                     token_ids=chunk.token_ids + tuple(d),
                     block_table=tuple(seq.pages),
                     num_logits=len(d) + 1,
+                    spill_slots=self.round_slots(seq)[: len(d) + 1] if self.is_hybrid else (),
                 )
             chunks.append(chunk)
         return plan._replace(batch=dataclasses.replace(plan.batch, chunks=tuple(chunks)))
@@ -106,6 +110,8 @@ class SpeculativeRounds:
         replaying = seq.replaying
         for i, token in enumerate(tokens):
             self._advance(seq, 1)  # the position of the token fed before `token`
+            if chunk.spill_slots:  # the state after that position: its round slot, no copy
+                seq.slot = chunk.spill_slots[i]
             self.retention.retain_full_pages(seq)
             self.retention.capture(seq, self._ops)
             self._commit_token(seq, token, now)
@@ -126,6 +132,9 @@ class SpeculativeRounds:
         pool: PagePool
         _ops: list
 
+        is_hybrid: bool
+
+        def round_slots(self, seq: Sequence) -> tuple[int, ...]: ...
         def _reserve_free(self, seq: Sequence, end: int) -> bool: ...
         def _advance(self, seq: Sequence, n: int) -> int: ...
         def _commit_token(self, seq: Sequence, token: int, now: float) -> None: ...

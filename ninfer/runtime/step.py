@@ -37,6 +37,9 @@ class SeqChunk:
     # with want_logits: logits of the last `num_logits` positions, in order (a speculative
     # verify chunk: the fed token and k drafts, k + 1 rows); 1 for every other chunk
     num_logits: int = 1
+    # a hybrid verify chunk: `state_slot` is only read, and the recurrent state after the
+    # chunk's position t is written to spill_slots[t] (len == len(token_ids)); empty otherwise
+    spill_slots: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

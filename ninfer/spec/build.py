@@ -6,8 +6,9 @@
         its executor (its own KV pages) ──▶ DraftModelDrafter ──▶ Speculator
 
 Refused at startup, each with a one-line ConfigError: a draft model whose tokenizer differs
-from the target's (the drafts would be other tokens), a hybrid (Gated DeltaNet) target or draft
-model (rolling back a recurrent state after rejected drafts is not implemented).
+from the target's (the drafts would be other tokens), a hybrid (Gated DeltaNet) target on CUDA
+(its kernels keep no per-position state for the round slots yet) and a hybrid draft model (its
+own state would need the same rollback).
 """
 
 from __future__ import annotations
@@ -39,11 +40,11 @@ def build_speculator(artifact: Any, options: EngineOptions, executor: Any) -> Sp
     from ninfer.passes.pipeline import compile_artifact
     from ninfer.runtime.executors import make_executor
 
-    if executor.is_hybrid:
+    if executor.is_hybrid and options.compile.device != "cpu":
         raise ConfigError(
             f"--spec {options.spec}: {getattr(artifact, 'architecture', 'this')} is a hybrid"
-            " (Gated DeltaNet) model, whose recurrent state cannot be rolled back after rejected"
-            " drafts yet; serve it without --spec"
+            " (Gated DeltaNet) model, whose verify rounds run on --device cpu only so far (the"
+            " CUDA kernels keep no per-position state); serve it without --spec"
         )
     assert options.spec == "draft" and options.draft_model is not None
     # a .ninfer as it is; a .gguf or Hugging Face directory converted once into the cache
