@@ -65,7 +65,11 @@ class Speculator:
                 rows.append(DraftRow(seq.seq_id, tuple(seq.tokens), seq.num_prompt, k, p))
         drafts: dict[int, Draft] = {}
         if rows:
+            vocab = getattr(executor, "vocab_size", None)  # drafts past it (padding ids) stop
             for row, d in zip(rows, self.drafter.propose(rows, sampler)):
+                n = next((i for i, t in enumerate(d.tokens) if vocab and t >= vocab), None)
+                if n is not None:
+                    d = Draft(d.tokens[:n], d.probs[:n] if d.probs is not None else None)
                 if d.tokens:
                     drafts[row.seq_id] = d
             plan = sched.widen(plan, {i: d.tokens for i, d in drafts.items()})
