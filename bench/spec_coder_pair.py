@@ -31,6 +31,11 @@ TARGET = MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 DRAFT = MODELS / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 
 
+def _shown(text: str) -> str:
+    """A path as the report records it: in the repository relative, at home under ~."""
+    return text.replace(f"{REPO}/", "").replace(os.path.expanduser("~"), "~")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=48, help="output tokens per prompt (at most)")
@@ -51,8 +56,9 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     report = run_spec_bench(parser.parse_args(argv))
-    command = "ninfer bench " + " ".join(shlex.quote(a) for a in argv)
+    command = "ninfer bench " + " ".join(shlex.quote(_shown(a)) for a in argv)
     report["command"] = command
+    report["prompts"] = _shown(report["prompts"])
     report["load_average"] = os.getloadavg()
     report["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     text = format_spec_report(report)
