@@ -64,8 +64,11 @@ def _run(engine: Any, prompts: list[list[int]], output_len: int) -> tuple[float,
 
 def step_cost(ex: Any, rows: int, tokens: int, context: int, reps: int) -> float:
     """Median seconds of one step of `rows` chunks of `tokens` tokens each at position
-    `context` (every position's logits: a verify chunk when tokens > 1), on pages the idle
-    engine is not using."""
+    `context` (every position's logits: a verify chunk when tokens > 1; a hybrid model's rows
+    read and write lane slots, without round slots), on pages the idle engine is not using.
+    CUDA steps are timed to completion (synchronised)."""
+    import torch
+
     from ninfer.runtime.step import SeqChunk, StepBatch
 
     ps = ex.page_size
@@ -75,19 +78,80 @@ def step_cost(ex: Any, rows: int, tokens: int, context: int, reps: int) -> float
             f"the KV pool ({ex.num_pages} pages) cannot hold {rows} rows of {context + tokens}"
         )
     chunks = tuple(
-        SeqChunk(
-            i, (1,) * tokens, context, tuple(range(i * per, (i + 1) * per)), None, True, tokens
-        )
+        SeqChunk(i, (1,) * tokens, context, tuple(range(i * per, (i + 1) * per)),
+                 i if ex.is_hybrid else None, True, tokens)
         for i in range(rows)
-    )
+    )  # fmt: skip
     batch = StepBatch(chunks)
-    ex.run(batch)  # warm-up
+    cuda = str(getattr(ex, "device", "cpu")).startswith("cuda")
     times = []
-    for _ in range(reps):
+    for rep in range(reps + 1):  # the first is a warm-up
         t0 = time.perf_counter()
         ex.run(batch)
-        times.append(time.perf_counter() - t0)
+        if cuda:
+            torch.cuda.synchronize()
+        if rep:
+            times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def run_verify_cost(args: argparse.Namespace) -> dict[str, Any]:
+    """`--spec verify (ARTIFACT | --synthetic NAME)`: only the verify/decode step cost ratio,
+    for k + 1 = 2 .. --draft-tokens + 1 tokens per row and each batch size, on an artifact or
+    on random weights of a real shape (no drafter: what the GPU needs measured before any
+    drafter exists)."""
+    from ninfer.runtime.build import build_engine
+    from ninfer.runtime.config import EngineOptions
+    from ninfer.runtime.cuda_synthetic import build_synthetic
+
+    if (args.artifact is None) == (args.synthetic is None):
+        raise ConfigError("--spec verify: give an ARTIFACT or --synthetic NAME (not both)")
+    device = args.device or "cuda"
+    if args.synthetic is not None:
+        source, _ = build_synthetic(
+            args.synthetic, args.weights, device, args.seed, args.quantize_lm_head
+        )
+    else:
+        from ninfer.artifact import Artifact
+
+        source = Artifact(args.artifact)
+    k, maxb, page = args.draft_tokens, max(args.batch_sizes), args.page_size
+    ctx = -(-(args.input_len + k + 2) // page) * page
+    engine = build_engine(source, EngineOptions.of(
+        device=device, dtype=args.dtype, max_concurrency=maxb, max_context=ctx,
+        kv_capacity=maxb * ctx, page_size=page, prefix_reuse=False,
+        cuda_graphs=not args.no_cuda_graph,
+    ))  # fmt: skip
+    rows = []
+    try:
+        ex = engine.executor
+        for b in args.batch_sizes:
+            t1 = step_cost(ex, b, 1, args.input_len, args.reps)
+            for n in range(2, k + 2):
+                tv = step_cost(ex, b, n, args.input_len, args.reps)
+                rows.append({"batch": b, "verify_tokens": n, "decode_step_s": t1,
+                             "verify_step_s": tv, "verify_ratio": tv / t1})  # fmt: skip
+    finally:
+        engine.close()
+    name = args.synthetic or engine.plan.name
+    return {"mode": "engine-spec-verify", "model": name, "weights": args.weights,
+            "device": device, "context": args.input_len, "results": rows}  # fmt: skip
+
+
+def format_verify_report(report: dict[str, Any]) -> str:
+    lines = [
+        (
+            f"verify step cost: {report['model']} ({report['weights']}, {report['device']}),"
+            f" context {report['context']} tokens"
+        ),
+        "batch  k+1  decode ms  verify ms  verify/decode",
+    ]
+    for r in report["results"]:
+        lines.append(
+            f"{r['batch']:>5} {r['verify_tokens']:>4} {r['decode_step_s'] * 1e3:10.3f}"
+            f" {r['verify_step_s'] * 1e3:10.3f} {r['verify_ratio']:14.2f}"
+        )
+    return "\n".join(lines)
 
 
 def run_spec_bench(args: argparse.Namespace) -> dict[str, Any]:
