@@ -191,3 +191,22 @@ def test_penalties_count_the_drafts_before_each_position(fixture_artifacts):
         stats = settled(spec)
     assert [o.token_ids for o in outs] == want
     assert stats.spec_decode_accepted_tokens_total > 0
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+def test_a_follow_up_reuses_the_prefix_a_speculating_request_left(arch, fixture_artifacts):
+    """The pages (and, hybrid, the state checkpoint) retained by a request that speculated
+    serve a follow-up turn that extends its history: the follow-up skips them and its output
+    is still the plain one."""
+    target, draft = fixture_artifacts(arch), fixture_artifacts("qwen3" if arch != "qwen3" else arch)
+    first = _requests(4)[3]  # 32-token prompt, 21 outputs
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    outs = {}
+    for name, d in (("plain", None), ("spec", draft)):
+        with make_engine(target, d, k=4, max_concurrency=2) as engine:
+            (a,) = run(engine, [first])
+            history = first.prompt_token_ids + a.token_ids + (5, 6, 7)
+            (b,) = run(engine, [Request(history, params)])
+            outs[name] = (a.token_ids, b.token_ids, b.usage.cached_tokens)
+    assert outs["spec"][:2] == outs["plain"][:2]
+    assert outs["spec"][2] >= 48  # at least three of its pages were reused
