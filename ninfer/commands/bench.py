@@ -99,8 +99,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--peer", default=None, choices=PEERS, help="run the same workload through this peer"
     )
     e.add_argument("--hf-dir", help="the Hugging Face directory an ARTIFACT came from (--peer)")
-    e.add_argument("--spec", choices=("draft", "verify"),
-                   help="draft: speculative vs plain decoding; verify: the verify/decode step cost")
+    e.add_argument(
+        "--spec",
+        choices=("draft", "verify"),
+        help="draft: speculative vs plain decoding; verify: the verify/decode step cost",
+    )
     e.add_argument("--draft-model", metavar="DRAFT", help="--spec draft: the draft model")
     e.add_argument("--draft-tokens", type=int, default=4, metavar="K", help="drafts per round")
     e.add_argument("--prompts", metavar="FILE", help="--spec: one user message per line")
