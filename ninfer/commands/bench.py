@@ -99,6 +99,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--peer", default=None, choices=PEERS, help="run the same workload through this peer"
     )
     e.add_argument("--hf-dir", help="the Hugging Face directory an ARTIFACT came from (--peer)")
+    e.add_argument(
+        "--spec",
+        choices=("draft", "verify"),
+        help="draft: speculative vs plain decoding; verify: the verify/decode step cost",
+    )
+    e.add_argument("--draft-model", metavar="DRAFT", help="--spec draft: the draft model")
+    e.add_argument("--draft-tokens", type=int, default=4, metavar="K", help="drafts per round")
+    e.add_argument("--prompts", metavar="FILE", help="--spec: one user message per line")
+    e.add_argument("--reps", type=int, default=20, help="--spec: repetitions of each step timing")
     _common(e)
     s = sub.add_parser("serve", help="streaming load against a running `ninfer serve`")
     s.add_argument("--url", default="http://127.0.0.1:8080", help="server base URL")
@@ -131,6 +140,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.input_len < 1 or args.output_len < 2:
         raise ConfigError("--input-len must be >= 1 and --output-len >= 2")
+    if args.mode == "engine" and args.spec:  # plain vs speculative (ninfer.commands.bench_spec)
+        from ninfer.commands import bench_spec
+
+        if args.spec == "verify":
+            report = bench_spec.run_verify_cost(args)
+            print(bench_spec.format_verify_report(report))
+        else:
+            report = bench_spec.run_spec_bench(args)
+            print(bench_spec.format_spec_report(report))
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump(report, f, indent=2)
+        return 0
     if args.mode == "engine":
         report = run_engine(args)
     else:
