@@ -333,7 +333,7 @@ class Engine:
                 continue
             slot = 0 if self._executor.is_hybrid else None
             try:
-                chunk = SeqChunk(-1, ids, 0, tuple(pages), slot, True, media, MRope.of(media))
+                chunk = SeqChunk(-1, ids, 0, tuple(pages), slot, media=media, mrope=MRope.of(media))
                 future.set_result(self._executor.run(StepBatch((chunk,)), all_logits=True))
             except Exception as e:
                 log.exception("prompt_logits failed")
