@@ -24,6 +24,7 @@ from ninfer.api.template_options import TemplateOptions
 from ninfer.api.toolcalls import ToolCall, ToolCallStart
 from ninfer.api.toolcalls import ToolCallArgumentsDelta as ToolCallArgs
 from ninfer.api.toolcalls import ToolCallEnd as ToolCallDone
+from ninfer.constrain import ConstraintSpec
 
 __all__ = [
     "Admitted", "CachePoint", "ContentText", "FinishReason", "Finished", "GenerationEvent",
@@ -109,6 +110,8 @@ class GenerationRequest:
     stream: the client asked for a streamed response (recorded in the request log's shape).
     semantic_change: a Responses continuation whose explicit preserve_thinking differs from its
       parent's resolved value, so the history renders differently (request_start log flag).
+    constraint: what the output must follow (ninfer.constrain spec: JSON schema, grammar,
+      forced or strict tool calls), enforced by constrained decoding after any thinking.
     """
 
     messages: list[dict[str, Any]]
@@ -128,6 +131,7 @@ class GenerationRequest:
     stream: bool = False
     ignore_eos: bool = False
     semantic_change: bool = False
+    constraint: ConstraintSpec | None = None
 
 
 @dataclass(frozen=True)

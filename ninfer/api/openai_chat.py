@@ -73,6 +73,7 @@ def to_generation_request(chat: ChatRequest, state: ServerState) -> GenerationRe
         protocol="chat",
         stream=chat.stream,
         ignore_eos=chat.ignore_eos,
+        constraint=chat.constraint,
     )
 
 
