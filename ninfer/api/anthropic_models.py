@@ -47,7 +47,7 @@ from ninfer.api.fields import (
     require_object,
 )
 from ninfer.api.generation import CachePoint, GenerationRequest, SamplingOptions
-from ninfer.api.output_constraints import anthropic_format, conflict, one_of, tool_constraint
+from ninfer.api.output_constraints import anthropic_format, combine, conflict, tool_constraint
 from ninfer.api.stops import validate_stops
 from ninfer.api.template_options import (
     TemplateOptions,
@@ -151,16 +151,17 @@ def parse_messages_request(
         for i, t in enumerate(tools)
         if (name := t["function"]["name"]) == forced or forced is None
     ]
-    tool_spec = tool_constraint(tool_choice, specs, parallel=parallel, single=forced is not None)
+    fmt = anthropic_format(body)
+    tool_spec = tool_constraint(
+        tool_choice, specs, parallel=parallel, single=forced is not None, answer=fmt
+    )
     if not parallel and tools and tool_choice == "auto" and tool_spec is None:
         raise errors.unsupported_value(
             "tool_choice.disable_parallel_tool_use",
             True,
             "a limit of one tool call per response without tool_choice any / tool or strict tools",
         )
-    constraint = one_of(
-        [("output_config.format", anthropic_format(body)), ("tool_choice", tool_spec)]
-    )
+    constraint = combine(("output_config.format", fmt), tool_spec)
     if constraint is not None and conv.prefill:
         raise conflict(
             "messages", "an assistant prefill cannot be combined with a constrained output"

@@ -50,7 +50,13 @@ from ninfer.api.openai_chat_messages import (
     ToolCall,
     parse_message,
 )
-from ninfer.api.output_constraints import json_format, llama_fields, one_of, tool_constraint
+from ninfer.api.output_constraints import (
+    combine,
+    json_format,
+    llama_fields,
+    one_of,
+    tool_constraint,
+)
 from ninfer.api.stops import validate_stops
 from ninfer.api.tool_fields import (
     check_parameters_schema,
@@ -202,7 +208,12 @@ def parse_chat_request(body: dict[str, Any], *, model_id: str, vision: bool) -> 
         )
         for t in req.callable_tools
     ]
-    tool_spec = tool_constraint(req.tool_choice, specs, parallel=parallel, single=single)
+    fmt = json_format(get_object(body, "response_format"), "response_format", nested=True)
+    answer = one_of([("response_format", fmt), ("json_schema", llama_fields(body))])
+    param = "response_format" if fmt is not None or answer is None else answer.path
+    tool_spec = tool_constraint(
+        req.tool_choice, specs, parallel=parallel, single=single, answer=answer
+    )
     if not parallel and req.callable_tools and tool_spec is None:
         raise errors.unsupported_value(
             "parallel_tool_calls",
@@ -210,12 +221,7 @@ def parse_chat_request(body: dict[str, Any], *, model_id: str, vision: bool) -> 
             "a limit of one tool call per response without tool_choice 'required' or strict"
             " tools (disable tools or omit it)",
         )
-    fmt = json_format(get_object(body, "response_format"), "response_format", nested=True)
-    llama = llama_fields(body)
-    constraint = one_of(
-        [("response_format", fmt), ("json_schema", llama), ("tool_choice", tool_spec)]
-    )
-    return dataclasses.replace(req, constraint=constraint)
+    return dataclasses.replace(req, constraint=combine((param, answer), tool_spec))
 
 
 # -----------------------------------------------------------------------------------------------

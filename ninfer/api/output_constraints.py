@@ -7,8 +7,11 @@
     all three  tool_choice required / a named function (the output is a valid call) and
                strict tools under tool_choice auto (a call's arguments are valid)
 
-A request carries at most one: two constraints that would have to hold together (a JSON
-response format with a forced tool call, say) are 400 `conflicting_constraints`. The spec is
+A request carries one spec (`combine`): a JSON response format sent with callable tools under
+tool_choice auto means "that JSON answer, or tool calls" (agents that declare an output type
+and tools send both); under a required tool choice only calls can come, so the format has
+nothing to apply to; a grammar with tools, or two formats, are 400 `conflicting_constraints`.
+The spec is
 compiled against the model's vocabulary by the service (ModelService.compile_constraint); a
 schema the grammar engine cannot enforce is a 400 naming its path (`constraint_error`).
 """
@@ -115,19 +118,38 @@ def tool_constraint(
     *,
     parallel: bool,
     single: bool = False,
+    answer: ConstraintSpec | None = None,
 ) -> ConstraintSpec | None:
     """The constraint the tool choice asks for over the callable `tools`: "required" forces
     one or more valid calls (exactly one when `single` or not `parallel`), every argument
-    valid against its schema; "auto" with a strict tool lets text be followed by calls whose
-    strict tools' arguments are valid; otherwise none."""
+    valid against its schema; "auto" with a strict tool, or with a JSON `answer` format, lets
+    the output be text (that JSON answer when given) or calls whose strict tools' arguments
+    are valid; otherwise none (`answer` alone then applies, see `combine`)."""
     if mode == "none" or not tools:
         return None
     if mode == "required":
         forced = tuple(ToolSpec(t.name, t.parameters, True, t.path) for t in tools)
         return ForcedToolCall(forced, parallel=parallel and not single)
+    if isinstance(answer, (JsonObject, JsonSchema)):
+        return StrictTools(tuple(tools), parallel=parallel, answer=answer)
     if any(t.strict for t in tools):
         return StrictTools(tuple(tools), parallel=parallel)
     return None
+
+
+def combine(
+    answer: tuple[str, ConstraintSpec | None], tools: ConstraintSpec | None
+) -> ConstraintSpec | None:
+    """The request's one constraint from its answer format (param, spec) and the tool
+    constraint `tool_constraint` built with that answer (see the module docstring)."""
+    param, spec = answer
+    if tools is None or spec is None:
+        return spec if tools is None else tools
+    if isinstance(tools, ForcedToolCall) or (
+        isinstance(tools, StrictTools) and tools.answer is spec
+    ):
+        return tools
+    raise conflict(param, f"{param} cannot be combined with tool calls")
 
 
 def one_of(specs: Sequence[tuple[str, ConstraintSpec | None]]) -> ConstraintSpec | None:

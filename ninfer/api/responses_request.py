@@ -34,7 +34,7 @@ from ninfer.api.fields import (
     get_str,
 )
 from ninfer.api.openai_chat_models import REASONING_EFFORTS
-from ninfer.api.output_constraints import json_format, one_of, tool_constraint
+from ninfer.api.output_constraints import combine, json_format, tool_constraint
 from ninfer.api.reasoning_seal import ReasoningSeal
 from ninfer.api.responses_items import parse_input
 from ninfer.api.responses_tools import FunctionDef, ToolSet, parse_tool_choice, parse_tools
@@ -214,8 +214,12 @@ def _parse(
         include_reasoning=INCLUDE_REASONING in (get_array(body, "include") or []),
     )
     specs = [f.tool_spec() for f in req.callable_functions]
+    text = get_object(body, "text")
+    fmt = json_format(
+        get_object(text, "format", "text.format") if text else None, "text.format", nested=False
+    )
     tool_spec = tool_constraint(
-        req.tool_choice, specs, parallel=req.parallel_tool_calls, single=single
+        req.tool_choice, specs, parallel=req.parallel_tool_calls, single=single, answer=fmt
     )
     if not req.parallel_tool_calls and req.callable_functions and tool_spec is None:
         raise errors.unsupported_value(
@@ -224,11 +228,7 @@ def _parse(
             "a limit of one tool call per response without tool_choice 'required' or strict"
             " tools (disable tools or omit it)",
         )
-    text = get_object(body, "text")
-    fmt = json_format(
-        get_object(text, "format", "text.format") if text else None, "text.format", nested=False
-    )
-    constraint = one_of([("text.format", fmt), ("tool_choice", tool_spec)])
+    constraint = combine(("text.format", fmt), tool_spec)
     wire_format = None if fmt is None else text["format"]  # type: ignore[index]
     return dataclasses.replace(req, constraint=constraint, text_format_wire=wire_format)
 

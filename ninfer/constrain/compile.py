@@ -7,7 +7,9 @@ sampler touches goes through this package, so the engine is named in no other mo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import llguidance
 from llguidance.gbnf_to_lark import any_to_lark
@@ -83,12 +85,28 @@ def compile_constraint(spec: ConstraintSpec, info: TokenizerInfo) -> Constraint:
         for tool in spec.tools:  # each schema's own errors first, with their paths
             if tool.strict:
                 json_schema_grammar(tool.parameters, info, strict=True, path=tool.path)
-        build = forced_calls_lark if isinstance(spec, ForcedToolCall) else strict_tools_lark
-        lark = build(spec.tools, info, spec.parallel)
+        if isinstance(spec, ForcedToolCall):
+            lark = forced_calls_lark(spec.tools, info, spec.parallel)
+        else:
+            answer = None
+            if spec.answer is not None:  # its own errors first, with its path
+                answer = _answer_schema(spec.answer)
+                json_schema_grammar(
+                    answer, info, strict=_strict(spec.answer), path=spec.answer.path
+                )
+            lark = strict_tools_lark(spec.tools, info, spec.parallel, answer, _strict(spec.answer))
         grammar = _checked(llguidance.LLMatcher.grammar_from_lark(lark), info, "tools")
     else:
         raise TypeError(f"not a constraint spec: {spec!r}")
     return Constraint(spec, grammar, info)
+
+
+def _answer_schema(answer: JsonObject | JsonSchema) -> Mapping[str, Any] | bool:
+    return {"type": "object"} if isinstance(answer, JsonObject) else answer.schema
+
+
+def _strict(answer: JsonObject | JsonSchema | None) -> bool:
+    return not isinstance(answer, JsonSchema) or answer.strict
 
 
 def _spec_path(spec: ConstraintSpec) -> str:

@@ -103,15 +103,25 @@ def test_chat_tool_choices():
     )  # fmt: skip
 
 
-def test_chat_one_constraint_per_request():
-    refused(
-        chat,
-        "conflicting_constraints",
-        "tool_choice",
-        response_format={"type": "json_object"},
-        tools=[chat_tool("a")],
-        tool_choice="required",
+def test_chat_answer_format_with_tools():
+    """A JSON format with tools under auto: that answer or calls (an agent with an output type
+    and tools); under required only calls can come; a grammar cannot be combined."""
+    fmt = {"type": "json_schema", "json_schema": {"schema": SCHEMA, "strict": True}}
+    either = chat(response_format=fmt, tools=[chat_tool("a")]).constraint
+    assert isinstance(either, StrictTools)
+    assert either.answer == JsonSchema(SCHEMA, True, "response_format.json_schema.schema")
+    forced = chat(response_format=fmt, tools=[chat_tool("a")], tool_choice="required")
+    assert isinstance(forced.constraint, ForcedToolCall)
+    assert chat(response_format=fmt, tools=[chat_tool("a")], tool_choice="none").constraint == (
+        JsonSchema(SCHEMA, True, "response_format.json_schema.schema")
     )
+    refused(
+        chat, "conflicting_constraints", "grammar",
+        grammar='root ::= "a"', tools=[chat_tool("a", strict=True)],
+    )  # fmt: skip
+
+
+def test_chat_one_format_per_request():
     refused(
         chat, "conflicting_constraints", "json_schema",
         response_format={"type": "json_object"}, json_schema=SCHEMA,
@@ -144,10 +154,8 @@ def test_responses_text_format_and_tools():
     assert (
         forced.tools[0].name == "w__get" and forced.tools[0].path == "tools[0].tools[0].parameters"
     )
-    refused(
-        responses, "conflicting_constraints", "tool_choice",
-        text={"format": fmt}, tools=[fn], tool_choice="required",
-    )  # fmt: skip
+    both = responses(text={"format": fmt}, tools=[fn]).constraint
+    assert isinstance(both, StrictTools) and both.answer.path == "text.format.schema"
 
 
 # -- Anthropic Messages -----------------------------------------------------------------------
