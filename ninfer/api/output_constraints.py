@@ -7,13 +7,13 @@
     all three  tool_choice required / a named function (the output is a valid call) and
                strict tools under tool_choice auto (a call's arguments are valid)
 
-A request carries one spec (`combine`): a JSON response format sent with callable tools under
-tool_choice auto means "that JSON answer, or tool calls" (agents that declare an output type
-and tools send both); under a required tool choice only calls can come, so the format has
-nothing to apply to; a grammar with tools, or two formats, are 400 `conflicting_constraints`.
-The spec is
-compiled against the model's vocabulary by the service (ModelService.compile_constraint); a
-schema the grammar engine cannot enforce is a 400 naming its path (`constraint_error`).
+A request carries one ConstraintSpec (`combine`): a JSON response format sent with callable
+tools under tool_choice auto means "that JSON answer, or tool calls" (agents that declare an
+output type and tools send both); under a required tool choice only calls can come, so the
+format has nothing to apply to; a grammar with tools, or two formats, are 400
+`conflicting_constraints`. The service compiles it against the model's vocabulary
+(ModelService.compile_constraint); a schema the grammar engine cannot enforce is a 400 naming
+its path (`constraint_error`).
 """
 
 from __future__ import annotations

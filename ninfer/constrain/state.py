@@ -24,6 +24,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from ninfer.constrain.bitmask import BatchMasks
@@ -59,16 +60,30 @@ class StepMask:
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """x: [n, vocab] float logits on any device -> a masked copy (x is not modified)."""
         assert x.dim() == 2 and x.shape[0] == self._n, (x.shape, self._n)
-        words = self._buffer.masks.bitmask[: self._n]  # pinned when CUDA is present
-        words = words.to(x.device, non_blocking=True)
-        self._buffer.copied(x.device)
+        words = self._buffer.masks.bitmask[: self._n]  # [n, W] int32, pinned when CUDA is present
         vocab = x.shape[1]
-        shifts = torch.arange(32, dtype=torch.int32, device=x.device)
-        # allowed: [n, W, 32] -> [n, 32·W] -> the first `vocab` columns
-        allowed = ((words.unsqueeze(-1) >> shifts) & 1).bool().flatten(1)
+        if x.device.type == "cpu":
+            allowed = unpack_bits_numpy(words)
+        else:
+            words = words.to(x.device, non_blocking=True)
+            self._buffer.copied(x.device)
+            allowed = unpack_bits_torch(words)
         if allowed.shape[1] < vocab:
             allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]))
         return x.masked_fill(~allowed[:, :vocab], float("-inf"))
+
+
+def unpack_bits_torch(words: torch.Tensor) -> torch.Tensor:
+    """int32 [n, W] -> bool [n, 32·W]: bit j of word w is token 32·w + j (on words' device)."""
+    shifts = torch.arange(32, dtype=torch.int32, device=words.device)
+    return ((words.unsqueeze(-1) >> shifts) & 1).bool().flatten(1)  # [n, W, 32] -> [n, 32·W]
+
+
+def unpack_bits_numpy(words: torch.Tensor) -> torch.Tensor:
+    """`unpack_bits_torch` for CPU words, several times faster: bit j of word w is bit j % 8 of
+    little-endian byte 4w + j // 8, which numpy unpacks directly."""
+    bits = np.unpackbits(words.numpy().view(np.uint8), axis=1, bitorder="little")
+    return torch.from_numpy(bits.view(np.bool_))
 
 
 class _Buffer:

@@ -64,3 +64,15 @@ def test_a_grammar_in_error_is_a_dead_row_not_a_free_one(tiny):
     dead_row, ok_row = _allowed(mask, 2, tiny.info.vocab_size)
     assert dead_row == set(range(tiny.info.vocab_size)) and len(ok_row) < 20
     assert state.advance(0, []).error is not None
+
+
+def test_both_bit_unpackings_agree():
+    """The CPU path (numpy) and the device path (torch shifts) read the same tokens."""
+    from ninfer.constrain.state import unpack_bits_numpy, unpack_bits_torch
+
+    g = torch.Generator().manual_seed(0)
+    words = torch.randint(-(2**31), 2**31 - 1, (3, 5), dtype=torch.int32, generator=g)
+    words[0, 0] = 0b1011  # tokens 0, 1 and 3
+    numpy_bits, torch_bits = unpack_bits_numpy(words), unpack_bits_torch(words)
+    assert torch.equal(numpy_bits, torch_bits)
+    assert numpy_bits[0, :4].tolist() == [True, True, False, True]

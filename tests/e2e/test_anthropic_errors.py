@@ -144,9 +144,9 @@ REJECTIONS = [
         "unsupported_value",
     ),
     (
-        "structured_outputs",
-        {"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
-        "unsupported_parameter",
+        "structured_outputs_bad_schema",
+        {"output_config": {"format": {"type": "json_schema", "schema": {"type": "strin"}}}},
+        "invalid_schema",
     ),
     (
         "mcp_servers",
@@ -160,18 +160,18 @@ REJECTIONS = [
         "unsupported_value",
     ),
     ("toolset", {"tools": [{"type": "mcp_toolset", "mcp_server_name": "x"}]}, "unsupported_value"),
-    ("strict_tool", {"tools": [{**WEATHER, "strict": True}]}, "unsupported_value"),
+    ("strict_tool_flag", {"tools": [{**WEATHER, "strict": "yes"}]}, "invalid_type"),
     ("deferred_tool", {"tools": [{**WEATHER, "defer_loading": True}]}, "unsupported_value"),
     (
         "no_direct_calls",
         {"tools": [{**WEATHER, "allowed_callers": ["code_execution_20250825"]}]},
         "unsupported_value",
     ),
-    ("tool_choice_any", {"tools": [WEATHER], "tool_choice": {"type": "any"}}, "unsupported_value"),
+    ("tool_choice_any_without_tools", {"tool_choice": {"type": "any"}}, "invalid_value"),
     (
-        "tool_choice_named",
-        {"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "get_weather"}},
-        "unsupported_value",
+        "tool_choice_named_undeclared",
+        {"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}},
+        "invalid_value",
     ),
     (
         "single_call",
