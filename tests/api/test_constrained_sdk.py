@@ -245,6 +245,16 @@ def test_invalid_schema_is_a_400_naming_its_path(oa, model):
         )
     assert info.value.code == "invalid_schema"
     assert info.value.param == "response_format.json_schema.schema.properties.age.minimum"
+    # a strict tool's schema is checked the same way, under its own field
+    tool = {
+        "type": "function",
+        "function": {"name": "f", "parameters": {"type": "object", "properties": bad["properties"]}, "strict": True},
+    }  # fmt: skip
+    with pytest.raises(openai.BadRequestError) as info:
+        oa.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "x"}], tools=[tool]
+        )
+    assert info.value.param == "tools[0].function.parameters.properties.age.minimum"
 
 
 def test_anthropic_structured_output(base_url):

@@ -478,6 +478,12 @@ def test_constrained_output_on_the_tiny_agent(client):
     r = create(client, p, response_format=fmt, max_tokens=60)
     assert r.choices[0].finish_reason == "stop"
     assert len(json.loads(r.choices[0].message.content)["answer"]) <= 20
+    # thinking on: the reasoning is free, the answer after </think> follows the schema
+    thinking = by_name("sum_think")
+    r = create(client, thinking, response_format=fmt, max_tokens=120)
+    assert r.choices[0].message.model_extra.get("reasoning_content")
+    assert r.choices[0].finish_reason == "stop"
+    assert len(json.loads(r.choices[0].message.content)["answer"]) <= 20
     tools = by_name("weather_paris")["tools"]
     forced = create(client, p, tools=tools, tool_choice="required", parallel_tool_calls=False)
     assert forced.choices[0].finish_reason == "tool_calls"
