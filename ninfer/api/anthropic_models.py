@@ -161,7 +161,8 @@ def parse_messages_request(
             True,
             "a limit of one tool call per response without tool_choice any / tool or strict tools",
         )
-    constraint = combine(("output_config.format", fmt), tool_spec)
+    where = fmt.path.removesuffix(".schema") if fmt is not None else "output_config.format"
+    constraint = combine((where, fmt), tool_spec)
     if constraint is not None and conv.prefill:
         raise conflict(
             "messages", "an assistant prefill cannot be combined with a constrained output"
