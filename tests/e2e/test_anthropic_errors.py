@@ -309,11 +309,26 @@ def test_rejection_through_the_official_client(strict_server):
     assert info.value.request_id and info.value.type == "invalid_request_error"
     with pytest.raises(anthropic.BadRequestError):
         c.messages.count_tokens(model="m", messages=[{"role": "user", "content": [IMAGE]}])
-    with pytest.raises(anthropic.BadRequestError) as info:
-        c.messages.create(
-            model="m", max_tokens=64, messages=HI, tool_choice={"type": "any"}, tools=[WEATHER]
-        )
-    assert "forced tool call" in info.value.api_message
+    # a forced tool choice is honoured now (constrained decoding), not refused
+    bounded = {
+        "name": "get_weather",
+        "input_schema": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 12}},
+            "required": ["city"],
+        },
+    }
+    msg = c.messages.create(
+        model="m",
+        max_tokens=64,
+        messages=HI,
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
+        tools=[bounded],
+        thinking={"type": "disabled"},
+    )
+    assert msg.stop_reason == "tool_use"
+    (use,) = [b for b in msg.content if b.type == "tool_use"]
+    assert use.name == "get_weather" and len(use.input["city"]) <= 12
 
 
 def test_advisory_fields_do_not_block(strict_server):
