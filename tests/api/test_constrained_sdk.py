@@ -217,7 +217,7 @@ def test_responses_text_format_json_schema(oa, model):
         input="Describe a book about bees as JSON.",
         text={"format": {"type": "json_schema", "name": "book", "schema": BOOK, "strict": True}},
         max_output_tokens=200,
-        temperature=0.7,
+        temperature=0,
     )
     assert r.status == "completed"
     jsonschema.validate(json.loads(r.output_text), BOOK)
@@ -263,7 +263,10 @@ def test_anthropic_structured_output(base_url):
         model="claude-local",
         max_tokens=200,
         messages=[{"role": "user", "content": "Describe a book about volcanoes as JSON."}],
-        extra_body={"output_config": {"format": {"type": "json_schema", "schema": BOOK}}},
+        extra_body={
+            "output_config": {"format": {"type": "json_schema", "schema": BOOK}},
+            "temperature": 0,
+        },
     )
     assert msg.stop_reason == "end_turn"
     jsonschema.validate(json.loads(msg.content[0].text), BOOK)
