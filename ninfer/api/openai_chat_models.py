@@ -13,10 +13,11 @@ Completions"). It needs no engine, tokenizer or template: it decides only what t
 - messages keep their input order and text parts their bytes; tool schemas and historical
   tool-call arguments keep their JSON member order.
 
-Output constraints (`response_format` JSON, llama.cpp's `json_schema` / `grammar`, a required
-or named `tool_choice`, strict tools) become one `constraint` (ninfer.api.output_constraints),
-enforced by constrained decoding. Rejections: a field whose requested behaviour ninfer cannot
-provide (vLLM's guided_* spellings, logprobs, audio, ...) fails with 400 `unsupported_parameter`
+Output constraints (`response_format` JSON, llama.cpp's `json_schema` / `grammar`, vLLM's
+`structured_outputs` / `guided_*`, a required or named `tool_choice`, strict tools) become one
+`constraint` (ninfer.api.output_constraints), enforced by constrained decoding. Rejections: a
+field whose requested behaviour ninfer cannot provide (logprobs, audio, ...) fails with 400
+`unsupported_parameter`
 or `unsupported_value` naming the field; semantically neutral values of those fields pass;
 unknown top-level fields are ignored.
 """
@@ -56,6 +57,7 @@ from ninfer.api.output_constraints import (
     llama_fields,
     one_of,
     tool_constraint,
+    vllm_fields,
 )
 from ninfer.api.stops import validate_stops
 from ninfer.api.tool_fields import (
@@ -75,12 +77,6 @@ __all__ = [
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 TOP_K_MAX = 20
 MAX_CACHE_WRITES = 4  # prompt-cache write candidates per request
-# vLLM's constrained-decoding spellings: rejected explicitly, never ignored (llama.cpp's
-# json_schema and grammar, and response_format, are honoured)
-CONSTRAINED_ALIASES = (
-    "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-)  # fmt: skip
-CONSTRAINED = "vLLM's constrained-decoding fields (use response_format, json_schema or grammar)"
 
 
 @dataclass(frozen=True)
@@ -209,7 +205,8 @@ def parse_chat_request(body: dict[str, Any], *, model_id: str, vision: bool) -> 
         for t in req.callable_tools
     ]
     fmt = json_format(get_object(body, "response_format"), "response_format", nested=True)
-    answer = one_of([("response_format", fmt), ("json_schema", llama_fields(body))])
+    llama, vllm = llama_fields(body), vllm_fields(body)
+    answer = one_of([("response_format", fmt), *((s.path, s) for s in (llama, vllm) if s)])
     param = "response_format" if fmt is not None or answer is None else answer.path
     tool_spec = tool_constraint(
         req.tool_choice, specs, parallel=parallel, single=single, answer=answer
@@ -303,9 +300,6 @@ def _match_tool_results(messages: tuple[ChatMessage, ...]) -> tuple[ChatMessage,
 
 def _reject_unsupported(body: dict[str, Any]) -> None:
     """Fields whose requested behaviour cannot be provided; their neutral values pass."""
-    for alias in CONSTRAINED_ALIASES:
-        if body.get(alias) is not None:
-            raise errors.unsupported_parameter(alias, CONSTRAINED)
     bias = get_object(body, "logit_bias")
     for token, value in (bias or {}).items():
         if not (token.isascii() and token.isdigit()):

@@ -1,7 +1,9 @@
 """The request fields that constrain the output, read into one `ConstraintSpec` (ninfer.constrain):
 
     Chat       response_format {type: json_object | json_schema, json_schema: {name, schema,
-               strict}}; llama.cpp's top-level json_schema and grammar (GBNF)
+               strict}}; llama.cpp's top-level json_schema and grammar (GBNF); vLLM's
+               structured_outputs {json | regex | choice | grammar} and guided_json /
+               guided_regex / guided_choice / guided_grammar
     Responses  text.format {type: json_object | json_schema, name, schema, strict}
     Anthropic  output_config.format / output_format {type: json_schema, schema}
     all three  tool_choice required / a named function (the output is a valid call) and
@@ -18,6 +20,7 @@ its path (`constraint_error`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -31,6 +34,7 @@ from ninfer.constrain import (
     Grammar,
     JsonObject,
     JsonSchema,
+    Regex,
     StrictTools,
     ToolSpec,
 )
@@ -110,6 +114,55 @@ def llama_fields(body: Mapping[str, Any]) -> ConstraintSpec | None:
     if grammar:  # an empty grammar means none, as in llama.cpp
         specs.append(("grammar", Grammar(grammar, "gbnf", path="grammar")))
     return one_of(specs)
+
+
+VLLM_KINDS = ("json", "regex", "choice", "grammar")
+
+
+def vllm_fields(body: Mapping[str, Any]) -> ConstraintSpec | None:
+    """vLLM's `structured_outputs` object (one of json, regex, choice, grammar, json_object) and
+    its older top-level spellings guided_json / guided_regex / guided_choice / guided_grammar;
+    at most one constraint among them. A JSON schema may be sent as a JSON string, as vLLM
+    accepts; its other members (backend options) have no effect."""
+    specs: list[tuple[str, ConstraintSpec]] = []
+    so = get_object(body, "structured_outputs")
+    if so is not None and so.get("structural_tag") is not None:
+        raise errors.unsupported_parameter(
+            "structured_outputs.structural_tag", "structural tags (use json, regex or grammar)"
+        )
+    if so is not None and get_bool(so, "json_object", "structured_outputs.json_object"):
+        specs.append(("structured_outputs.json_object", JsonObject("structured_outputs")))
+    for kind in VLLM_KINDS:
+        for param, holder, key in (
+            (f"structured_outputs.{kind}", so, kind),
+            (f"guided_{kind}", body, f"guided_{kind}"),
+        ):
+            value = holder.get(key) if holder is not None else None
+            if value is not None:
+                specs.append((param, _vllm_spec(kind, value, param)))
+    return one_of(specs)
+
+
+def _vllm_spec(kind: str, value: Any, param: str) -> ConstraintSpec:
+    if kind == "json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise errors.invalid_value(param, f"is not a JSON schema: {e}") from None
+        if not isinstance(value, (Mapping, bool)):
+            raise errors.invalid_type(param, "an object", value)
+        return JsonSchema(value, strict=False, path=param)
+    if kind == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+            raise errors.invalid_value(param, "must be a non-empty array of strings")
+        lark = "start: " + " | ".join(json.dumps(v) for v in value)
+        return Grammar(lark, "lark", path=param)
+    if not isinstance(value, str) or not value:
+        raise errors.invalid_type(param, "a non-empty string", value)
+    if kind == "regex":
+        return Regex(value, path=param)
+    return Grammar(value, "gbnf", path=param)  # GBNF, or Lark (EBNF) as vLLM also takes
 
 
 def tool_constraint(

@@ -5,6 +5,7 @@ and not, and a schema the grammar engine cannot enforce is a 400 naming its path
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -233,6 +234,23 @@ def test_llama_cpp_grammar_field(oa, model):
     )
     assert r.choices[0].message.content in ("yes.", "no.")
     assert r.choices[0].finish_reason == "stop"
+
+
+def test_vllm_guided_fields(oa, model):
+    r = oa.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "I loved this film! Sentiment?"}],
+        max_tokens=10,
+        extra_body={"guided_choice": ["positive", "negative"]},
+    )
+    assert r.choices[0].message.content in ("positive", "negative")
+    r = oa.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Give me a year."}],
+        max_tokens=10,
+        extra_body={"structured_outputs": {"regex": "[12][0-9]{3}"}},
+    )
+    assert re.fullmatch("[12][0-9]{3}", r.choices[0].message.content)
 
 
 def test_invalid_schema_is_a_400_naming_its_path(oa, model):

@@ -12,7 +12,7 @@ from ninfer.api.anthropic_models import parse_messages_request
 from ninfer.api.errors import ApiError
 from ninfer.api.openai_chat_models import parse_chat_request
 from ninfer.api.responses_request import parse_create_request
-from ninfer.constrain import ForcedToolCall, Grammar, JsonObject, JsonSchema, StrictTools
+from ninfer.constrain import ForcedToolCall, Grammar, JsonObject, JsonSchema, Regex, StrictTools
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -128,9 +128,30 @@ def test_chat_one_format_per_request():
     )  # fmt: skip
 
 
-def test_vllm_spellings_stay_refused():
-    refused(chat, "unsupported_parameter", "guided_json", guided_json=SCHEMA)
-    refused(chat, "unsupported_parameter", "structured_outputs", structured_outputs={"json": {}})
+def test_vllm_spellings():
+    assert chat(guided_json=SCHEMA).constraint == JsonSchema(SCHEMA, False, "guided_json")
+    assert chat(guided_json='{"type": "integer"}').constraint.schema == {"type": "integer"}
+    assert chat(structured_outputs={"regex": "[0-9]+"}).constraint == Regex(
+        "[0-9]+", "structured_outputs.regex"
+    )
+    choice = chat(guided_choice=["yes", 'say "no"']).constraint
+    assert choice == Grammar('start: "yes" | "say \\"no\\""', "lark", "guided_choice")
+    assert chat(guided_grammar='root ::= "a"').constraint.syntax == "gbnf"
+    assert chat(structured_outputs={"json_object": True}).constraint == JsonObject(
+        "structured_outputs"
+    )
+    refused(
+        chat, "unsupported_parameter", "structured_outputs.structural_tag",
+        structured_outputs={"structural_tag": "{}"},
+    )  # fmt: skip
+    refused(
+        chat, "conflicting_constraints", "guided_regex",
+        response_format={"type": "json_object"}, guided_regex="a+",
+    )  # fmt: skip
+    refused(
+        chat, "conflicting_constraints", "guided_regex",
+        structured_outputs={"json": SCHEMA}, guided_regex="a+",
+    )  # fmt: skip
 
 
 # -- Responses --------------------------------------------------------------------------------

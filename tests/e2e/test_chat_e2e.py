@@ -237,7 +237,7 @@ def test_rejections_name_the_field(client):
         ({"logprobs": True}, "logprobs", unsupported),
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}}, "response_format.json_schema.schema.type", "invalid_schema"),
         ({"tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": by_name("weather_paris")["tools"]}, "tool_choice.function.name", invalid),
-        ({"extra_body": {"guided_json": {"type": "object"}}}, "guided_json", "unsupported_parameter"),
+        ({"extra_body": {"guided_choice": []}}, "guided_choice", invalid),
         ({"extra_body": {"json_schema": "object"}}, "json_schema", "invalid_type"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop", invalid),
         ({"temperature": -1}, "temperature", invalid),
