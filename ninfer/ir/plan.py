@@ -19,15 +19,18 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ninfer.ir.graph import Shard
 from ninfer.ir.plan_sections import (
     KVLayout,
     Ledger,
     LedgerEntry,
+    ParallelLayout,
     PlanOptions,
     StateLayout,
     kv_from_dict,
     ledger_from_dict,
     options_from_dict,
+    parallel_from_dict,
     section_dict,
     state_from_dict,
 )
@@ -39,6 +42,7 @@ __all__ = [
     "KernelCall",
     "Ledger",
     "LedgerEntry",
+    "ParallelLayout",
     "Plan",
     "PlanOptions",
     "StateLayout",
@@ -56,6 +60,7 @@ class BufferSpec:
     format: str | None = None  # weights: storage format
     sources: tuple[str, ...] = ()  # weights: artifact tensors
     layout: str | None = None  # weights: plain | concat | stack | stack_concat
+    shards: tuple[Shard | None, ...] = ()  # weights: the part of each source kept (graph.Shard)
 
 
 def launch_for(launches: list[list[Any]], rows: int, default: str) -> tuple[str, list[int]]:
@@ -65,6 +70,13 @@ def launch_for(launches: list[list[Any]], rows: int, default: str) -> tuple[str,
         if lo <= rows <= hi:
             return kernel, cfg
     return default, []
+
+
+def _buffer_dict(b: BufferSpec) -> dict[str, Any]:
+    d = asdict(b)
+    if not b.shards:  # a whole weight reads as before tensor parallelism
+        del d["shards"]
+    return d
 
 
 @dataclass(frozen=True)
@@ -102,13 +114,18 @@ class Plan:
     ledger: Ledger
     cuda_graph_buckets: tuple[int, ...]  # decode batch sizes replayed from CUDA Graphs
     version: int = PLAN_VERSION
+    parallel: ParallelLayout | None = None  # tensor parallelism: this plan's rank; None: whole
 
     # -- serialisation --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["buffers"] = [asdict(b) for b in self.buffers.values()]
+        d["buffers"] = [_buffer_dict(b) for b in self.buffers.values()]
         for name in ("options", "kv", "state", "ledger"):
             d[name] = section_dict(getattr(self, name))
+        if self.parallel is None:  # a whole-model plan reads as before tensor parallelism
+            del d["parallel"]
+        else:
+            d["parallel"] = section_dict(self.parallel)
         d["cuda_graph_buckets"] = list(self.cuda_graph_buckets)
         return d
 
@@ -121,7 +138,16 @@ class Plan:
             raise ValueError(f"plan version {d.get('version')} is not {PLAN_VERSION}")
         d = dict(d)
         d["buffers"] = {
-            b["name"]: BufferSpec(**{**b, "sources": tuple(b.get("sources", ()))})
+            b["name"]: BufferSpec(
+                **{
+                    **b,
+                    "sources": tuple(b.get("sources", ())),
+                    "shards": tuple(
+                        None if s is None else Shard(**{**s, "segments": tuple(s["segments"])})
+                        for s in b.get("shards", ())
+                    ),
+                }
+            )
             for b in d["buffers"]
         }
         d["calls"] = [
@@ -135,6 +161,7 @@ class Plan:
         d["state"] = state_from_dict(d["state"])
         d["ledger"] = ledger_from_dict(d["ledger"])
         d["cuda_graph_buckets"] = tuple(d["cuda_graph_buckets"])
+        d["parallel"] = parallel_from_dict(d.get("parallel"))
         return Plan(**d)
 
     @staticmethod

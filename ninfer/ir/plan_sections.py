@@ -58,6 +58,18 @@ class StateLayout:
 
 
 @dataclass(frozen=True)
+class ParallelLayout:
+    """Tensor parallelism (passes/shard.py): this plan is rank `rank` of `world`; its calls
+    hold `all_reduce` all-reduces (one per mixer and per FFN) and `all_gather` gathers (the
+    logits)."""
+
+    world: int
+    rank: int
+    all_reduce: int
+    all_gather: int
+
+
+@dataclass(frozen=True)
 class LedgerEntry:
     item: str  # weights | nvfp4_copies | workspace | kv_cache | state_slots
     bytes: int
@@ -99,6 +111,10 @@ def state_from_dict(d: dict[str, Any]) -> StateLayout:
 def ledger_from_dict(d: dict[str, Any]) -> Ledger:
     entries = tuple(LedgerEntry(**e) for e in d["entries"])
     return Ledger(entries, d["total"], d["budget"])
+
+
+def parallel_from_dict(d: dict[str, Any] | None) -> ParallelLayout | None:
+    return None if d is None else ParallelLayout(**_known(ParallelLayout, d))
 
 
 def options_from_dict(d: dict[str, Any]) -> PlanOptions:

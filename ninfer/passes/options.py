@@ -18,6 +18,7 @@ DEVICES = ("cpu", "cuda")
 # (bf16 GEMM numerics), or dequantised to float32 at load (the reference numerics tests use)
 CPU_WEIGHTS = ("packed", "float32")
 MAX_CONCURRENCY = 8
+MAX_TENSOR_PARALLEL = 64
 GIB = 1 << 30
 # Memory the planner may use when the caller does not say (`device_memory`): an H200 for cuda
 # (the performance target), a modest host for cpu. Fixed numbers keep `ninfer compile` output
@@ -42,6 +43,8 @@ class CompileOptions:
     cuda_graphs: bool = True
     device_memory: int | None = None  # bytes the plan may use; None: DEFAULT_DEVICE_MEMORY
     cpu_weights: str = "packed"  # CPU_WEIGHTS; cuda plans ignore it
+    tensor_parallel: int = 1  # ranks the model is sharded over (passes/shard.py); a power of 2
+    tp_rank: int = 0  # the rank this plan is for, 0..tensor_parallel-1
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -72,6 +75,13 @@ class CompileOptions:
             raise ConfigError(f"cuda_graphs must be true or false, got {self.cuda_graphs!r}")
         if self.device_memory is not None:
             int_range("device_memory", self.device_memory, 1, 1 << 50)
+        int_range("tensor_parallel", self.tensor_parallel, 1, MAX_TENSOR_PARALLEL)
+        if self.tensor_parallel & (self.tensor_parallel - 1):
+            raise ConfigError(
+                f"--tensor-parallel must be a power of two (1, 2, 4, 8, ...), "
+                f"got {self.tensor_parallel}"
+            )
+        int_range("tp_rank", self.tp_rank, 0, self.tensor_parallel - 1)
 
     @property
     def compute_dtype(self) -> str:

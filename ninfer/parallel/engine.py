@@ -1,0 +1,78 @@
+"""The executor of a tensor-parallel engine, for `build_engine` (ninfer/runtime/build.py):
+compile every rank's plan on rank 0, start the workers (or reuse a running RankGroup), load
+each rank's part of the model on its device, and return rank 0's RankExecutor.
+
+    compile_ranks(artifact, options) ──▶ plans[0..N-1] (same KV pages on every rank)
+    RankGroup(N) ── "load", plans ──▶ ranks 1..N-1 build their executors; rank 0 builds its own
+                 ◀── every rank's error or None (any error is raised here, naming the rank)
+
+Devices: cpu for every rank on cpu; on cuda rank r uses cuda:(device_index + r), and asking
+for more ranks than the host has GPUs is a ConfigError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ninfer.errors import ConfigError
+from ninfer.ir.plan import Plan
+from ninfer.parallel.executor import RankExecutor
+from ninfer.parallel.ranks import RankGroup
+from ninfer.parallel.worker import make_rank_executor
+from ninfer.passes.pipeline import compile_ranks
+from ninfer.runtime.config import EngineOptions
+
+
+def rank_devices(options: EngineOptions) -> list[str]:
+    """The device of every rank; ConfigError when the host has too few GPUs."""
+    n = options.compile.tensor_parallel
+    if options.compile.device == "cpu":
+        return ["cpu"] * n
+    import torch
+
+    base = options.device_index or 0
+    count = torch.cuda.device_count()
+    if base + n > count:
+        raise ConfigError(
+            f"--tensor-parallel {n}: needs CUDA devices {base}..{base + n - 1}, this host has "
+            f"{count} (cuda:0..{count - 1})"
+        )
+    return [f"cuda:{base + r}" for r in range(n)]
+
+
+def parallel_executor(
+    artifact: Any,
+    options: EngineOptions,
+    ranks: RankGroup | None = None,
+    on_fatal: Callable[[str], None] | None = None,
+) -> tuple[Plan, RankExecutor]:
+    """(rank 0's plan, rank 0's executor) of `artifact` sharded over
+    `options.compile.tensor_parallel` ranks. `ranks`: a running group of that size to load
+    onto (it stays running after the executor closes); None starts one, which the executor
+    stops when it closes. `on_fatal(message)` is called from a watchdog thread when a rank dies
+    or a collective fails. Raises ConfigError for impossible options."""
+    n = options.compile.tensor_parallel
+    devices = rank_devices(options)
+    plans = compile_ranks(artifact, options.compile)
+    group = ranks if ranks is not None else RankGroup(n, options.compile.device)
+    if group.world != n:
+        raise ValueError(f"the rank group has {group.world} ranks, the options ask for {n}")
+    try:
+        if on_fatal is not None:
+            group.on_failure(on_fatal)
+        group.send("load", plans, str(artifact.path), devices)
+        error = None
+        local = None
+        try:
+            local = make_rank_executor(plans[0], artifact, devices[0], group.groups)
+        except Exception as e:  # noqa: BLE001 - every rank reports, then rank 0 raises
+            error = f"rank 0: {type(e).__name__}: {e}"
+        errors = [e for e in group.gather(error) if e is not None]
+        if errors:
+            raise ConfigError("tensor parallelism: loading the model failed: " + "; ".join(errors))
+    except BaseException:
+        if ranks is None:
+            group.close()
+        raise
+    return plans[0], RankExecutor(group, local, owns_group=ranks is None)
