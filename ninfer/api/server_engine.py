@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import signal
 import time
 from typing import Any
 
@@ -32,7 +34,7 @@ def start_engine(state: ServerState, artifact: Artifact) -> None:
     """Build the engine (`build_engine`: plan, executor, CUDA Graphs), wire the model service
     around it, warm it up, and put both on `state`."""
     config = state.config
-    engine = build_engine(artifact, config.engine)
+    engine = build_engine(artifact, config.engine, on_fatal=_stop_server)
     plan, executor = engine.plan, engine.executor
     pool_tokens = executor.num_pages * executor.page_size
     if warning := kv_pool_warning(config, pool_tokens):
@@ -68,6 +70,14 @@ def start_engine(state: ServerState, artifact: Artifact) -> None:
     state.extra["service"] = service
     state.extra["artifact"] = artifact
     state.extra["memory"] = memory_layout(plan, executor)
+
+
+def _stop_server(message: str) -> None:
+    """A tensor-parallel rank died (or a collective failed): the engine cannot run any more, so
+    the server stops (SIGTERM to itself: a graceful stop, the engine closed, the remaining
+    ranks stopped) rather than answer every request with an error or hang."""
+    log.critical("stopping the server: %s", message)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _log_plan(plan: Any, executor: Any) -> None:

@@ -112,6 +112,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false", help="disable CUDA Graph decode")
     g.add_argument("--no-prefix-reuse", dest="prefix_reuse", action="store_false",
                    help="disable compatible-prefix caching")
+    g.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                   help="shard the model over N ranks (N GPUs on cuda, N processes on cpu); a power of "
+                        "two dividing the attention and KV heads")
     g.add_argument("--device-state-slots", type=int, metavar="N",
                    help="extra device state images beyond --max-concurrency (default: --max-concurrency)")
     g.add_argument("--host-context-mib", type=int, metavar="N",
@@ -208,6 +211,7 @@ def config_from_args(
             prefill_chunk=args.prefill_chunk,
             device_state_slots=args.device_state_slots,
             cuda_graphs=args.cuda_graph,
+            tensor_parallel=args.tensor_parallel,
         ),
         device_index=None if device == "cpu" else int(device.removeprefix("cuda:")),
         max_pending_requests=args.max_pending_requests,
