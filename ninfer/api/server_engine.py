@@ -124,11 +124,14 @@ def _warm_up(engine: Engine, tokenizer: Tokenizer, max_concurrency: int, max_con
 
 def plan_summary(options: EngineOptions, memory: dict[str, Any]) -> str:
     """One startup line saying what was planned: device and dtype, lanes, context, the KV pool
-    and the memory the plan budgets (`--log-level debug` shows the full ledger)."""
+    and the memory the plan budgets (`--log-level debug` shows the full ledger); with tensor
+    parallelism these are rank 0's (each rank holds its part of the weights and KV heads)."""
     kv = memory["kv"]
     planned = {e["item"]: e["bytes"] for e in memory["ledger"]}
+    n = options.compile.tensor_parallel
+    what = f"plan (each of {n} tensor-parallel ranks)" if n > 1 else "plan"
     return (
-        f"plan: {options.device} {options.dtype}, {options.max_concurrency} lane(s), context "
+        f"{what}: {options.device} {options.dtype}, {options.max_concurrency} lane(s), context "
         f"{options.max_context}, KV pool {kv['capacity_tokens']} tokens ({kv['dtype']}, "
         f"{oplog.nbytes(kv['bytes'])}), weights {oplog.nbytes(planned.get('weights', 0))}, "
         f"total {oplog.nbytes(memory['ledger_total_bytes'] or 0)}"

@@ -4,7 +4,8 @@ each rank's part of the model on its device, and return rank 0's RankExecutor.
 
     compile_ranks(artifact, options) ──▶ plans[0..N-1] (same KV pages on every rank)
     RankGroup(N) ── "load", plans ──▶ ranks 1..N-1 build their executors; rank 0 builds its own
-                 ◀── every rank's error or None (any error is raised here, naming the rank)
+                 ◀── every rank's KV pages, or its error (raised here, naming the rank)
+    pages differ (CUDA: `auto` sized from each GPU's free memory) ──▶ again at the smallest
 
 Devices: cpu for every rank on cpu; on cuda rank r uses cuda:(device_index + r), and asking
 for more ranks than the host has GPUs is a ConfigError.
@@ -12,6 +13,7 @@ for more ranks than the host has GPUs is a ConfigError.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -35,8 +37,8 @@ def rank_devices(options: EngineOptions) -> list[str]:
     count = torch.cuda.device_count()
     if base + n > count:
         raise ConfigError(
-            f"--tensor-parallel {n}: needs CUDA devices {base}..{base + n - 1}, this host has "
-            f"{count} (cuda:0..{count - 1})"
+            f"--tensor-parallel {n}: needs CUDA devices cuda:{base}..cuda:{base + n - 1}, this "
+            f"host has {count} CUDA device(s)"
         )
     return [f"cuda:{base + r}" for r in range(n)]
 
@@ -61,18 +63,36 @@ def parallel_executor(
     try:
         if on_fatal is not None:
             group.on_failure(on_fatal)
-        group.send("load", plans, str(artifact.path), devices)
-        error = None
-        local = None
-        try:
-            local = make_rank_executor(plans[0], artifact, devices[0], group.groups)
-        except Exception as e:  # noqa: BLE001 - every rank reports, then rank 0 raises
-            error = f"rank 0: {type(e).__name__}: {e}"
-        errors = [e for e in group.gather(error) if e is not None]
-        if errors:
-            raise ConfigError("tensor parallelism: loading the model failed: " + "; ".join(errors))
+        local, pages = _load(group, plans, artifact, devices)
+        if len(set(pages)) > 1:
+            # CUDA sizes `auto` from each GPU's free memory: every rank takes the smallest pool
+            fixed = dataclasses.replace(
+                options.compile, kv_capacity=min(pages) * plans[0].kv.page_size
+            )
+            plans = compile_ranks(artifact, fixed)
+            local, pages = _load(group, plans, artifact, devices)
     except BaseException:
         if ranks is None:
             group.close()
         raise
     return plans[0], RankExecutor(group, local, owns_group=ranks is None)
+
+
+def _load(
+    group: RankGroup, plans: list[Plan], artifact: Any, devices: list[str]
+) -> tuple[Any, list[int]]:
+    """Load every rank's plan; (rank 0's executor, every rank's KV pages). ConfigError naming
+    the ranks that failed."""
+    group.send("load", plans, str(artifact.path), devices)
+    local: Any = None
+    report: Any
+    try:
+        local = make_rank_executor(plans[0], artifact, devices[0], group.groups)
+        report = local.num_pages
+    except Exception as e:  # noqa: BLE001 - every rank reports, then rank 0 raises
+        report = f"rank 0: {type(e).__name__}: {e}"
+    reports = group.gather(report)
+    errors = [r for r in reports if isinstance(r, str)]
+    if errors:
+        raise ConfigError("tensor parallelism: loading the model failed: " + "; ".join(errors))
+    return local, reports

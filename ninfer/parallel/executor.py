@@ -58,7 +58,7 @@ class RankExecutor:
         except (ValueError, RankFailure):  # a bad batch is refused alike on every rank
             raise
         except Exception as e:  # a collective failed: the ranks no longer agree
-            raise self.group.fail(f"tensor-parallel step failed on rank 0: {e}") from e
+            raise self.group.collective_failed(e) from e
 
     def close(self) -> None:
         """Unload the model from the workers, or stop them when this executor started them."""

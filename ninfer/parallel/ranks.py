@@ -41,6 +41,11 @@ from ninfer.runtime.request import EngineError
 
 log = logging.getLogger("ninfer.parallel")
 STOP_WAIT_S = 10.0  # a worker not gone this long after "stop" is killed
+DEATH_GRACE_S = 2.0  # a failed collective waits this long to see whether a worker died
+
+
+def _exited(rank: int, pid: int, code: int) -> str:
+    return f"tensor-parallel rank {rank} (pid {pid}) exited with code {code}"
 
 
 class RankFailure(EngineError):
@@ -113,7 +118,7 @@ class RankGroup:
         try:
             dist.broadcast_object_list([cmd], src=0, group=self.groups.control)
         except Exception as e:
-            raise self.fail(f"tensor-parallel command {cmd[0]} failed: {e}") from e
+            raise self.collective_failed(e) from e
 
     def gather(self, value: Any) -> list[Any]:
         """Every rank's `value` of a command that reports one (rank order)."""
@@ -121,7 +126,7 @@ class RankGroup:
         try:
             dist.all_gather_object(out, value, group=self.groups.control)
         except Exception as e:
-            raise self.fail(f"tensor-parallel report failed: {e}") from e
+            raise self.collective_failed(e) from e
         return out
 
     # -- failure ----------------------------------------------------------------------------
@@ -150,7 +155,20 @@ class RankGroup:
     def _watch(self, rank: int, p: subprocess.Popen) -> None:
         code = p.wait()
         if not self._closing:
-            self.fail(f"tensor-parallel rank {rank} (pid {p.pid}) exited with code {code}")
+            self.fail(_exited(rank, p.pid, code))
+
+    def collective_failed(self, error: BaseException) -> RankFailure:
+        """Fail the group for a collective (or command broadcast) that raised on rank 0. A dead peer usually shows
+        first as a reset connection: when a worker has exited (or exits within
+        DEATH_GRACE_S), the failure names it instead."""
+        deadline = time.monotonic() + DEATH_GRACE_S
+        while True:
+            for rank, p in enumerate(self.procs, start=1):
+                if p.poll() is not None:
+                    return self.fail(_exited(rank, p.pid, p.returncode))
+            if time.monotonic() > deadline:
+                return self.fail(f"tensor-parallel collective failed on rank 0: {error}")
+            time.sleep(0.05)
 
     # -- shutdown ---------------------------------------------------------------------------
     def close(self) -> None:

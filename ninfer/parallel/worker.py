@@ -6,7 +6,8 @@ worker joins the process group, then runs rank 0's commands, each received by a 
 the control group, in order:
 
     ("load", plans, artifact path, devices)  build this rank's executor for plans[rank];
-                                             every rank then reports its error or None
+                                             every rank then reports its KV pages, or its
+                                             error (a string)
     ("run", batch, all_logits)               Executor.run (its collectives meet rank 0's)
     ("copy_state", src, dst)                 Executor.copy_state
     ("capture",)                             CUDA: capture the decode CUDA Graphs
@@ -89,15 +90,16 @@ def serve(rdv: Rendezvous, rank: int) -> None:
             break
         if op == "load":
             executor = None
-            error = None
+            report: Any = None
             try:
                 from ninfer.artifact import Artifact
 
                 plans, path, devices = cmd[1:]
                 executor = make_rank_executor(plans[rank], Artifact(path), devices[rank], groups)
+                report = executor.num_pages
             except Exception as e:  # noqa: BLE001 - reported to rank 0, which raises it
-                error = f"rank {rank}: {type(e).__name__}: {e}"
-            dist.all_gather_object([None] * rdv.world, error, group=groups.control)
+                report = f"rank {rank}: {type(e).__name__}: {e}"
+            dist.all_gather_object([None] * rdv.world, report, group=groups.control)
         elif op == "run":
             with torch.inference_mode():
                 executor.run(cmd[1], all_logits=cmd[2])

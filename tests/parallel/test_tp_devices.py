@@ -1,0 +1,29 @@
+"""Where a tensor-parallel engine's ranks run: cpu for all on cpu; on cuda one GPU per rank,
+and more ranks than the host has GPUs is refused before anything starts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ninfer.errors import ConfigError
+from ninfer.parallel.engine import rank_devices
+from ninfer.runtime.config import EngineOptions
+
+
+def test_cpu_ranks_share_the_host() -> None:
+    assert rank_devices(EngineOptions.of(tensor_parallel=4)) == ["cpu"] * 4
+
+
+def test_more_ranks_than_gpus_is_refused() -> None:
+    count = torch.cuda.device_count()
+    options = EngineOptions.of(device="cuda", tensor_parallel=8, cuda_graphs=False)
+    if count >= 8:
+        assert rank_devices(options) == [f"cuda:{r}" for r in range(8)]
+        return
+    with pytest.raises(ConfigError) as e:
+        rank_devices(options)
+    assert str(e.value) == (
+        f"--tensor-parallel 8: needs CUDA devices cuda:0..cuda:7, this host has {count} CUDA "
+        "device(s)"
+    )
