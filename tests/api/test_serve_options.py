@@ -67,6 +67,7 @@ SPEC_DEFAULTS = {
     "--no-cuda-graph": ("engine.compile.cuda_graphs", True),
     "--no-prefix-reuse": ("engine.prefix_reuse", True),
     "--device-state-slots": ("engine.compile.device_state_slots", None),
+    "--tensor-parallel": ("engine.compile.tensor_parallel", 1),
     "--host-context-mib": ("engine.host_context_mib", None),
     "--no-thinking": ("thinking", True),
     "--preserve-thinking": ("preserve_thinking", False),
@@ -126,7 +127,7 @@ def test_every_flag_reaches_the_config():
         "--device-state-slots", "0", "--host-context-mib", "0", "--no-thinking", "--preserve-thinking",
         "--cors", "--temperature", "0.5", "--top-p", "0.9", "--top-k", "0", "--min-p", "0.1",
         "--presence-penalty", "-2", "--frequency-penalty", "2", "--seed", "-7", "--greedy",
-        "--chat-template", "t.jinja", "--dtype", "float32",
+        "--chat-template", "t.jinja", "--dtype", "float32", "--tensor-parallel", "2",
         cuda=True,
     )  # fmt: skip
     engine = EngineOptions(
@@ -140,6 +141,7 @@ def test_every_flag_reaches_the_config():
             prefill_chunk=64,
             device_state_slots=0,
             cuda_graphs=False,
+            tensor_parallel=2,
         ),
         device_index=1,
         max_pending_requests=0,
@@ -215,6 +217,8 @@ def test_the_engine_flags_make_the_engine_options():
         (["--default-max-tokens", "0"], "--default-max-tokens"),
         (["--default-thinking-budget", "0"], "--default-thinking-budget"),
         (["--device-state-slots", "-1"], "--device-state-slots"),
+        (["--tensor-parallel", "0"], "--tensor-parallel must be in 1..64, got 0"),
+        (["--tensor-parallel", "6"], "--tensor-parallel must be a power of two"),
         (["--host-context-mib", "-1"], "--host-context-mib"),
         (["--draft-tokens", "3"], "--draft-tokens"),  # requires --spec
         (["--spec", "mtp", "--draft-tokens", "6"], "--draft-tokens"),
