@@ -27,3 +27,13 @@ def test_more_ranks_than_gpus_is_refused() -> None:
         f"--tensor-parallel 8: needs CUDA devices cuda:0..cuda:7, this host has {count} CUDA "
         "device(s)"
     )
+
+
+def test_bench_shards_only_an_artifact_file(capsys) -> None:
+    """The ranks load their parts from the artifact file: bench's in-memory synthetic models
+    are refused with --tensor-parallel, naming what to give instead."""
+    from ninfer.cli import main
+
+    rc = main(["bench", "engine", "--synthetic", "qwen3-8b", "--tensor-parallel", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--tensor-parallel: the ranks load their parts from a file" in err
