@@ -45,10 +45,16 @@ def ranks() -> Iterator[RankGroup]:
 
 def generate(engine: Engine) -> list[tuple[int, ...]]:
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-    out = []
+    out, computed = [], []
     for _ in range(2):
-        handles = [engine.submit(Request(p, params, session_key=None)) for p in PROMPTS]
+        before = engine.executor.tokens_computed
+        handles = [
+            engine.submit(Request(p, params, session_key=None, checkpoint_positions=(len(p),)))
+            for p in PROMPTS
+        ]
         out += [tuple(h.result(timeout=120).token_ids) for h in handles]
+        computed.append(engine.executor.tokens_computed - before)
+    assert computed[1] < computed[0]  # the second round started from the prefix cache
     return out
 
 
