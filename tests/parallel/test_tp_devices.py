@@ -37,3 +37,20 @@ def test_bench_shards_only_an_artifact_file(capsys) -> None:
     rc = main(["bench", "engine", "--synthetic", "qwen3-8b", "--tensor-parallel", "2"])
     err = capsys.readouterr().err
     assert rc == 2 and "--tensor-parallel: the ranks load their parts from a file" in err
+
+
+def test_llm_with_tensor_parallel_closes_its_ranks(fixture_artifacts) -> None:
+    """`ninfer.LLM(..., tensor_parallel=2)` starts its own worker, generates what one process
+    generates, and `close()` leaves no worker process behind."""
+    from ninfer import LLM, SamplingParams
+
+    path = fixture_artifacts("llama")
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    whole = LLM(path, max_concurrency=1, kv_capacity=64)
+    expected = whole.generate([[1, 2, 3, 4]], params)[0].token_ids
+    whole.close()
+    llm = LLM(path, max_concurrency=1, kv_capacity=64, tensor_parallel=2)
+    (worker,) = llm.executor.group.procs
+    assert llm.generate([[1, 2, 3, 4]], params)[0].token_ids == expected
+    llm.close()
+    assert worker.poll() == 0  # stopped when asked, not killed
