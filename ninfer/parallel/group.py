@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import datetime
 import os
+import pickle
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 HOST = "127.0.0.1"
@@ -52,11 +54,9 @@ def serve_store(world: int, timeout_s: float) -> dist.TCPStore:
     )
 
 
-def join_store(rdv: Rendezvous) -> dist.TCPStore:
-    """A worker's client of rank 0's store."""
-    return dist.TCPStore(
-        HOST, rdv.port, rdv.world, False, datetime.timedelta(seconds=rdv.timeout_s)
-    )
+def join_store(rdv: Rendezvous, timeout_s: float) -> dist.TCPStore:
+    """A worker's client of rank 0's store (store operations wait up to `timeout_s`)."""
+    return dist.TCPStore(HOST, rdv.port, rdv.world, False, datetime.timedelta(seconds=timeout_s))
 
 
 def ready_key(rank: int) -> str:
@@ -78,6 +78,27 @@ def init_groups(rdv: Rendezvous, rank: int, store: dist.TCPStore) -> Groups:
     )
     control = dist.new_group(backend="gloo", timeout=COMMAND_TIMEOUT)
     return Groups(dist.group.WORLD, control)
+
+
+def send_command(groups: Groups, cmd: Any, timeout_s: float) -> None:
+    """Rank 0: broadcast `cmd` (pickled, as broadcast_object_list does) on the control group,
+    waiting at most `timeout_s` for the workers to take it (a stopped worker would otherwise
+    hold rank 0 for ever: gloo's send waits for the receiver)."""
+    data = torch.frombuffer(bytearray(pickle.dumps(cmd)), dtype=torch.uint8)
+    size = torch.tensor([data.numel()], dtype=torch.int64)
+    for t in (size, data):
+        work = dist.broadcast(t, src=0, group=groups.control, async_op=True)
+        if not work.wait(datetime.timedelta(seconds=timeout_s)):
+            raise TimeoutError(f"the workers did not take a command within {timeout_s:g} s")
+
+
+def receive_command(groups: Groups) -> Any:
+    """A worker: the next command rank 0 sends (waits as long as the server idles)."""
+    size = torch.zeros(1, dtype=torch.int64)
+    dist.broadcast(size, src=0, group=groups.control)
+    data = torch.empty(int(size.item()), dtype=torch.uint8)
+    dist.broadcast(data, src=0, group=groups.control)
+    return pickle.loads(data.numpy().tobytes())
 
 
 def destroy_groups() -> None:

@@ -35,12 +35,14 @@ from ninfer.parallel.group import (
     destroy_groups,
     init_groups,
     ready_key,
+    send_command,
     serve_store,
 )
 from ninfer.runtime.request import EngineError
 
 log = logging.getLogger("ninfer.parallel")
 STOP_WAIT_S = 10.0  # a worker not gone this long after "stop" is killed
+START_TIMEOUT_S = 300.0  # a worker not connected this long after its start fails the group
 DEATH_GRACE_S = 2.0  # a failed collective waits this long to see whether a worker died
 
 
@@ -53,6 +55,9 @@ class RankFailure(EngineError):
 
 
 class RankGroup:
+    """The workers of one tensor-parallel engine. `timeout_s`: how long a collective may wait
+    for the other ranks before the step fails (a stuck rank)."""
+
     def __init__(self, world: int, device: str, timeout_s: float = COLLECTIVE_TIMEOUT_S):
         if world < 2:
             raise ValueError(f"a rank group needs 2 or more ranks, got {world}")
@@ -65,12 +70,12 @@ class RankGroup:
         self._callbacks: list[Callable[[str], None]] = []
         self._closing = False
         self._lock = threading.Lock()
-        store = serve_store(world, timeout_s)
+        store = serve_store(world, START_TIMEOUT_S)
         self.rdv = Rendezvous(world, store.port, device, timeout_s)
         threads = max(1, (os.cpu_count() or 1) // world)  # the ranks share the host's cores
         self.procs = [self._start(rank, threads) for rank in range(1, world)]
         try:
-            self._await_workers(store, timeout_s)
+            self._await_workers(store, START_TIMEOUT_S)
             self.groups = init_groups(self.rdv, 0, store)
         except BaseException:
             self._kill()
@@ -116,7 +121,7 @@ class RankGroup:
         """Broadcast command `cmd` to every worker (worker.py lists them)."""
         self.check()
         try:
-            dist.broadcast_object_list([cmd], src=0, group=self.groups.control)
+            send_command(self.groups, cmd, self.rdv.timeout_s)
         except Exception as e:
             raise self.collective_failed(e) from e
 
@@ -181,7 +186,7 @@ class RankGroup:
             self._closing = True
         if not failed:
             try:
-                dist.broadcast_object_list([("stop",)], src=0, group=self.groups.control)
+                send_command(self.groups, ("stop",), STOP_WAIT_S)
             except Exception:  # noqa: BLE001 - a worker already gone: kill the rest
                 failed = True
         for p in self.procs:

@@ -40,17 +40,12 @@ from ninfer.parallel.group import (
     init_groups,
     join_store,
     ready_key,
+    receive_command,
 )
 
 log = logging.getLogger("ninfer.parallel")
 PARENT_POLL_S = 1.0
-
-
-def receive(groups: Groups) -> Any:
-    """The next command rank 0 broadcasts (blocks until there is one)."""
-    box: list[Any] = [None]
-    dist.broadcast_object_list(box, src=0, group=groups.control)
-    return box[0]
+START_TIMEOUT_S = 300.0  # as ranks.py: joining while rank 0 waits for every worker
 
 
 def make_rank_executor(plan: Any, artifact: Any, device: str, groups: Groups) -> Any:
@@ -79,12 +74,12 @@ def _watch_parent(parent_pid: int) -> None:
 
 def serve(rdv: Rendezvous, rank: int) -> None:
     """Join the group as `rank` and run rank 0's commands until "stop"."""
-    store = join_store(rdv)
+    store = join_store(rdv, START_TIMEOUT_S)
     store.set(ready_key(rank), "1")
     groups = init_groups(rdv, rank, store)
     executor: Any = None
     while True:
-        cmd = receive(groups)
+        cmd = receive_command(groups)
         op = cmd[0]
         if op == "stop":
             break

@@ -1,7 +1,12 @@
-"""Where a tensor-parallel engine's ranks run: cpu for all on cpu; on cuda one GPU per rank,
-and more ranks than the host has GPUs is refused before anything starts."""
+"""Where a tensor-parallel engine's ranks run (cpu for all on cpu; on cuda one GPU per rank,
+more ranks than the host has GPUs refused before anything starts), `ninfer.LLM` with
+tensor_parallel, and a rank that stops answering."""
 
 from __future__ import annotations
+
+import os
+import signal
+import time
 
 import pytest
 import torch
@@ -54,3 +59,30 @@ def test_llm_with_tensor_parallel_closes_its_ranks(fixture_artifacts) -> None:
     assert llm.generate([[1, 2, 3, 4]], params)[0].token_ids == expected
     llm.close()
     assert worker.poll() == 0  # stopped when asked, not killed
+
+
+def test_a_stuck_rank_fails_the_step_after_the_collective_timeout(fixture_artifacts) -> None:
+    """A worker that stops answering (SIGSTOP: alive, not dead) fails the step when the
+    collective times out, and every later step fails at once, instead of waiting for ever."""
+    from ninfer.artifact import Artifact
+    from ninfer.parallel.ranks import RankGroup
+    from ninfer.runtime.build import build_engine
+    from ninfer.runtime.request import EngineError, Request, SamplingParams
+
+    group = RankGroup(2, "cpu", timeout_s=3)
+    (worker,) = group.procs
+    try:
+        options = EngineOptions.of(max_concurrency=1, kv_capacity=64, tensor_parallel=2)
+        engine = build_engine(Artifact(fixture_artifacts("llama")), options, ranks=group)
+        params = SamplingParams(max_tokens=4, temperature=0.0)
+        os.kill(worker.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(EngineError, match="tensor-parallel collective failed on rank 0"):
+            engine.submit(Request((1, 2, 3), params, session_key=None)).result(timeout=60)
+        assert time.monotonic() - t0 < 30
+        with pytest.raises(EngineError, match="tensor-parallel collective failed on rank 0"):
+            engine.submit(Request((1, 2, 3), params, session_key=None)).result(timeout=5)
+        engine.close()
+    finally:
+        group.close()
+    assert worker.poll() is not None
