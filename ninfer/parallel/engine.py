@@ -57,7 +57,10 @@ def parallel_executor(
     n = options.compile.tensor_parallel
     devices = rank_devices(options)
     plans = compile_ranks(artifact, options.compile)
-    group = ranks if ranks is not None else RankGroup(n, options.compile.device)
+    first_gpu = options.device_index or 0
+    group = (
+        ranks if ranks is not None else RankGroup(n, options.compile.device, first_gpu=first_gpu)
+    )
     if group.world != n:
         raise ValueError(f"the rank group has {group.world} ranks, the options ask for {n}")
     try:

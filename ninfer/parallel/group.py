@@ -35,6 +35,10 @@ class Rendezvous:
     port: int
     device: str
     timeout_s: float = COLLECTIVE_TIMEOUT_S
+    first_gpu: int = 0  # cuda: rank r runs on cuda:(first_gpu + r)
+
+    def rank_device(self, rank: int) -> str:
+        return "cpu" if self.device == "cpu" else f"cuda:{self.first_gpu + rank}"
 
     @property
     def backend(self) -> str:
@@ -69,12 +73,17 @@ def init_groups(rdv: Rendezvous, rank: int, store: dist.TCPStore) -> Groups:
     names another (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME)."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", LOOPBACK_IF)
     os.environ.setdefault("NCCL_SOCKET_IFNAME", LOOPBACK_IF)
+    device_id = None
+    if rdv.device == "cuda":  # NCCL binds each rank to its own GPU (not every rank to cuda:0)
+        device_id = torch.device(rdv.rank_device(rank))
+        torch.cuda.set_device(device_id)
     dist.init_process_group(
         rdv.backend,
         store=store,
         rank=rank,
         world_size=rdv.world,
         timeout=datetime.timedelta(seconds=rdv.timeout_s),
+        device_id=device_id,
     )
     control = dist.new_group(backend="gloo", timeout=COMMAND_TIMEOUT)
     return Groups(dist.group.WORLD, control)

@@ -55,10 +55,17 @@ class RankFailure(EngineError):
 
 
 class RankGroup:
-    """The workers of one tensor-parallel engine. `timeout_s`: how long a collective may wait
-    for the other ranks before the step fails (a stuck rank)."""
+    """The workers of one tensor-parallel engine on `device` ("cpu", or "cuda": rank r on
+    cuda:(first_gpu + r)). `timeout_s`: how long a collective or command may wait for the
+    other ranks before the step fails (a stuck rank)."""
 
-    def __init__(self, world: int, device: str, timeout_s: float = COLLECTIVE_TIMEOUT_S):
+    def __init__(
+        self,
+        world: int,
+        device: str,
+        timeout_s: float = COLLECTIVE_TIMEOUT_S,
+        first_gpu: int = 0,
+    ):
         if world < 2:
             raise ValueError(f"a rank group needs 2 or more ranks, got {world}")
         if dist.is_initialized():
@@ -71,7 +78,7 @@ class RankGroup:
         self._closing = False
         self._lock = threading.Lock()
         store = serve_store(world, START_TIMEOUT_S)
-        self.rdv = Rendezvous(world, store.port, device, timeout_s)
+        self.rdv = Rendezvous(world, store.port, device, timeout_s, first_gpu)
         threads = max(1, (os.cpu_count() or 1) // world)  # the ranks share the host's cores
         self.procs = [self._start(rank, threads) for rank in range(1, world)]
         try:
@@ -90,7 +97,7 @@ class RankGroup:
     def _start(self, rank: int, threads: int) -> subprocess.Popen:
         r = self.rdv
         argv = [sys.executable, "-m", "ninfer.parallel.worker", "--rank", str(rank),
-                "--world", str(r.world), "--port", str(r.port), "--device", r.device,
+                "--world", str(r.world), "--port", str(r.port), "--device", r.device, "--first-gpu", str(r.first_gpu),
                 "--parent", str(os.getpid()), "--threads", str(threads),
                 "--timeout", str(r.timeout_s)]  # fmt: skip
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL)

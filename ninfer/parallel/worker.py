@@ -110,11 +110,13 @@ def serve(rdv: Rendezvous, rank: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m ninfer.parallel.worker --rank R --world N --port P --device D --parent PID
-    --threads T --timeout S` (RankGroup starts it; not a command for users)."""
+    """`python -m ninfer.parallel.worker --rank R --world N --port P --device cpu|cuda
+    --first-gpu G --parent PID --threads T --timeout S` (RankGroup starts it; not a command
+    for users)."""
     p = argparse.ArgumentParser(prog="ninfer.parallel.worker")
     for name, kind in (("rank", int), ("world", int), ("port", int), ("parent", int),
-                       ("threads", int), ("timeout", float), ("device", str)):  # fmt: skip
+                       ("threads", int), ("timeout", float), ("device", str),
+                       ("first-gpu", int)):  # fmt: skip
         p.add_argument(f"--{name}", type=kind, required=True)
     args = p.parse_args(argv)
     logging.basicConfig(
@@ -123,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     _watch_parent(args.parent)
     torch.set_num_threads(args.threads)
     try:
-        serve(Rendezvous(args.world, args.port, args.device, args.timeout), args.rank)
+        rdv = Rendezvous(args.world, args.port, args.device, args.timeout, args.first_gpu)
+        serve(rdv, args.rank)
     except BaseException:
         log.exception("tensor-parallel rank %d failed", args.rank)
         sys.stderr.flush()
