@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import signal
 import time
 from typing import Any
 
@@ -35,7 +37,7 @@ def start_engine(state: ServerState, artifact: Artifact, resolver: Any = None) -
     around it (with the media path under --vision; `resolver` replaces DNS for media fetches,
     in tests), warm it up, and put both on `state`."""
     config = state.config
-    engine = build_engine(artifact, config.engine)
+    engine = build_engine(artifact, config.engine, on_fatal=_stop_server)
     plan, executor = engine.plan, engine.executor
     try:
         check_vision_plan(config, plan.model.get("declared") or {})
@@ -86,6 +88,14 @@ def start_engine(state: ServerState, artifact: Artifact, resolver: Any = None) -
     state.extra["media"] = media
 
 
+def _stop_server(message: str) -> None:
+    """A tensor-parallel rank died (or a collective failed): the engine cannot run any more, so
+    the server stops (SIGTERM to itself: a graceful stop, the engine closed, the remaining
+    ranks stopped) rather than answer every request with an error or hang."""
+    log.critical("stopping the server: %s", message)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _log_plan(plan: Any, executor: Any) -> None:
     """--log-level debug: the startup resource planning (the plan's passes and fusions, its
     memory ledger against the budget, the KV pool and state slots as sized, the decode CUDA
@@ -130,11 +140,14 @@ def _warm_up(engine: Engine, tokenizer: Tokenizer, max_concurrency: int, max_con
 
 def plan_summary(options: EngineOptions, memory: dict[str, Any]) -> str:
     """One startup line saying what was planned: device and dtype, lanes, context, the KV pool
-    and the memory the plan budgets (`--log-level debug` shows the full ledger)."""
+    and the memory the plan budgets (`--log-level debug` shows the full ledger); with tensor
+    parallelism these are rank 0's (each rank holds its part of the weights and KV heads)."""
     kv = memory["kv"]
     planned = {e["item"]: e["bytes"] for e in memory["ledger"]}
+    n = options.compile.tensor_parallel
+    what = f"plan (each of {n} tensor-parallel ranks)" if n > 1 else "plan"
     return (
-        f"plan: {options.device} {options.dtype}, {options.max_concurrency} lane(s), context "
+        f"{what}: {options.device} {options.dtype}, {options.max_concurrency} lane(s), context "
         f"{options.max_context}, KV pool {kv['capacity_tokens']} tokens ({kv['dtype']}, "
         f"{oplog.nbytes(kv['bytes'])}), weights {oplog.nbytes(planned.get('weights', 0))}, "
         f"total {oplog.nbytes(memory['ledger_total_bytes'] or 0)}"

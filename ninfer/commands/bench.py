@@ -91,6 +91,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     e.add_argument("--no-cuda-graph", action="store_true", help="run decode eagerly")
     e.add_argument(
+        "--tensor-parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="shard an ARTIFACT over N ranks (N GPUs; docs/design.md, Tensor parallelism)",
+    )
+    e.add_argument(
         "--no-overlap",
         action="store_true",
         help="wait for each step's tokens before launching the next decode step",
@@ -261,6 +268,11 @@ def run_engine(args: argparse.Namespace) -> dict[str, Any]:
 
     if (args.artifact is None) == (args.synthetic is None):
         raise ConfigError("give an ARTIFACT or --synthetic NAME (not both)")
+    if args.synthetic and args.tensor_parallel > 1:
+        raise ConfigError(
+            "--tensor-parallel: the ranks load their parts from a file; give an ARTIFACT "
+            "(convert the synthetic model's Hugging Face directory first), not --synthetic"
+        )
     if max(args.batch_sizes) > 8:
         raise ConfigError("--batch-sizes: at most 8 (the engine's --max-concurrency range)")
     device = _default_device(args.device)
@@ -302,7 +314,7 @@ def run_engine(args: argparse.Namespace) -> dict[str, Any]:
         page_size=page, prefill_chunk=args.prefill_chunk or max(1024, args.input_len),
         cuda_graphs=not args.no_cuda_graph, prefix_reuse=False, max_pending_requests=maxb,
         default_max_tokens=args.output_len, overlap=not args.no_overlap,
-        collect_timings=device.startswith("cuda"),
+        collect_timings=device.startswith("cuda"), tensor_parallel=args.tensor_parallel,
     )  # fmt: skip
     engine = build_engine(source, options)  # CUDA Graphs are captured here
     plan, ex = engine.plan, engine.executor
@@ -343,7 +355,8 @@ def run_engine(args: argparse.Namespace) -> dict[str, Any]:
         "dtype": plan.dtype,
         "kv_dtype": plan.kv.dtype,
         "cuda_graphs": bool(plan.cuda_graph_buckets),
-        "overlap": not args.no_overlap,
+        "overlap": not args.no_overlap and bool(getattr(ex, "feeds_tokens", False)),
+        "tensor_parallel": args.tensor_parallel,  # weight_bytes and limits: per rank
         "fusions": {k: v for k, v in plan.fusions.items() if v},
         "input_len": args.input_len,
         "output_len": args.output_len,

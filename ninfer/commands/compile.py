@@ -4,13 +4,16 @@ kernels and their launches); `--verbose` adds every weight and call, identical l
 
 Compiling does not run anything, so `--device cuda` works on a machine without a GPU: the plan
 says which kernels it would use, how the KV cache is laid out and how memory is spent.
-Impossible options (capacity beyond memory, max-concurrency outside 1..8, unknown KV dtype)
-fail with a one-line ConfigError.
+Impossible options (capacity beyond memory, max-concurrency outside 1..8, unknown KV dtype,
+a --tensor-parallel N that does not divide the heads) fail with a one-line ConfigError.
+`--tensor-parallel N` prints the plan of every rank (`== rank r of N ==` before each; with
+`--json` a list): its part of the weights, the KV pool and ledger per rank, the collectives.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 
 from ninfer.artifact import Artifact
@@ -66,6 +69,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="include the vision tower (needs the artifact's vision component; cpu only)",
     )
     p.add_argument(
+        "--tensor-parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="shard over N ranks and print every rank's plan and its collectives (default 1)",
+    )
+    p.add_argument(
         "--verbose",
         action="store_true",
         help="also print every weight and call (rows of identical layers folded)",
@@ -88,6 +98,7 @@ def options_from_args(args: argparse.Namespace) -> CompileOptions:
         cpu_weights=args.cpu_weights,
         device_memory=_memory_bytes(args.memory_gib),
         vision=args.vision,
+        tensor_parallel=args.tensor_parallel,
     )
 
 
@@ -101,10 +112,20 @@ def _memory_bytes(gib: float | None) -> int | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ninfer.passes.pipeline import compile_artifact
+    from ninfer.passes.pipeline import compile_artifact, compile_ranks
 
     options = options_from_args(args)
-    plan = compile_artifact(Artifact(args.artifact), options)
+    artifact = Artifact(args.artifact)
+    if options.tensor_parallel > 1:  # every rank's plan, rank 0 first
+        plans = compile_ranks(artifact, options)
+        if args.json:
+            print(json.dumps([p.to_dict() for p in plans], indent=2))
+        else:
+            for p in plans:
+                print(f"== rank {p.parallel.rank} of {p.parallel.world} ==")  # type: ignore[union-attr]
+                print(p.to_text(verbose=args.verbose), end="")
+        return 0
+    plan = compile_artifact(artifact, options)
     if args.json:
         print(plan.to_json(indent=2))
     else:

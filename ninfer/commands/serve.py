@@ -114,6 +114,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="on cpu, keep GGUF weights packed for the cpu.* kernels or expand them to float32")
     g.add_argument("--no-prefix-reuse", dest="prefix_reuse", action="store_false",
                    help="disable compatible-prefix caching")
+    g.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                   help="shard the model over N ranks (N GPUs on cuda, N processes on cpu); a power of "
+                        "two dividing the attention and KV heads")
     g.add_argument("--device-state-slots", type=int, metavar="N",
                    help="extra device state images beyond --max-concurrency (default: --max-concurrency)")
     g.add_argument("--host-context-mib", type=int, metavar="N",
@@ -218,6 +221,7 @@ def config_from_args(
             cuda_graphs=args.cuda_graph,
             cpu_weights=args.cpu_weights,
             vision=args.vision,
+            tensor_parallel=args.tensor_parallel,
         ),
         device_index=None if device == "cpu" else int(device.removeprefix("cuda:")),
         max_pending_requests=args.max_pending_requests,

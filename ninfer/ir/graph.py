@@ -12,6 +12,10 @@ create derived weights:
     layout "stack_concat" sources (g0..gE-1, u0..uE-1)
                                              value = stack([cat([g_i, u_i]) for i])
 
+A weight of a tensor-parallel rank's graph (passes/shard.py) also names the part of each source
+it keeps (`shards`, one `Shard` or None per source, applied to each source before the layout
+combines them); an empty `shards` keeps every source whole.
+
 Step state that lives across steps (paged KV cache, recurrent state slots) is not a value: the
 ops that use it name it with a `cache` attribute, and the graph lists it in `meta["caches"]`.
 """
@@ -26,6 +30,41 @@ from ninfer.ir.types import TensorType
 
 
 @dataclass(frozen=True)
+class Shard:
+    """The part of one source tensor a tensor-parallel rank keeps: along dimension `dim`, cut
+    the source into `segments` (sizes adding up to that dimension; () = one segment), cut each
+    segment into `parts` contiguous pieces of ceil(len / parts) rows (the last may be shorter)
+    and keep piece `index` of each, concatenated in order.
+
+        q_proj [heads*D, H], 2 ranks:        Shard(0, 1, 2)            rows of heads 2..3 (of 4)
+        o_proj [H, heads*D], 2 ranks:        Shard(1, 1, 2)            columns of heads 2..3
+        in_proj_qkv [2Kd+Vd, H], 2 ranks:    Shard(0, 1, 2, (Kd, Kd, Vd))  half of q, of k, of v
+    """
+
+    dim: int
+    index: int
+    parts: int
+    segments: tuple[int, ...] = ()
+
+    def size(self, length: int) -> int:
+        """Length of the kept part of a dimension of `length`."""
+        return sum(len(r) for r in self.ranges(length))
+
+    def ranges(self, length: int) -> list[range]:
+        """The kept index ranges along `dim`, in order, of a dimension of `length`."""
+        segments = self.segments or (length,)
+        if sum(segments) != length:
+            raise ValueError(f"shard segments {segments} do not add up to {length}")
+        out, start = [], 0
+        for seg in segments:
+            piece = -(-seg // self.parts)
+            lo = start + min(self.index * piece, seg)
+            out.append(range(lo, start + min((self.index + 1) * piece, seg)))
+            start += seg
+        return out
+
+
+@dataclass(frozen=True)
 class Weight:
     """A weight value: the type kernels read, the storage format and the artifact sources."""
 
@@ -34,6 +73,7 @@ class Weight:
     format: str  # storage format of the sources: f32 | f16 | bf16 | fp8 | nvfp4 | gguf:<TYPE>
     sources: tuple[str, ...]
     layout: str = "plain"  # plain | concat | stack | stack_concat
+    shards: tuple[Shard | None, ...] = ()  # per source (tensor parallelism); () = whole
 
 
 @dataclass

@@ -243,6 +243,23 @@ def _logits(ts: Types, a: dict) -> Types:
     return [TensorType("f32", t.shape)]
 
 
+def _all_reduce(ts: Types, a: dict) -> Types:
+    _need(a["parts"] >= 2, f"all_reduce over {a['parts']} ranks")
+    return [ts[0]]
+
+
+def _all_gather(ts: Types, a: dict) -> Types:
+    (x,) = ts
+    size, parts = a["size"], a["parts"]
+    _need(parts >= 2, f"all_gather over {parts} ranks")
+    piece = -(-size // parts)  # every rank's part, the last ones' padded up to it
+    _need(
+        isinstance(x.shape[-1], int) and x.shape[-1] <= piece,
+        f"all_gather: {x} is not a 1/{parts} part of {size}",
+    )
+    return [x.with_shape(*x.shape[:-1], size)]
+
+
 SIGNATURES: dict[str, OpSig] = {
     s.kind: s
     for s in [
@@ -359,6 +376,22 @@ SIGNATURES: dict[str, OpSig] = {
             "per head: x/rms(x) * w * silu(z)",
         ),
         OpSig("select_rows", ("x", "rows"), ("y",), (), _select, "y = x[rows]"),
+        OpSig(
+            "all_reduce",
+            ("x",),
+            ("y",),
+            ("parts",),
+            _all_reduce,
+            "y = sum of x over the tensor-parallel ranks (every rank gets y)",
+        ),
+        OpSig(
+            "all_gather",
+            ("x",),
+            ("y",),
+            ("parts", "size"),
+            _all_gather,
+            "y = the ranks' parts of the last dim concatenated in rank order, `size` wide",
+        ),
     ]
 }
 
@@ -367,6 +400,7 @@ from ninfer.ir.ops_vision import VISION_SIGNATURES
 
 SIGNATURES.update((s.kind, s) for s in VISION_SIGNATURES)
 
+COLLECTIVE_OPS = ("all_reduce", "all_gather")  # torch.distributed collectives: kernel `dist.<op>`
 VIEW_OPS = ("split", "split_gated_q")  # views of their input: kernel `view.split`, no launch
 
 

@@ -19,16 +19,19 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ninfer.ir.graph import Shard
 from ninfer.ir.plan_sections import (
     KVLayout,
     Ledger,
     LedgerEntry,
+    ParallelLayout,
     PlanOptions,
     StateLayout,
     VisionLayout,
     kv_from_dict,
     ledger_from_dict,
     options_from_dict,
+    parallel_from_dict,
     section_dict,
     state_from_dict,
     vision_from_dict,
@@ -41,6 +44,7 @@ __all__ = [
     "KernelCall",
     "Ledger",
     "LedgerEntry",
+    "ParallelLayout",
     "Plan",
     "PlanOptions",
     "StateLayout",
@@ -59,6 +63,7 @@ class BufferSpec:
     format: str | None = None  # weights: storage format
     sources: tuple[str, ...] = ()  # weights: artifact tensors
     layout: str | None = None  # weights: plain | concat | stack | stack_concat
+    shards: tuple[Shard | None, ...] = ()  # weights: the part of each source kept (graph.Shard)
 
 
 def launch_for(launches: list[list[Any]], rows: int, default: str) -> tuple[str, list[int]]:
@@ -68,6 +73,13 @@ def launch_for(launches: list[list[Any]], rows: int, default: str) -> tuple[str,
         if lo <= rows <= hi:
             return kernel, cfg
     return default, []
+
+
+def _buffer_dict(b: BufferSpec) -> dict[str, Any]:
+    d = asdict(b)
+    if not b.shards:  # a whole weight reads as before tensor parallelism
+        del d["shards"]
+    return d
 
 
 @dataclass(frozen=True)
@@ -106,6 +118,7 @@ class Plan:
     cuda_graph_buckets: tuple[int, ...]  # decode batch sizes replayed from CUDA Graphs
     version: int = PLAN_VERSION
     vision: VisionLayout | None = None  # the vision tower's calls run apart from the step
+    parallel: ParallelLayout | None = None  # tensor parallelism: this plan's rank; None: whole
 
     @property
     def vision_calls(self) -> tuple[int, ...]:
@@ -120,10 +133,14 @@ class Plan:
     # -- serialisation --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["buffers"] = [asdict(b) for b in self.buffers.values()]
+        d["buffers"] = [_buffer_dict(b) for b in self.buffers.values()]
         for name in ("options", "kv", "state", "ledger"):
             d[name] = section_dict(getattr(self, name))
         d["vision"] = None if self.vision is None else section_dict(self.vision)
+        if self.parallel is None:  # a whole-model plan reads as before tensor parallelism
+            del d["parallel"]
+        else:
+            d["parallel"] = section_dict(self.parallel)
         d["cuda_graph_buckets"] = list(self.cuda_graph_buckets)
         return d
 
@@ -136,7 +153,16 @@ class Plan:
             raise ValueError(f"plan version {d.get('version')} is not {PLAN_VERSION}")
         d = dict(d)
         d["buffers"] = {
-            b["name"]: BufferSpec(**{**b, "sources": tuple(b.get("sources", ()))})
+            b["name"]: BufferSpec(
+                **{
+                    **b,
+                    "sources": tuple(b.get("sources", ())),
+                    "shards": tuple(
+                        None if s is None else Shard(**{**s, "segments": tuple(s["segments"])})
+                        for s in b.get("shards", ())
+                    ),
+                }
+            )
             for b in d["buffers"]
         }
         d["calls"] = [
@@ -151,6 +177,7 @@ class Plan:
         d["ledger"] = ledger_from_dict(d["ledger"])
         d["vision"] = vision_from_dict(d.get("vision"))
         d["cuda_graph_buckets"] = tuple(d["cuda_graph_buckets"])
+        d["parallel"] = parallel_from_dict(d.get("parallel"))
         return Plan(**d)
 
     @staticmethod

@@ -77,6 +77,18 @@ class VisionLayout:
 
 
 @dataclass(frozen=True)
+class ParallelLayout:
+    """Tensor parallelism (passes/shard.py): this plan is rank `rank` of `world`; its calls
+    hold `all_reduce` all-reduces (one per mixer and per FFN) and `all_gather` gathers (the
+    logits)."""
+
+    world: int
+    rank: int
+    all_reduce: int
+    all_gather: int
+
+
+@dataclass(frozen=True)
 class LedgerEntry:
     item: str  # weights | nvfp4_copies | workspace | kv_cache | state_slots
     bytes: int
@@ -122,6 +134,10 @@ def ledger_from_dict(d: dict[str, Any]) -> Ledger:
 
 def vision_from_dict(d: dict[str, Any] | None) -> VisionLayout | None:
     return None if d is None else VisionLayout(**_known(VisionLayout, d))
+
+
+def parallel_from_dict(d: dict[str, Any] | None) -> ParallelLayout | None:
+    return None if d is None else ParallelLayout(**_known(ParallelLayout, d))
 
 
 def options_from_dict(d: dict[str, Any]) -> PlanOptions:

@@ -32,6 +32,8 @@ def summary_lines(plan: Plan) -> list[str]:
     L.append("options: " + " ".join(f"{k}={options[k]}" for k in sorted(options)))
     L.append("passes: " + " -> ".join(plan.passes))
     L.append("fused: " + " ".join(f"{k}={v}" for k, v in plan.fusions.items()))
+    if plan.parallel is not None:
+        L.extend(parallel_lines(plan))
     if plan.model.get("declared"):
         declared = sorted(plan.model["declared"].items())
         L.append("declared: " + " ".join(f"{k}({v})" for k, v in declared))
@@ -68,6 +70,31 @@ def summary_lines(plan: Plan) -> list[str]:
     L.append(f"cuda graph buckets: {buckets}")
     L.append("kernels: " + " ".join(f"{k}x{v}" for k, v in plan.kernels.items()))
     return L + launch_lines(plan)
+
+
+def parallel_lines(plan: Plan) -> list[str]:
+    """Tensor parallelism: the rank, how many weights it holds a part of, and each distinct
+    collective (kind, the value it moves per rank, how many calls) in first-use order."""
+    p = plan.parallel
+    assert p is not None
+    weights = plan.weights()
+    sharded = sum(1 for w in weights if w.shards)
+    head = f"tensor parallel: rank {p.rank} of {p.world} (torch.distributed: nccl on cuda, "
+    L = [head + f"gloo on cpu); weights: {sharded} sharded, {len(weights) - sharded} replicated"]
+    seen: dict[tuple[str, str, str], int] = {}
+    for c in plan.calls:
+        if c.op in ("all_reduce", "all_gather"):
+            where = _CALL_LAYER.sub("L*.", c.inputs[0])
+            key = (
+                c.op,
+                where,
+                f"{plan.buffers[c.inputs[0]].type} -> {plan.buffers[c.outputs[0]].type}",
+            )
+            seen[key] = seen.get(key, 0) + 1
+    L.append(f"collectives: all_reduce x{p.all_reduce} all_gather x{p.all_gather}")
+    for (op, where, types), count in seen.items():
+        L.append(f"  {op:<10} x{count:<3} {where}: {types}")
+    return L
 
 
 def launch_lines(plan: Plan) -> list[str]:

@@ -41,6 +41,18 @@ def format_op(graph: Graph, op: Op) -> str:
     return f"{outs} = {op.kind}({args}){format_attrs(op.attrs)} : {types}{kernel}"
 
 
+def _shards(shards: tuple) -> str:
+    """` shard dim=0 1/2 segments=[..]` per distinct source shard of a rank's weight."""
+    text = []
+    for s in dict.fromkeys(shards):
+        if s is None:
+            text.append("whole")
+            continue
+        seg = f" segments={list(s.segments)}" if s.segments else ""
+        text.append(f"dim={s.dim} {s.index}/{s.parts}{seg}")
+    return " shard " + " | ".join(text) if text else ""
+
+
 def print_graph(graph: Graph, weights: bool = True) -> str:
     """The graph as text. `weights=False` leaves out the weight table (shorter pass dumps)."""
     lines = [f"graph {graph.name} ({graph.meta.get('dtype', '?')})"]
@@ -49,7 +61,7 @@ def print_graph(graph: Graph, weights: bool = True) -> str:
     if weights:
         for name, w in graph.weights.items():
             how = w.layout if w.layout == "plain" else f"{w.layout}({len(w.sources)})"
-            lines.append(f"  weight @{name}: {w.type} {w.format} {how}")
+            lines.append(f"  weight @{name}: {w.type} {w.format} {how}{_shards(w.shards)}")
     for name, c in graph.meta.get("caches", {}).items():
         lines.append(f"  cache {name}: {format_attr(c)}")
     for op in graph.ops:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from ninfer.ir.graph import Graph, Op
 from ninfer.ir.kv_formats import prologue_fuses
-from ninfer.ir.ops import VIEW_OPS
+from ninfer.ir.ops import COLLECTIVE_OPS, VIEW_OPS
 from ninfer.passes.base import Pass
 from ninfer.passes.gemm_launch import CUBLAS, dense_launches
 from ninfer.passes.options import CompileOptions
@@ -68,6 +68,11 @@ def cpu_kernel(kind: str) -> str:
     return "view.split" if kind in VIEW_OPS else f"torch.{kind}"
 
 
+def collective_kernel(kind: str) -> str:
+    """The kernel of a collective op (ninfer/parallel/collectives.py), on either device."""
+    return f"dist.{kind}"
+
+
 def attention_kernel(prologue: str, fused: bool, decode: bool) -> str:
     """A cuda attention's kernel name: the folded prologue's launches (none, the one-launch
     kernel when `fused`, else the unfused norm / rotary / KV write) + the paged attention."""
@@ -104,9 +109,14 @@ def _dense_launches(g: Graph, op: Op) -> list:
     return dense_launches(n, k, op.attrs.get("act") == "swiglu")
 
 
+def _sharded(g: Graph, op: Op) -> bool:
+    return any(g.weights[n].shards for n in op.inputs if n in g.weights)
+
+
 def _cpu(g: Graph, op: Op, options: CompileOptions) -> str:
     fmt = _weight_format(g, op)
-    if options.cpu_weights == "packed" and fmt in CPU_PACKED_GEMMS:
+    # a rank's part of a GGUF weight is dequantised at load (blocks do not split along K)
+    if options.cpu_weights == "packed" and fmt in CPU_PACKED_GEMMS and not _sharded(g, op):
         if op.kind == "linear":
             return CPU_PACKED_GEMMS[fmt]
         if op.kind == "logits":
@@ -122,6 +132,8 @@ def _run(graph: Graph, options: CompileOptions) -> Graph:
         fmt = _weight_format(g, op)
         if op.kind in VIEW_OPS:
             op.kernel = cpu_kernel(op.kind)
+        elif op.kind in COLLECTIVE_OPS:  # the process group's backend: gloo on cpu, nccl on cuda
+            op.kernel = collective_kernel(op.kind)
         elif options.device == "cpu":
             op.kernel = _cpu(g, op, options)
         elif op.kind == "attention":

@@ -53,7 +53,10 @@ def _fuse_experts(g: Graph) -> int:
         e, inter, h = gate.type.shape
         name = wg.replace(".gate_proj.", ".gate_up_proj.")
         t = TensorType(gate.type.dtype, (e, 2 * inter, h))
-        g.weights[name] = Weight(name, t, gate.format, gate.sources + up.sources, "stack_concat")
+        shards = gate.shards + up.shards  # both sharded alike (tensor parallelism) or neither
+        g.weights[name] = Weight(
+            name, t, gate.format, gate.sources + up.sources, "stack_concat", shards
+        )
         del g.weights[wg], g.weights[wu]
         g.ops[i] = Op("moe_experts_gu", (x, tw, ti, name, wd), op.outputs, dict(op.attrs))
         n += 1

@@ -31,7 +31,15 @@ def _concat_weight(graph: Graph, names: list[str]) -> str | None:
     name = _fused_weight_name(names)
     rows = sum(w.type.shape[0] for w in ws)
     t = TensorType(ws[0].type.dtype, (rows, *ws[0].type.shape[1:]))
-    graph.weights[name] = Weight(name, t, ws[0].format, tuple(w.sources[0] for w in ws), "concat")
+    shards = tuple(w.shards[0] if w.shards else None for w in ws)  # tensor parallelism
+    graph.weights[name] = Weight(
+        name,
+        t,
+        ws[0].format,
+        tuple(w.sources[0] for w in ws),
+        "concat",
+        shards if any(shards) else (),
+    )
     return name
 
 

@@ -10,7 +10,15 @@ from __future__ import annotations
 from dataclasses import fields
 
 from ninfer.ir.graph import Graph
-from ninfer.ir.plan import BufferSpec, KernelCall, Ledger, LedgerEntry, Plan, PlanOptions
+from ninfer.ir.plan import (
+    BufferSpec,
+    KernelCall,
+    Ledger,
+    LedgerEntry,
+    ParallelLayout,
+    Plan,
+    PlanOptions,
+)
 from ninfer.ir.plan_sections import kv_from_dict, state_from_dict, vision_from_dict
 from ninfer.passes.options import CompileOptions
 
@@ -26,7 +34,9 @@ def lower(graph: Graph, options: CompileOptions) -> Plan:
         order.setdefault(n, len(order))
     for name in sorted(graph.weights, key=lambda n: order.get(n, len(order))):  # by first use
         w = graph.weights[name]
-        buffers[name] = BufferSpec(name, "weight", str(w.type), w.format, w.sources, w.layout)
+        buffers[name] = BufferSpec(
+            name, "weight", str(w.type), w.format, w.sources, w.layout, w.shards
+        )
     for name, t in graph.values.items():
         buffers[name] = BufferSpec(name, "activation", str(t))
     calls = []
@@ -64,4 +74,5 @@ def lower(graph: Graph, options: CompileOptions) -> Plan:
         ),
         cuda_graph_buckets=tuple(meta.get("cuda_graph_buckets", [])),
         vision=vision_from_dict(meta.get("vision")),
+        parallel=ParallelLayout(**meta["parallel"]) if "parallel" in meta else None,
     )

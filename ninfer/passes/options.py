@@ -18,6 +18,7 @@ DEVICES = ("cpu", "cuda")
 # (bf16 GEMM numerics), or dequantised to float32 at load (the reference numerics tests use)
 CPU_WEIGHTS = ("packed", "float32")
 MAX_CONCURRENCY = 8
+MAX_TENSOR_PARALLEL = 64
 GIB = 1 << 30
 # Memory the planner may use when the caller does not say (`device_memory`): an H200 for cuda
 # (the performance target), a modest host for cpu. Fixed numbers keep `ninfer compile` output
@@ -47,6 +48,8 @@ class CompileOptions:
     device_memory: int | None = None  # bytes the plan may use; None: DEFAULT_DEVICE_MEMORY
     cpu_weights: str = "packed"  # CPU_WEIGHTS; cuda plans ignore it
     vision: bool = False  # run the vision tower (--vision): its weights, ops and MRoPE positions
+    tensor_parallel: int = 1  # ranks the model is sharded over (passes/shard.py); a power of 2
+    tp_rank: int = 0  # the rank this plan is for, 0..tensor_parallel-1
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -80,11 +83,23 @@ class CompileOptions:
             int_range("device_memory", self.device_memory, 1, 1 << 50)
         if not isinstance(self.vision, bool):
             raise ConfigError(f"vision must be true or false, got {self.vision!r}")
+        if self.vision and isinstance(self.tensor_parallel, int) and self.tensor_parallel > 1:
+            raise ConfigError(
+                "--vision with --tensor-parallel: the vision tower is not sharded in this build; "
+                "drop one of them"
+            )
         if self.vision and self.device != "cpu":
             raise ConfigError(
                 "--vision: the vision tower runs on --device cpu only in this build (the CUDA "
                 "executor has no vision kernels yet); drop --vision or use --device cpu"
             )
+        int_range("tensor_parallel", self.tensor_parallel, 1, MAX_TENSOR_PARALLEL)
+        if self.tensor_parallel & (self.tensor_parallel - 1):
+            raise ConfigError(
+                f"--tensor-parallel must be a power of two (1, 2, 4, 8, ...), "
+                f"got {self.tensor_parallel}"
+            )
+        int_range("tp_rank", self.tp_rank, 0, self.tensor_parallel - 1)
 
     @property
     def compute_dtype(self) -> str:

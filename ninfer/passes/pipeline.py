@@ -2,6 +2,7 @@
 options (no pass switches itself on or off).
 
     0 verify                    check the IR the builder made
+    0b shard                    this rank's part of the model (--tensor-parallel N > 1 only)
     1 fuse_qkv                  q/k/v (and DeltaNet input) projections -> one GEMM
     2 fuse_gate_up              gate/up projections (and expert gate/up) -> one GEMM + swiglu
     3 fuse_residual_norm        residual add + RMSNorm -> add_rmsnorm
@@ -21,6 +22,7 @@ passes to leave out (tests compare a plan with and without one; the result must 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -41,6 +43,7 @@ from ninfer.passes.fuse_swiglu_linear import FUSE_SWIGLU_LINEAR
 from ninfer.passes.lower import lower
 from ninfer.passes.options import CompileOptions
 from ninfer.passes.plan_memory import PLAN_MEMORY
+from ninfer.passes.shard import SHARD
 from ninfer.passes.verify import VERIFY
 
 # passes that only fuse (the plan computes the same function without them)
@@ -61,6 +64,7 @@ def build_pipeline(options: CompileOptions, disable: Collection[str] = ()) -> li
         raise ValueError(f"only fusion passes can be disabled, not {sorted(unknown)}")
     phases = [
         VERIFY,
+        *([SHARD] if options.tensor_parallel > 1 else []),
         *(
             p
             for p in FUSIONS
@@ -105,6 +109,32 @@ def graph_for_artifact(artifact: Any, options: CompileOptions) -> Graph:
     )
     g.meta["model_name"] = artifact.name
     return g
+
+
+def compile_ranks(
+    artifact: Any, options: CompileOptions, disable: Collection[str] = ()
+) -> list[Plan]:
+    """One plan per tensor-parallel rank (`options.tensor_parallel`; `tp_rank` is ignored).
+
+    Every rank's KV pool must hold the same pages (rank 0's scheduler hands out page ids that
+    every rank writes): with `--kv-capacity auto` the ranks' budgets may leave them different
+    page counts (rank 0 holds the biases, the last rank a shorter vocabulary part), so the
+    plans are compiled again at the smallest count."""
+    graph = graph_for_artifact(artifact, options)
+    n = options.tensor_parallel
+
+    def ranks(opts: CompileOptions) -> list[Plan]:
+        return [
+            compile_graph(graph, dataclasses.replace(opts, tp_rank=r), disable=disable)
+            for r in range(n)
+        ]
+
+    plans = ranks(options)
+    pages = {p.kv.num_pages for p in plans}
+    if len(pages) > 1:
+        fixed = dataclasses.replace(options, kv_capacity=min(pages) * options.page_size)
+        plans = ranks(fixed)
+    return plans
 
 
 def compile_artifact(

@@ -8,12 +8,17 @@ It is the only code that compiles a plan, loads an executor and starts an engine
 serve` (api/server_engine.py), `ninfer.LLM` (llm.py) and `ninfer bench engine` all call it, so
 the three run the same plan on the same engine loop. On CUDA every decode-batch CUDA Graph is
 captured before it returns.
+
+With `--tensor-parallel N` (N > 1) the plan and executor come from ninfer.parallel: every
+rank's plan compiled here, N-1 worker processes, and rank 0's executor, which mirrors each
+step to them; the engine, scheduler and sampler are the same.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tokenizers import Tokenizer as _HFTokenizer
@@ -29,7 +34,13 @@ from ninfer.spec.build import build_speculator
 log = logging.getLogger("ninfer.engine")
 
 
-def build_engine(artifact: Any, options: EngineOptions) -> Engine:
+def build_engine(
+    artifact: Any,
+    options: EngineOptions,
+    *,
+    on_fatal: Callable[[str], None] | None = None,
+    ranks: Any = None,
+) -> Engine:
     """Compile `artifact` (an `ninfer.artifact.Artifact`, or the bench's synthetic source)
     for `options.compile`, load its executor on `options.device` and start an engine.
 
@@ -37,11 +48,21 @@ def build_engine(artifact: Any, options: EngineOptions) -> Engine:
     executor made (`kv_capacity="auto"` resolved). A source without a tokenizer (synthetic
     weights) has no EOS ids. Raises ConfigError for impossible options, ArtifactError for a
     model the planner cannot lower.
+
+    Tensor parallelism only: `on_fatal(message)` is called from a watchdog thread when a rank
+    dies or a collective fails (the engine cannot run any more; the server stops itself);
+    `ranks` is a running ninfer.parallel.ranks.RankGroup to load onto (tests reuse one across
+    models), None to start one that the engine stops when it closes.
     """
     t0 = time.monotonic()
-    plan = compile_artifact(artifact, options.compile)
-    extra = {"collect_timings": True} if options.collect_timings else {}
-    executor = make_executor(plan, artifact, options.device, **extra)
+    if options.compile.tensor_parallel > 1:
+        from ninfer.parallel.engine import parallel_executor
+
+        plan, executor = parallel_executor(artifact, options, ranks=ranks, on_fatal=on_fatal)
+    else:
+        plan = compile_artifact(artifact, options.compile)
+        extra = {"collect_timings": True} if options.collect_timings else {}
+        executor = make_executor(plan, artifact, options.device, **extra)
     if hasattr(executor, "capture_all"):  # CUDA: capture every decode bucket before serving
         t_graphs = time.monotonic()
         graphs = executor.capture_all()

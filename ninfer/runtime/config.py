@@ -90,6 +90,11 @@ class EngineOptions:
         if (self.spec == "draft") != (self.draft_model is not None):
             raise ConfigError("--spec draft and --draft-model ARTIFACT go together")
         int_range("draft_tokens", self.draft_tokens, 1, MAX_DRAFT_TOKENS)
+        if self.spec is not None and self.compile.tensor_parallel > 1:
+            raise ConfigError(
+                f"--spec {self.spec} with --tensor-parallel: speculative rounds are not run on "
+                "sharded engines in this build; drop one of them"
+            )
         if self.spec is not None:  # k more state slots per lane (hybrid models use them)
             spec_slots = self.compile.max_concurrency * self.draft_tokens
             compile_options = dataclasses.replace(self.compile, spec_state_slots=spec_slots)

@@ -24,9 +24,10 @@ from kernels.fp8_mma import Fp8MmaConfig, fp8_mma, nvfp4_mma_config, usable_nvfp
 from kernels.nvfp4_mma import Nvfp4MmaWeight, prepare
 from kernels.quant_gemm import dequantize_weight, quant_linear
 from kernels.silu_mul import silu_mul
+from ninfer.errors import ConfigError
 from ninfer.ir.plan import BufferSpec, Plan
 from ninfer.passes.plan_memory import NVFP4_COPIES, copy_bytes, copy_enabled
-from ninfer.runtime.weights import TORCH_DTYPES
+from ninfer.runtime.weights import TORCH_DTYPES, take_shard
 
 QUANT_GEMMS = {"triton.gemm_fp8": "fp8", "triton.gemm_nvfp4": "nvfp4"}
 
@@ -195,6 +196,11 @@ def load_device_weights(
     for spec in plan.weights():
         loaded = [device_parts(source, s, device) for s in spec.sources]
         want = packed_fmt.get(spec.name)
+        if want is not None and spec.shards:
+            raise ConfigError(
+                f"tensor parallelism: weight {spec.name} is stored {want}; a rank's part of "
+                "fp8 / nvfp4 weights is not supported yet (convert with --weights bf16)"
+            )
         if (
             want is not None
             and spec.layout in ("plain", "concat")
@@ -202,7 +208,11 @@ def load_device_weights(
         ):
             out[spec.name] = _packed(want, [p for _, p in loaded], copies)
         else:
-            srcs = [dense_from_parts(f, p).to(dtype) for f, p in loaded]
+            shards = spec.shards or (None,) * len(loaded)
+            srcs = [
+                take_shard(dense_from_parts(f, p).to(dtype), shard, torch.cat)
+                for (f, p), shard in zip(loaded, shards)
+            ]
             out[spec.name] = _arrange(spec, srcs).contiguous()
         del loaded
     return out

@@ -224,10 +224,15 @@ class Engine:
         return self._stats
 
     def close(self, timeout: float | None = 10.0) -> None:
+        """Cancel what is outstanding, join the worker, then close an executor that holds
+        processes (tensor parallelism: its rank workers)."""
         with self._wake:
             self._closing = True
             self._wake.notify()
         self._thread.join(timeout)
+        close = getattr(self._executor, "close", None)
+        if callable(close):
+            close()
 
     def __enter__(self) -> Self:
         return self

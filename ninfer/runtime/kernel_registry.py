@@ -27,6 +27,10 @@ class KernelRegistry:
         self.device = device
         self._kernels = dict(kernels)
 
+    def extended(self, kernels: Mapping[tuple[str, str], Impl]) -> KernelRegistry:
+        """This registry plus `kernels` (the collectives of a tensor-parallel rank)."""
+        return KernelRegistry(self.device, {**self._kernels, **kernels})
+
     def names(self) -> set[str]:
         return {name for name, _ in self._kernels}
 

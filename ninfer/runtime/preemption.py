@@ -133,8 +133,8 @@ class Preemption:
         """Choose the route for pausing resident `seq` (call while it still holds its pages and
         lane). "snapshot": reserves its bytes, appends a `SnapshotOut` to `ops`, sets
         `seq.saved`. "replay": changes nothing."""
-        if seq.computed == 0:
-            return "replay"
+        if seq.computed == 0 or self.budget.capacity == 0:  # nothing to save, or no snapshots
+            return "replay"  # (an executor without them reports 0-byte pages: never reserve)
         n = -(-seq.computed // self.page_size)
         nbytes = n * self.kv_bytes_per_page + self.state_bytes
         if not self.budget.reserve(nbytes):

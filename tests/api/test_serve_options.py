@@ -68,6 +68,7 @@ SPEC_DEFAULTS = {
     "--no-cuda-graph": ("engine.compile.cuda_graphs", True),
     "--no-prefix-reuse": ("engine.prefix_reuse", True),
     "--device-state-slots": ("engine.compile.device_state_slots", None),
+    "--tensor-parallel": ("engine.compile.tensor_parallel", 1),
     "--host-context-mib": ("engine.host_context_mib", None),
     "--no-thinking": ("thinking", True),
     "--preserve-thinking": ("preserve_thinking", False),
@@ -127,7 +128,7 @@ def test_every_flag_reaches_the_config():
         "--device-state-slots", "0", "--host-context-mib", "0", "--no-thinking", "--preserve-thinking",
         "--cors", "--temperature", "0.5", "--top-p", "0.9", "--top-k", "0", "--min-p", "0.1",
         "--presence-penalty", "-2", "--frequency-penalty", "2", "--seed", "-7", "--greedy",
-        "--chat-template", "t.jinja", "--dtype", "float32",
+        "--chat-template", "t.jinja", "--dtype", "float32", "--tensor-parallel", "2",
         cuda=True,
     )  # fmt: skip
     engine = EngineOptions(
@@ -141,6 +142,7 @@ def test_every_flag_reaches_the_config():
             prefill_chunk=64,
             device_state_slots=0,
             cuda_graphs=False,
+            tensor_parallel=2,
         ),
         device_index=1,
         max_pending_requests=0,
@@ -216,6 +218,8 @@ def test_the_engine_flags_make_the_engine_options():
         (["--default-max-tokens", "0"], "--default-max-tokens"),
         (["--default-thinking-budget", "0"], "--default-thinking-budget"),
         (["--device-state-slots", "-1"], "--device-state-slots"),
+        (["--tensor-parallel", "0"], "--tensor-parallel must be in 1..64, got 0"),
+        (["--tensor-parallel", "6"], "--tensor-parallel must be a power of two"),
         (["--host-context-mib", "-1"], "--host-context-mib"),
         (["--draft-tokens", "3"], "--draft-tokens"),  # requires --spec
         (["--spec", "mtp", "--draft-tokens", "6"], "--draft-tokens"),
@@ -503,3 +507,22 @@ def test_abbreviated_flags_are_refused(capsys):
     with pytest.raises(SystemExit) as e:
         main(["serve", "--api-ke", "secret", "--port", "0"])
     assert e.value.code == 2 and "unrecognized arguments: --api-ke" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (("--vision", "--device", "cpu", "--tensor-parallel", "2"), "--vision"),
+        (
+            ("--spec", "draft", "--draft-model", "d.ninfer", "--tensor-parallel", "2"),
+            "--spec draft",
+        ),
+    ],
+)
+def test_tensor_parallel_refuses_what_it_does_not_shard(argv, flag):
+    """The vision tower and speculative rounds do not run on sharded engines yet: one line at
+    startup, not a failure at the first request."""
+    with pytest.raises(ConfigError) as e:
+        parse(*argv)
+    assert flag in str(e.value) and "--tensor-parallel" in str(e.value)
+    assert "\n" not in str(e.value)
