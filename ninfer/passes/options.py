@@ -76,11 +76,6 @@ class CompileOptions:
             int_range("device_memory", self.device_memory, 1, 1 << 50)
         if not isinstance(self.vision, bool):
             raise ConfigError(f"vision must be true or false, got {self.vision!r}")
-        if self.vision and self.device != "cpu":
-            raise ConfigError(
-                "--vision: the vision tower runs on --device cpu only in this build (the CUDA "
-                "executor has no vision kernels yet); drop --vision or use --device cpu"
-            )
 
     @property
     def compute_dtype(self) -> str:

@@ -42,6 +42,7 @@ from ninfer.runtime import ops_torch
 from ninfer.runtime.cuda_kv import CudaKVCache, CudaStateSlots
 from ninfer.runtime.cuda_weights import QuantWeight
 from ninfer.runtime.kernel_registry import KernelRegistry
+from ninfer.runtime.vision.cuda_ops import cuda_vision_kernels
 
 GEMMS = (CUBLAS_GEMM, *CUDA_GEMMS.values())
 
@@ -448,5 +449,6 @@ CUDA_KERNELS = KernelRegistry(
         (_K["gated_delta_rule"], "gated_delta_rule"): gated_delta_rule,
         (DECODE["gated_delta_rule"], "gated_delta_rule"): gated_delta_rule,
         **_attention_kernels(),
+        **cuda_vision_kernels(),  # --vision: the tower, media_merge and the 3-axis rotary
     },
 )
