@@ -94,9 +94,16 @@ def test_interpreted_vision_plan_matches_reference(vision_artifact, prompt_build
         torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
 
 
-def test_cuda_vision_plan_keeps_text_plans_fused(fixture_artifacts, vision_artifact):
-    """Only a --vision plan leaves the rotary out of the one-launch attention prologue; the
-    same artifact compiled without --vision, and a text model, fold it as before."""
+def test_cuda_vision_plan_keeps_text_plans_fused(vision_artifact, capsys):
+    """`ninfer compile --vision --device cuda` plans the tower; only a --vision plan leaves the
+    rotary out of the one-launch attention prologue (the same artifact compiled without
+    --vision folds it as before)."""
+    from ninfer.cli import main
+
+    capsys.readouterr()
+    assert main(["compile", str(vision_artifact(ARCH)), "--vision", "--device", "cuda"]) == 0
+    out = capsys.readouterr().out
+    assert "torch.rotary_mrope" in out and "torch.vision_attention" in out
     text = _plan(vision_artifact(ARCH), "cuda", "bfloat16", vision=False)
     vision = _plan(vision_artifact(ARCH), "cuda", "bfloat16")
     for plan, want in ((text, "triton.attention_prologue+paged_attention_prefill"),
