@@ -2,6 +2,7 @@
 
     ninfer bench engine ARTIFACT | --synthetic NAME [--weights bf16|fp8|nvfp4 [--quantize-lm-head]]
                  [--batch-sizes 1,8] [--input-len 512] [--output-len 128] [--peer transformers]
+    ninfer bench engine ARTIFACT | --synthetic NAME-vl --images N [--image-size WxH]
     ninfer bench serve --url http://127.0.0.1:8080 [--concurrency 1,8] [--artifact A]
 
 engine: the in-process engine (scheduler, executor, sampler: everything but HTTP) runs b
@@ -12,7 +13,8 @@ and ITL percentiles and output tok/s (ninfer.runtime.cuda_loadgen), the ratio to
 (decode: bytes read per step ÷ copy bandwidth; prefill: FLOPs ÷ the matmul rate in the plan's
 compute dtype, both measured on the device in the same run: ninfer.runtime.cuda_limits), and in engine mode the host
 time per decode step and, with `--peer transformers`, the same workload through transformers
-on the same weights. `--json PATH` / `--md PATH` write the report.
+on the same weights. `--json PATH` / `--md PATH` write the report. With `--images N` engine
+mode measures image-prefill throughput instead (ninfer.commands.bench_vision).
 """
 
 from __future__ import annotations
@@ -99,6 +101,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--peer", default=None, choices=PEERS, help="run the same workload through this peer"
     )
     e.add_argument("--hf-dir", help="the Hugging Face directory an ARTIFACT came from (--peer)")
+    from ninfer.commands import bench_vision
+
+    bench_vision.add_arguments(e)  # --images N --image-size WxH: image-prefill throughput
     _common(e)
     s = sub.add_parser("serve", help="streaming load against a running `ninfer serve`")
     s.add_argument("--url", default="http://127.0.0.1:8080", help="server base URL")
@@ -131,7 +136,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.input_len < 1 or args.output_len < 2:
         raise ConfigError("--input-len must be >= 1 and --output-len >= 2")
-    if args.mode == "engine":
+    images = args.mode == "engine" and args.images
+    if images:
+        from ninfer.commands import bench_vision
+
+        report = bench_vision.run_images(args)
+    elif args.mode == "engine":
         report = run_engine(args)
     else:
         from ninfer.commands.bench_serve import run_serve
@@ -142,13 +152,14 @@ def run(args: argparse.Namespace) -> int:
         if len(sys.argv) > 2
         else "ninfer bench"
     )
-    print(format_report(report))
+    print(bench_vision.format_images(report) if images else format_report(report))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=2)
     if args.md:
         with open(args.md, "w", encoding="utf-8") as f:
-            f.write(format_markdown(report))
+            md = bench_vision.format_images_markdown if images else format_markdown
+            f.write(md(report))
     return 0
 
 
