@@ -1,5 +1,6 @@
 """`ninfer bench engine --images N`: image-prefill throughput through the vision stage, on CPU
-with the tiny vision-language fixture and the tiny synthetic vision model; what it refuses."""
+with the tiny vision-language fixture and the tiny synthetic vision model; what it refuses; on a
+GPU (skipped without one) the same load on the CUDA executor."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from artifacts.fixture_vision import build_vision_fixture
 from ninfer.cli import build_parser
@@ -73,3 +75,19 @@ def test_image_prefill_refusals(fixture_artifacts):
     for bad in ("448", "0x10", "axb"):
         with pytest.raises(SystemExit):
             _parse(["engine", "--images", "1", "--image-size", bad])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_image_prefill_report_on_the_gpu(fixture_root: Path, tmp_path):
+    """The same load on the CUDA executor: the vision stage timed by CUDA events, the decode
+    buckets captured, every image encoded once."""
+    path = build_vision_fixture("qwen3_5_vl", fixture_root)
+    out = tmp_path / "r.json"
+    argv = ["engine", str(path), "--device", "cuda", "--images", "3", "--image-size", "64x48",
+            "--input-len", "8", "--batch-sizes", "1,4", "--json", str(out)]  # fmt: skip
+    assert bench.run(_parse(argv)) == 0
+    report = json.loads(out.read_text())
+    assert report["dtype"] == "bf16" and report["device"].startswith("cuda")
+    for r in report["results"]:
+        assert r["images"] == 3 * r["batch"] and r["vision_tokens"] == 36 * r["batch"]
+        assert 0 < r["vision_encode_s"] < r["prefill_s"] and r["images_per_s"] > 0
