@@ -154,3 +154,30 @@ def test_float32_vision_greedy_equals_reference(arch, vision_artifact, prompt_bu
     assert [int(g.argmax()) for g in got] == tokens
     for w, g in zip(want, got):
         torch.testing.assert_close(g, w, atol=2e-3, rtol=2e-3)
+
+
+@gpu
+def test_engine_on_cuda_gives_the_cpu_engines_tokens(vision_artifact, prompt_builder):
+    """Through the engine (scheduler, sampler, overlap, CUDA Graph decode): prefill chunks of 5
+    tokens cut through the image and the video's frames, each item is encoded once, and the
+    float32 greedy tokens are the CPU engine's."""
+    from ninfer import LLM
+    from ninfer.runtime.request import Request, SamplingParams
+
+    path = str(vision_artifact(ARCH))
+    prompt = _prompt(prompt_builder(ARCH))
+    request = Request(
+        tuple(prompt.ids), SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True),
+        media=prompt.spans,
+    )  # fmt: skip
+    outs = []
+    for device, kv in (("cpu", None), ("cuda", "f32")):
+        llm = LLM(path, device=device, vision=True, max_concurrency=2, kv_capacity=1024,
+                  prefill_chunk=5, kv_dtype=kv, cpu_weights="float32")  # fmt: skip
+        before = llm.executor.media.encoded_items
+        out = llm.engine.submit(request).result(120)
+        assert out.error is None
+        assert llm.executor.media.encoded_items - before == 2
+        outs.append(list(out.token_ids))
+        llm.engine.close()
+    assert outs[0] == outs[1]
