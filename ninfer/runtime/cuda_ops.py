@@ -62,7 +62,7 @@ class DeviceStep:
     """One step's metadata, on the device. N chunks of T tokens in total.
 
     decode        every chunk is one token (N == T): attention uses the decode kernel
-    positions     [T] int32 absolute positions
+    positions     [T] int32 absolute positions ([3, T] in a vision plan: MRoPE's t, h, w)
     slot_mapping  [T] int32 flat KV slot of each token (page * page_size + row)
     block_tables  [N, max_pages] int32
     seq_lens      [N] int32 tokens in the cache after this step (the chunk included)
