@@ -21,11 +21,11 @@ from ninfer.errors import ConfigError
 from ninfer.runtime.config import EngineOptions
 
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical", "off")
-SPEC_BACKENDS = ("mtp", "dflash", "dflash2")
+SPEC_BACKENDS = ("mtp", "dflash", "dflash2", "draft")  # draft: a separate model (--draft-model)
 DTYPES = ("float32", "bfloat16")
 # Draft tokens per speculative round each backend accepts (inclusive).
-DRAFT_TOKEN_RANGE = {"mtp": (1, 5), "dflash": (1, 15), "dflash2": (1, 15)}
-# The artifact component each optional capability needs.
+DRAFT_TOKEN_RANGE = {"mtp": (1, 5), "dflash": (1, 15), "dflash2": (1, 15), "draft": (1, 15)}
+# The artifact component each optional capability needs (--spec draft brings its own model).
 SPEC_COMPONENT = {"mtp": "mtp", "dflash": "dflash", "dflash2": "dflash2"}
 TOP_K_MAX = 20
 
@@ -60,6 +60,7 @@ class ServeConfig:
     response_store_max_records: int = 1024
     response_store_max_mib: int = 256
     spec: str | None = None
+    draft_model: str | None = None  # --draft-model: the --spec draft model (a path)
     draft_tokens: int | None = None
     lm_head_draft: bool = False
     default_thinking_budget: int | None = None
@@ -100,7 +101,7 @@ class ServeConfig:
             _choice("spec", self.spec, SPEC_BACKENDS)
         if self.draft_tokens is not None:
             if self.spec is None:
-                raise ConfigError("--draft-tokens requires --spec mtp|dflash|dflash2")
+                raise ConfigError("--draft-tokens requires --spec mtp|dflash|dflash2|draft")
             lo, hi = DRAFT_TOKEN_RANGE[self.spec]
             _int(
                 "draft_tokens",
@@ -109,8 +110,16 @@ class ServeConfig:
                 hi,
                 what=f"in {lo}..{hi} for --spec {self.spec}",
             )
-        if self.lm_head_draft and self.spec is None:
+        if self.lm_head_draft and self.spec in (None, "draft"):
             raise ConfigError("--lm-head-draft requires --spec mtp|dflash|dflash2")
+        if (self.spec == "draft") != (self.draft_model is not None):
+            raise ConfigError(
+                "--spec draft needs --draft-model ARTIFACT, and --draft-model needs --spec draft"
+            )
+        if (self.spec == "draft") != (self.engine.spec == "draft"):
+            raise ConfigError(
+                f"--spec {self.spec}: the engine options say spec={self.engine.spec!r}"
+            )
         if self.default_thinking_budget is not None:
             _int(
                 "default_thinking_budget",
@@ -184,7 +193,7 @@ def check_capabilities(config: ServeConfig, components: list[str] | tuple[str, .
     with one line naming the option, the missing component and what to do.
     """
     have = set(components)
-    if config.spec is not None and SPEC_COMPONENT[config.spec] not in have:
+    if config.spec in SPEC_COMPONENT and SPEC_COMPONENT[config.spec] not in have:
         raise ConfigError(
             f"--spec {config.spec} needs the artifact's {SPEC_COMPONENT[config.spec]} component, but it has only "
             f"{', '.join(components)}; drop --spec or convert a checkpoint with those weights"

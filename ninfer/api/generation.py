@@ -159,6 +159,10 @@ class Timings:
     prompt_ms: float
     predicted_n: int
     predicted_ms: float
+    # terminal timings of a request that ran speculative rounds: draft tokens verified and
+    # accepted (None: no draft work, and the fields are left out)
+    draft_n: int | None = None
+    draft_n_accepted: int | None = None
 
     def as_dict(self) -> dict[str, float | int]:
         def per(n: int, ms: float) -> tuple[float, float]:
@@ -169,7 +173,7 @@ class Timings:
         p_tok, p_sec = per(self.prompt_n, self.prompt_ms)
         d_n = max(self.predicted_n - 1, 0)
         d_tok, d_sec = per(d_n, self.predicted_ms)
-        return {
+        out: dict[str, float | int] = {
             "cache_n": self.cache_n,
             "prompt_n": self.prompt_n,
             "prompt_ms": self.prompt_ms,
@@ -180,6 +184,10 @@ class Timings:
             "predicted_per_token_ms": d_tok,
             "predicted_per_second": d_sec,
         }
+        if self.draft_n is not None and self.draft_n_accepted is not None:
+            out["draft_n"] = self.draft_n
+            out["draft_n_accepted"] = self.draft_n_accepted
+        return out
 
 
 @dataclass(frozen=True)

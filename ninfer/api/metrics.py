@@ -11,9 +11,10 @@ never resets anything. Engine counters are reported relative to the snapshot tak
 engine failure the last snapshot stays readable and `ninfer_engine_ready` is 0.
 
 Every family docs/serving.md lists is always present. Host-work phases (ninfer.runtime.host_work), host
-context bytes and snapshot transfers come from the engine. Families this engine has nothing to
-count for read optional snapshot attributes and stay 0: speculative decoding (no --spec backend
-runs here) and `materializing` (no context is materialized outside binding):
+context bytes, snapshot transfers and the speculative counters (verify rounds, draft tokens
+verified and accepted, decode rows of speculating requests without drafts; 0 without --spec)
+come from the engine. Families this engine has nothing to count for read optional snapshot
+attributes and stay 0: `materializing` (no context is materialized outside binding):
 
     spec_decode_{rounds,draft_tokens,accepted_tokens,fallback_steps}_total: int
     materializing: int;  context_transfer_bytes: dict[(resource, direction), int]

@@ -222,6 +222,9 @@ class PostProcessor:
             reason = event.reason
         prompt_ms = (t.prefill_s or 0.0) * 1000.0
         predicted_ms = (t.decode_s or 0.0) * 1000.0
+        spec = getattr(t, "speculative", None)  # draft work: llama.cpp's draft_n fields
+        drafted = spec["drafted_tokens"] if spec and spec["drafted_tokens"] else None
+        accepted = spec["accepted_tokens"] if drafted is not None else None
         return Finished(
             reason=reason,
             content="".join(self.content),
@@ -236,6 +239,8 @@ class PostProcessor:
                 prompt_ms,
                 completion,
                 predicted_ms,
+                drafted,
+                accepted,
             ),
             stop_sequence=self.stop_match,
             length_cause=length_cause if reason == "length" else None,

@@ -237,8 +237,10 @@ class RequestLogSink(Sink):
             "first_output_timing": _first_output_timing(t),
             "work": {"gpu_seconds": getattr(t, "prefill_gpu_s", None) if t else None},
             "context_transfers": dict(getattr(t, "transfers", None) or {}) if t else {},
-            "speculative": {"backend": None, "draft_window": 0, "rounds": 0, "drafted_tokens": 0,
-                            "accepted_tokens": 0, "fallback_steps": 0, "accepted_per_position": []},
+            "speculative": (t.speculative if t and getattr(t, "speculative", None) else
+                            {"backend": None, "draft_window": 0, "rounds": 0, "drafted_tokens": 0,
+                             "accepted_tokens": 0, "fallback_steps": 0,
+                             "accepted_per_position": []}),
             "error": _error(err) if err is not None else _engine_error(finished),
         })  # fmt: skip
 

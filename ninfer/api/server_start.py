@@ -96,7 +96,7 @@ def server_start_fields(state: Any, artifact: Any, argv: list[str] | None = None
             "prefix_reuse": opts.prefix_reuse,
             "cuda_graph": opts.compile.cuda_graphs and opts.device.startswith("cuda"),
             "spec": cfg.spec,
-            "draft_tokens": cfg.draft_tokens,
+            "draft_tokens": opts.draft_tokens if opts.spec else cfg.draft_tokens,  # k in effect
             "vision": cfg.vision,
         },
         "sampler": {

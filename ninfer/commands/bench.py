@@ -2,7 +2,6 @@
 
     ninfer bench engine ARTIFACT | --synthetic NAME [--weights bf16|fp8|nvfp4 [--quantize-lm-head]]
                  [--batch-sizes 1,8] [--input-len 512] [--output-len 128] [--peer transformers]
-    ninfer bench engine ARTIFACT | --synthetic NAME-vl --images N [--image-size WxH]
     ninfer bench serve --url http://127.0.0.1:8080 [--concurrency 1,8] [--artifact A]
 
 engine: the in-process engine (scheduler, executor, sampler: everything but HTTP) runs b
@@ -13,8 +12,7 @@ and ITL percentiles and output tok/s (ninfer.runtime.cuda_loadgen), the ratio to
 (decode: bytes read per step ÷ copy bandwidth; prefill: FLOPs ÷ the matmul rate in the plan's
 compute dtype, both measured on the device in the same run: ninfer.runtime.cuda_limits), and in engine mode the host
 time per decode step and, with `--peer transformers`, the same workload through transformers
-on the same weights. `--json PATH` / `--md PATH` write the report. With `--images N` engine
-mode measures image-prefill throughput instead (ninfer.commands.bench_vision).
+on the same weights. `--json PATH` / `--md PATH` write the report.
 """
 
 from __future__ import annotations
@@ -26,6 +24,7 @@ import sys
 import time
 from typing import Any
 
+from ninfer.commands import bench_vision
 from ninfer.errors import ConfigError
 
 PEERS = ("transformers",)
@@ -101,10 +100,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--peer", default=None, choices=PEERS, help="run the same workload through this peer"
     )
     e.add_argument("--hf-dir", help="the Hugging Face directory an ARTIFACT came from (--peer)")
-    from ninfer.commands import bench_vision
-
-    bench_vision.add_arguments(e)  # --images N --image-size WxH: image-prefill throughput
-    _common(e)
+    e.add_argument(
+        "--spec",
+        choices=("draft", "verify"),
+        help="draft: speculative vs plain decoding; verify: the verify/decode step cost",
+    )
+    e.add_argument("--draft-model", metavar="DRAFT", help="--spec draft: the draft model")
+    e.add_argument("--draft-tokens", type=int, default=4, metavar="K", help="drafts per round")
+    e.add_argument("--prompts", metavar="FILE", help="--spec: one user message per line")
+    e.add_argument("--reps", type=int, default=20, help="--spec: repetitions of each step timing")
+    bench_vision.add_arguments(e)  # --images N --image-size WxH, then _common(e)
     s = sub.add_parser("serve", help="streaming load against a running `ninfer serve`")
     s.add_argument("--url", default="http://127.0.0.1:8080", help="server base URL")
     s.add_argument("--model", default=None, help="model id (default: the first of /v1/models)")
@@ -136,12 +141,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.input_len < 1 or args.output_len < 2:
         raise ConfigError("--input-len must be >= 1 and --output-len >= 2")
-    images = args.mode == "engine" and args.images
-    if images:
-        from ninfer.commands import bench_vision
+    if args.mode == "engine" and args.images:  # image prefill (its own load and report)
+        return bench_vision.run(args)
+    if args.mode == "engine" and args.spec:  # plain vs speculative (ninfer.commands.bench_spec)
+        from ninfer.commands import bench_spec
 
-        report = bench_vision.run_images(args)
-    elif args.mode == "engine":
+        if args.spec == "verify":
+            report = bench_spec.run_verify_cost(args)
+            print(bench_spec.format_verify_report(report))
+        else:
+            report = bench_spec.run_spec_bench(args)
+            print(bench_spec.format_spec_report(report))
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump(report, f, indent=2)
+        return 0
+    if args.mode == "engine":
         report = run_engine(args)
     else:
         from ninfer.commands.bench_serve import run_serve
@@ -152,14 +167,13 @@ def run(args: argparse.Namespace) -> int:
         if len(sys.argv) > 2
         else "ninfer bench"
     )
-    print(bench_vision.format_images(report) if images else format_report(report))
+    print(format_report(report))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=2)
     if args.md:
         with open(args.md, "w", encoding="utf-8") as f:
-            md = bench_vision.format_images_markdown if images else format_markdown
-            f.write(md(report))
+            f.write(format_markdown(report))
     return 0
 
 

@@ -38,6 +38,9 @@ def image_size(text: str) -> tuple[int, int]:
 
 
 def add_arguments(e: argparse.ArgumentParser) -> None:
+    """The engine parser's --images / --image-size, then the options every bench mode has."""
+    from ninfer.commands.bench import _common
+
     e.add_argument(
         "--images",
         type=int,
@@ -52,6 +55,7 @@ def add_arguments(e: argparse.ArgumentParser) -> None:
         metavar="WxH",
         help="pixels of each --images image before the smart resize (default 448x448)",
     )
+    _common(e)
 
 
 def _images(n: int, size: tuple[int, int], config: Any, seed: int) -> list[Any]:
@@ -81,6 +85,26 @@ def _request(text: list[int], images: list[Any], ids: dict[str, int]) -> Any:
         prompt += [ids["image"]] * m.tokens + [ids["end"]]
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     return Request(tuple(prompt), params, media=tuple(spans))
+
+
+def run(args: argparse.Namespace) -> int:
+    """`ninfer bench engine --images N`: run the load, print the report, write --json / --md."""
+    import json
+    import shlex
+    import sys
+
+    if getattr(args, "spec", None):
+        raise ConfigError("--images: not with --spec (one load per run)")
+    report = run_images(args)
+    report["command"] = "ninfer bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    print(format_images(report))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=2)
+    if args.md:
+        with open(args.md, "w", encoding="utf-8") as f:
+            f.write(format_images_markdown(report))
+    return 0
 
 
 def run_images(args: argparse.Namespace) -> dict[str, Any]:

@@ -125,7 +125,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ranges = ", ".join(f"{k} {lo}..{hi}" for k, (lo, hi) in DRAFT_TOKEN_RANGE.items())
     g = p.add_argument_group("speculative decoding and vision")
     g.add_argument("--spec", choices=SPEC_BACKENDS,
-                   help="speculative backend; needs that component in the artifact (default: off)")
+                   help="speculative backend: mtp|dflash|dflash2 need that component in the artifact, "
+                        "draft runs --draft-model (default: off)")
+    g.add_argument("--draft-model", metavar="ARTIFACT",
+                   help="--spec draft: a small model with the same tokenizer (.ninfer, .gguf or HF directory)")
     g.add_argument("--draft-tokens", type=int, metavar="N", help=f"draft tokens per round ({ranges}); requires --spec")
     g.add_argument("--lm-head-draft", action="store_true", help="load the optimized proposal head; requires --spec")
     g.add_argument("--vision", action="store_true", help="enable image/video input; needs the artifact's vision component")
@@ -222,6 +225,15 @@ def config_from_args(
         prefix_reuse=args.prefix_reuse,
         default_max_tokens=args.default_max_tokens,
         host_context_mib=args.host_context_mib,
+        **(
+            {
+                "spec": "draft",
+                "draft_model": args.draft_model,
+                "draft_tokens": args.draft_tokens or 4,
+            }
+            if args.spec == "draft" and args.draft_model is not None
+            else {}
+        ),
     )
     values = {k: v for k, v in vars(args).items() if k in _CONFIG_FIELDS}
     return ServeConfig(**values, engine=engine)
@@ -236,7 +248,8 @@ def _cuda_available() -> bool:
 
 
 def check_files(config: ServeConfig, artifact_path: Path) -> None:
-    """Options naming files: readable chat template, parseable context-cost presets, and a
+    """Options naming files: readable chat template, an existing --draft-model, parseable
+    context-cost presets, and a
     request log whose directory exists and that is not the artifact. Raises ConfigError."""
     if config.chat_template is not None:
         path = Path(config.chat_template)
@@ -246,6 +259,8 @@ def check_files(config: ServeConfig, artifact_path: Path) -> None:
 
     if config.reasoning_key_file is not None or os.environ.get(KEY_ENV):
         configured_key(config.reasoning_key_file)  # unreadable or short: abort before the model
+    if config.draft_model is not None and not Path(config.draft_model).exists():
+        raise ConfigError(f"--draft-model {config.draft_model}: no such file or directory")
     if config.context_cost_presets is not None:
         from ninfer.api.context_cost import load_presets
 
@@ -315,7 +330,7 @@ def open_artifact(config: ServeConfig) -> Any:
     check_capabilities(config, artifact.components)
     if warning := model_context_warning(config, artifact.config):
         logging.getLogger("ninfer.serve").warning(warning)
-    if config.spec is not None:  # lossless either way: the same tokens, one per step
+    if config.spec not in (None, "draft"):  # lossless either way: the same tokens, one per step
         logging.getLogger("ninfer.serve").warning(
             "--spec %s: this build of ninfer has no speculative decoding runtime; requests decode "
             "one token per step and the speculative counters stay 0",

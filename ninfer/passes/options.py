@@ -41,6 +41,9 @@ class CompileOptions:
     prefill_chunk: int = 1024  # prefill tokens per step (sizes the workspace)
     device_state_slots: int | None = None  # extra recurrent-state slots; None = max_concurrency
     cuda_graphs: bool = True
+    # recurrent-state slots a speculating engine adds (hybrid models): k per lane, so that each
+    # lane has k + 1 slots and a verify round's accepted count selects one (no copy back)
+    spec_state_slots: int = 0
     device_memory: int | None = None  # bytes the plan may use; None: DEFAULT_DEVICE_MEMORY
     cpu_weights: str = "packed"  # CPU_WEIGHTS; cuda plans ignore it
     vision: bool = False  # run the vision tower (--vision): its weights, ops and MRoPE positions
@@ -68,6 +71,7 @@ class CompileOptions:
         int_range("prefill_chunk", self.prefill_chunk, 1, 1 << 24)
         if self.device_state_slots is not None:
             int_range("device_state_slots", self.device_state_slots, 0, 1024)
+        int_range("spec_state_slots", self.spec_state_slots, 0, 1 << 16)
         if self.kv_capacity is not None and self.kv_capacity != "auto":
             int_range("kv_capacity", self.kv_capacity, self.page_size, 1 << 48)
         if not isinstance(self.cuda_graphs, bool):
@@ -101,7 +105,7 @@ class CompileOptions:
     @property
     def state_slots(self) -> int:
         extra = self.max_concurrency if self.device_state_slots is None else self.device_state_slots
-        return self.max_concurrency + extra
+        return self.max_concurrency + extra + self.spec_state_slots
 
     @property
     def chunk_tokens(self) -> int:

@@ -24,6 +24,7 @@ from ninfer.runtime.engine import Engine
 from ninfer.runtime.executors import make_executor
 from ninfer.runtime.sampler import Sampler
 from ninfer.runtime.tokenizer import eos_token_ids
+from ninfer.spec.build import build_speculator
 
 log = logging.getLogger("ninfer.engine")
 
@@ -52,4 +53,5 @@ def build_engine(artifact: Any, options: EngineOptions) -> Engine:
     eos: tuple[int, ...] = ()
     if tokenizer_json:
         eos = eos_token_ids(artifact.special_tokens, _HFTokenizer.from_str(tokenizer_json))
-    return Engine(options, executor, Sampler(), eos, plan=plan)
+    speculator = build_speculator(artifact, options, executor)  # --spec: its drafter, or None
+    return Engine(options, executor, Sampler(), eos, plan=plan, speculator=speculator)

@@ -30,6 +30,9 @@ DEFAULT_HOST_CONTEXT_MIB = 8192  # --host-context-mib default: 8192 MiB ...
 DEFAULT_HOST_STATE_IMAGES = 8  # ... plus this many recurrent-state images
 NO_TIMEOUT_MS = 1 << 40  # the largest --pending-timeout-ms: waiting is never cut short
 
+SPEC_ENGINE_BACKENDS = (None, "draft")  # speculative backends the engine runs
+MAX_DRAFT_TOKENS = 15  # most draft tokens per round (a verify chunk of 16 tokens)
+
 _COMPILE_FIELDS = frozenset(f.name for f in dataclasses.fields(CompileOptions))
 
 
@@ -58,6 +61,11 @@ class EngineOptions:
     host_context_mib: int | None = None  # pause-snapshot host budget; None: default; 0: off
     overlap: bool = True  # launch the next decode step before reading this one's tokens
     collect_timings: bool = False  # CUDA: record per-step timings (ninfer bench)
+    # speculative decoding (--spec, --draft-model, --draft-tokens): "draft" runs the separate
+    # small model `draft_model` (a .ninfer path, same tokenizer) as the drafter; None: off
+    spec: str | None = None
+    draft_model: str | None = None
+    draft_tokens: int = 4  # tokens proposed per round (k); the verify chunk is k + 1 tokens
 
     def __post_init__(self) -> None:
         if not isinstance(self.compile, CompileOptions):
@@ -75,6 +83,17 @@ class EngineOptions:
         int_range("admission_bypass", self.admission_bypass, 0, 1 << 20)
         if self.host_context_mib is not None:
             int_range("host_context_mib", self.host_context_mib, 0, 1 << 30)
+        if self.spec not in SPEC_ENGINE_BACKENDS:
+            raise ConfigError(
+                f"--spec {self.spec}: the engine runs {', '.join(map(str, SPEC_ENGINE_BACKENDS[1:]))}"
+            )
+        if (self.spec == "draft") != (self.draft_model is not None):
+            raise ConfigError("--spec draft and --draft-model ARTIFACT go together")
+        int_range("draft_tokens", self.draft_tokens, 1, MAX_DRAFT_TOKENS)
+        if self.spec is not None:  # k more state slots per lane (hybrid models use them)
+            spec_slots = self.compile.max_concurrency * self.draft_tokens
+            compile_options = dataclasses.replace(self.compile, spec_state_slots=spec_slots)
+            object.__setattr__(self, "compile", compile_options)
         for name in ("prefix_reuse", "overlap", "collect_timings"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")

@@ -225,6 +225,8 @@ class CudaExecutor(PlanExecutorBase):
                 raise ValueError(f"sequence {c.seq_id}: empty chunk")
             if self.is_hybrid:
                 self._check_slot(c.state_slot)
+            if c.spill_slots:  # the GDN kernels do not write per-position states yet
+                raise ValueError("hybrid verify chunks (spill_slots) run on the CPU executor only")
         if self.state is not None:
             self.state.reset([c.state_slot for c in chunks if c.start_pos == 0])  # type: ignore[misc]
         decode = all(len(c.token_ids) == 1 and c.want_logits for c in chunks) and not all_logits
@@ -348,8 +350,8 @@ class CudaExecutor(PlanExecutorBase):
             n = len(c.token_ids)
             if all_logits:
                 rows.extend(range(t, t + n))
-            elif c.want_logits:
-                rows.append(t + n - 1)
+            elif c.want_logits:  # the last num_logits positions (1, or k + 1 to verify)
+                rows.extend(range(t + n - min(c.num_logits, n), t + n))
             t += n
         width = max(-(-(c.start_pos + len(c.token_ids)) // self.page_size) for c in chunks)
         lay = _Layout(t, len(chunks), len(rows), width, self._axes)

@@ -51,6 +51,7 @@ from ninfer.runtime.vision.placeholders import check_media
 
 if TYPE_CHECKING:
     from ninfer.ir.plan import Plan
+    from ninfer.spec.speculator import Accepted, Speculator
 
 log = logging.getLogger("ninfer.engine")
 
@@ -62,7 +63,7 @@ class _Launched:
     """A step queued on the device and not committed yet."""
 
     plan: StepPlan
-    tokens: SampledTokens
+    tokens: SampledTokens | Accepted  # Accepted: a speculative step's (speculator.py)
     work_class: str  # host_work.py's class of the time spent on it
 
 
@@ -84,6 +85,7 @@ class Engine:
         *,
         clock: Callable[[], float] = time.monotonic,
         plan: Plan | None = None,
+        speculator: Speculator | None = None,
     ) -> None:
         if executor.is_hybrid and executor.num_state_slots < config.max_concurrency:
             raise ConfigError(
@@ -122,8 +124,10 @@ class Engine:
         self._exposure: dict[int, tuple[float, ...]] = {}  # worker only: seq id -> mark
         self._step_failures = 0
         # launch a decode step before the previous one's tokens are read (executors that take
-        # their tokens from the device only)
-        self._overlap = config.overlap and bool(getattr(executor, "feeds_tokens", False))
+        # their tokens from the device only; not while speculating: drafts need the last commit)
+        feeds = bool(getattr(executor, "feeds_tokens", False))
+        self._overlap = config.overlap and feeds and speculator is None
+        self._spec = speculator  # drafts and verifies decode rows (ninfer/spec/speculator.py)
         self._inflight: _Launched | None = None  # launched ahead, not committed (worker only)
         self._work = HostWork()
         self._logprobs = LogprobLedger()  # sampled tokens' entries until published (worker)
@@ -194,6 +198,10 @@ class Engine:
         (`EngineOptions.output_limit`)."""
         pool = self._executor.num_pages * self._executor.page_size
         return self.config.output_limit(prompt_len, max_tokens, pool)
+
+    @property
+    def speculator(self) -> Speculator | None:
+        return self._spec  # its drafter's counters and timings (ninfer bench)
 
     @property
     def executor(self) -> Executor:
@@ -350,12 +358,14 @@ class Engine:
         try:
             self._publish_stats()  # gauges show the batch while the device runs it
             self._sched.run_transfers(plan, self._executor)  # pause snapshots and restores
-            if fed is None:
-                logits = self._executor.run(plan.batch)  # [rows, vocab]
+            if self._spec is not None:  # the plan widened by drafts: commit that one
+                plan, tokens = self._spec.launch(self._sched, plan, self._executor, self._sampler)
             else:
-                logits = self._executor.run(plan.batch, fed=fed.ids)
-            rows = [SampleRow(s.seq_id, s.request.sampling, s.output_ids) for s in plan.logit_seqs]
-            tokens = self._sampler.sample_async(logits, rows)
+                logits = self._executor.run(plan.batch, **({} if fed is None else {"fed": fed.ids}))
+                rows = [
+                    SampleRow(s.seq_id, s.request.sampling, s.output_ids) for s in plan.logit_seqs
+                ]
+                tokens = self._sampler.sample_async(logits, rows)
         except Exception as e:
             log.exception("step %d failed", plan.batch.step_index)
             self._fail(plan, e)
@@ -419,6 +429,8 @@ class Engine:
                 del self._handles[seq.seq_id]
                 self._sampler.forget(seq.seq_id)
                 self._logprobs.forget(seq.seq_id)
+                if self._spec is not None:
+                    self._spec.forget(seq.seq_id)
                 mark = self._exposure.pop(seq.seq_id, None)
                 exposure = None if mark is None else self._work.exposure_since(mark)
                 with self._wake:  # before the push: its reader may submit at once
@@ -484,6 +496,7 @@ class Engine:
             decode_rounds_total=c.decode_rounds,
             decode_rows_total=c.decode_rows,
             step_failures_total=self._step_failures,
+            **c.spec_totals(),
             device_wait_seconds_total=self._work.seconds[DEVICE_WAIT],
             requests_by_outcome=dict(c.outcomes),
             context_transfer_bytes=dict(s.preemption.transfer_bytes),

@@ -45,6 +45,12 @@ class EngineStats:
     decode_rounds_total: int = 0
     decode_rows_total: int = 0
     step_failures_total: int = 0
+    # speculative decoding (--spec): verify rounds, draft tokens verified / accepted, decode
+    # rows of speculating requests that ran without drafts
+    spec_decode_rounds_total: int = 0
+    spec_decode_draft_tokens_total: int = 0
+    spec_decode_accepted_tokens_total: int = 0
+    spec_decode_fallback_steps_total: int = 0
     device_wait_seconds_total: float = 0.0
     requests_by_outcome: dict[str, int] = field(default_factory=dict)
     # worker wall time (host_work.py): the five host phases, and per (work class, "host" |

@@ -118,8 +118,9 @@ class Executor(PlanExecutorBase):
     def run(
         self, batch: StepBatch, all_logits: bool = False, fed: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Run one step. Returns float32 logits [rows, vocab]: one row per chunk with
-        want_logits (its last position), in chunk order; with `all_logits`, every position of
+        """Run one step. Returns float32 logits [rows, vocab]: for each chunk with
+        want_logits its last `num_logits` positions (one row, or k + 1 for a verify chunk), in
+        chunk order; with `all_logits`, every position of
         every chunk instead (used by `LLM.logits`). `fed`: the previous step's sampled ids,
         for a batch with `fed_rows`."""
         t0 = time.perf_counter()
@@ -139,7 +140,17 @@ class Executor(PlanExecutorBase):
                 if c.start_pos == 0:
                     self.state.reset(c.state_slot)  # type: ignore[union-attr]
             begin = len(tokens)
-            chunks.append(ChunkView(begin, n, c.start_pos, tuple(c.block_table), c.state_slot))
+            if c.spill_slots:
+                for slot in c.spill_slots:
+                    self._check_slot(slot)
+                if len(c.spill_slots) != n:
+                    raise ValueError(
+                        f"sequence {c.seq_id}: {n} tokens but {len(c.spill_slots)} spill slots"
+                    )
+            view = ChunkView(
+                begin, n, c.start_pos, tuple(c.block_table), c.state_slot, c.spill_slots
+            )
+            chunks.append(view)
             tokens.extend(c.token_ids)
             if self.media is None:
                 positions.extend(range(c.start_pos, c.start_pos + n))
@@ -153,8 +164,8 @@ class Executor(PlanExecutorBase):
                     axis.extend(p)
             if all_logits:
                 rows.extend(range(begin, begin + n))
-            elif c.want_logits:
-                rows.append(begin + n - 1)
+            elif c.want_logits:  # the last num_logits positions (1, or k + 1 to verify)
+                rows.extend(range(begin + n - min(c.num_logits, n), begin + n))
         env: dict[str, Any] = dict(self.weights)
         env["tokens"] = torch.tensor(tokens, dtype=torch.int32, device=self.device)
         self._feed(env["tokens"], batch, fed)

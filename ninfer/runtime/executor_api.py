@@ -51,7 +51,8 @@ class Executor(Protocol):
          a chunk with start_pos == 0 starts from a zero recurrent state, any other continues
          from its `state_slot` (which holds the state after position start_pos - 1);
       3. return logits [n_rows, vocab] for the chunks with want_logits, in batch order: the
-         logits of each such chunk's last position; with `all_logits=True` (the engine's
+         logits of each such chunk's last `num_logits` positions (1 row; k + 1 rows for a
+         speculative verify chunk, one target forward for all of them); with `all_logits=True` (the engine's
          `prompt_logits`), every position of every chunk instead.
     An executor with `feeds_tokens = True` also takes `run(batch, fed=ids)` for a batch with
     `fed_rows` (step.py): `ids` is the previous step's sampled token tensor, still on the

@@ -32,6 +32,7 @@ class ChunkView:
     start_pos: int  # absolute position of its first token
     block_table: tuple[int, ...]
     slot: int | None
+    spill: tuple[int, ...] = ()  # a verify chunk: the state after position t goes to spill[t]
 
 
 @dataclass
@@ -302,7 +303,11 @@ def causal_conv1d(ctx: StepContext, a: dict, x: torch.Tensor, w: torch.Tensor) -
         rows = slice(c.begin, c.begin + c.length)
         xc = torch.cat([conv[c.slot], x[rows].T], dim=-1)  # [C, K-1+L]
         y = F.conv1d(xc[None], w, groups=xc.shape[0])[0]  # [C, L]
-        conv[c.slot] = xc[:, -(kk - 1) :]
+        if c.spill:  # the tail after position t: inputs t+1 .. t+K-1 of xc
+            for t, slot in enumerate(c.spill):
+                conv[slot] = xc[:, t + 1 : t + kk]
+        else:
+            conv[c.slot] = xc[:, -(kk - 1) :]
         out[rows] = F.silu(y).T
     return out
 
@@ -340,7 +345,10 @@ def gated_delta_rule(ctx: StepContext, a: dict, q, k, v, g, beta) -> torch.Tenso
             delta = (vc[t] - mem) * bc[t, :, None]
             s = s + kc[t, :, :, None] * delta[:, None, :]
             o[t] = (s * qc[t, :, :, None]).sum(dim=1)
-        ssm[c.slot] = s
+            if c.spill:  # a verify chunk keeps the state after every position
+                ssm[c.spill[t]] = s
+        if not c.spill:
+            ssm[c.slot] = s
         out[rows] = o.flatten(-2).to(v.dtype)
     return out
 

@@ -141,7 +141,7 @@ class Preemption:
             return "replay"
         saved = SavedContext(seq.computed, n, nbytes)
         self._live.add(saved)
-        slot = seq.lane if self.is_hybrid else None
+        slot = seq.slot if self.is_hybrid else None
         ops.append(SnapshotOut(seq, saved, tuple(seq.pages[:n]), slot))
         seq.saved = saved
         return "snapshot"
@@ -153,7 +153,7 @@ class Preemption:
         assert saved is not None and seq.lane is not None
         assert len(seq.pages) == saved.num_pages
         seq.saved = None
-        slot = seq.lane if self.is_hybrid else None
+        slot = seq.slot if self.is_hybrid else None
         ops.append(SnapshotIn(seq, saved, tuple(seq.pages), slot))
         return saved.computed
 

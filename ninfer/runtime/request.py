@@ -245,7 +245,9 @@ class Timings:
     `control`: snapshot saves and restores). first_output: observations frozen right before
     its first output tokens were published (None without output). prefill_gpu_s: device time
     of the steps it had a prefill-class chunk in (None without one, or off CUDA). transfers:
-    its snapshot copies per "resource.direction": {"bytes", "operations"}.
+    its snapshot copies per "resource.direction": {"bytes", "operations"}. speculative: the
+    request's speculative counters (runtime/sequence.py `SpecCounts.as_dict`), None without
+    --spec.
     """
 
     queue_s: float | None
@@ -259,6 +261,7 @@ class Timings:
     first_output: dict[str, Any] | None = None
     prefill_gpu_s: float | None = None
     transfers: dict[str, dict[str, int]] = field(default_factory=dict)
+    speculative: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

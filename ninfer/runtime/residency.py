@@ -17,16 +17,19 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.pages import PagePool
-from ninfer.runtime.preemption import DeviceOp, Preemption
+from ninfer.runtime.preemption import DeviceOp, Preemption, SnapshotIn, SnapshotOut
 from ninfer.runtime.prefix_cache import PrefixCache, PrefixMatch
 from ninfer.runtime.request import AdmittedEvent, PromptProgressEvent, SchedulingEvent
 from ninfer.runtime.retention import Retention
 from ninfer.runtime.sequence import SeqStatus, Sequence
 from ninfer.runtime.step import StateCopy
+
+if TYPE_CHECKING:
+    from ninfer.runtime.scheduler import StepPlan
 
 
 @dataclass
@@ -54,6 +57,21 @@ class SchedulerCounters:
     state_captures: int = 0
     state_restores: int = 0
     last_selection: dict[str, object] | None = None  # a gauge: the latest selection
+    # speculative decoding (speculation.py): verify rounds, draft tokens proposed and accepted,
+    # decode rows of a speculating engine that ran without drafts
+    spec_rounds: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_fallback_steps: int = 0
+
+    def spec_totals(self) -> dict[str, int]:
+        """The speculative counters under their EngineStats names."""
+        return {
+            "spec_decode_rounds_total": self.spec_rounds,
+            "spec_decode_draft_tokens_total": self.spec_draft_tokens,
+            "spec_decode_accepted_tokens_total": self.spec_accepted_tokens,
+            "spec_decode_fallback_steps_total": self.spec_fallback_steps,
+        }
 
 
 class SeqUpdate(NamedTuple):
@@ -95,10 +113,13 @@ class Residency:
         self.page_size = page_size
         self.is_hybrid = is_hybrid
         self.num_state_slots = num_state_slots if is_hybrid else 0
+        # the top lanes * k slots: each lane's extra round slots while speculating
+        self.spec_slots = config.compile.spec_state_slots if is_hybrid else 0
+        assert not is_hybrid or num_state_slots >= lanes + self.spec_slots, "no round slots"
         self.pool = PagePool(num_pages)
         self.cache: PrefixCache | None = None
         if config.prefix_reuse:
-            slots = range(lanes, num_state_slots) if is_hybrid else range(0)
+            slots = range(lanes, num_state_slots - self.spec_slots) if is_hybrid else range(0)
             self.cache = PrefixCache(
                 self.pool, page_size, needs_checkpoint=is_hybrid, checkpoint_slots=slots
             )
@@ -140,6 +161,7 @@ class Residency:
         """Give `seq` a lane and its starting pages (`_fits` said yes); sets `computed`.
         Returns True when a host snapshot was restored, False for a prefix match (or none)."""
         seq.lane = self._free_lanes.pop()
+        seq.slot = seq.lane if self.is_hybrid else None
         restored = seq.saved is not None
         if seq.saved is not None:  # copy the snapshot back into fresh pages: no recompute
             seq.nodes, seq.pages = [], self._take_pages(seq.saved.num_pages)
@@ -152,7 +174,7 @@ class Residency:
             seq.pages = [n.page for n in match.nodes]
             seq.computed = len(match.nodes) * self.page_size
             if match.state_slot is not None:  # after pending captures
-                self._ops.append(StateCopy(match.state_slot, seq.lane))
+                self._ops.append(StateCopy(match.state_slot, seq.lane))  # = seq.slot
         seq.capture_at = self.retention.split_points(seq)
         seq.status = SeqStatus.RUNNING
         bisect.insort(self.running, seq, key=lambda s: s.seq_id)
@@ -196,6 +218,29 @@ class Residency:
         if need > self.pool.num_pages or not self._evict_for(need):
             return None
         return self.pool.allocate(need)
+
+    def fail_step(self, plan: StepPlan, now: float, error: BaseException) -> None:
+        """The executor raised on `plan` (its transfers or its batch): fail the requests whose
+        KV, state or snapshot it was to write, and forget checkpoints its state copies were to
+        fill (they hold garbage)."""
+        copies = [op for op in plan.transfers if isinstance(op, StateCopy)]
+        dst_slots = {c.dst_slot for c in (*copies, *plan.batch.state_copies)}
+        if self.cache is not None:
+            for slot in dst_slots:
+                self.cache.invalidate_slot(slot)
+        hit = {s.seq_id: s for s in plan.chunk_seqs}
+        for op in plan.transfers:
+            if isinstance(op, (SnapshotIn, SnapshotOut)):
+                hit[op.seq.seq_id] = op.seq
+                self.preemption.abandon(op)
+        hit.update({s.seq_id: s for s in self.running if s.slot in dst_slots})
+        for seq in list(self.running):
+            if seq.rolling_slot in dst_slots:
+                hit[seq.seq_id] = seq
+        for seq in hit.values():
+            if seq.status is not SeqStatus.FINISHED:
+                self.retention.drop_rolling(seq)  # its captured state may be garbage
+                self._finish(seq, "error", now, error)
 
     # -- pressure ---------------------------------------------------------------------------
 
@@ -300,8 +345,16 @@ class Residency:
         seq.nodes = []
         assert seq.lane is not None
         self._free_lanes.append(seq.lane)
-        seq.lane = None
+        seq.lane = seq.slot = None
         self.running.remove(seq)
+
+    def round_slots(self, seq: Sequence) -> tuple[int, ...]:
+        """The k + 1 state slots of `seq`'s lane a hybrid verify chunk writes (the state after
+        its position t into slot t): the lane's own and its k round slots."""
+        assert seq.lane is not None and self.spec_slots
+        k = self.spec_slots // self.config.max_concurrency
+        base = self.num_state_slots - self.spec_slots + seq.lane * k
+        return (seq.lane, *range(base, base + k))
 
     def _pages_for(self, tokens: int) -> int:
         return -(-tokens // self.page_size)

@@ -79,17 +79,17 @@ class Retention:
         node = seq.nodes[pos // ps - 1]
         if node.state_slot is not None:  # this prefix is checkpointed already
             return
-        assert seq.lane is not None
+        assert seq.slot is not None
         if any(p // ps * ps == pos for p in seq.request.checkpoint_positions):
             slot = self.cache.acquire_slot()
             if slot is not None:
-                copies.append(StateCopy(seq.lane, slot))
+                copies.append(StateCopy(seq.slot, slot))
                 self.cache.attach_checkpoint(node, slot, marked=True)
             return
         if seq.rolling_slot is None:  # best effort: never displaces a marked checkpoint
             seq.rolling_slot = self.cache.acquire_slot(evict_marked=False)
         if seq.rolling_slot is not None:
-            copies.append(StateCopy(seq.lane, seq.rolling_slot))
+            copies.append(StateCopy(seq.slot, seq.rolling_slot))
             seq.rolling_pos = pos
 
     def publish_rolling(self, seq: Sequence, session_key: str | None) -> None:

@@ -81,7 +81,7 @@ class Sampler:
         assert logits.dim() == 2 and logits.shape[0] == len(rows), (logits.shape, len(rows))
         x = logits.float()  # [rows, vocab]; a copy when the dtype differs
         if any(r.params.presence_penalty or r.params.frequency_penalty for r in rows):
-            x = self._penalize(x.clone(), rows)
+            x = self.penalize(x.clone(), rows)
         out = x.argmax(dim=-1)
         idx = [i for i, r in enumerate(rows) if not r.params.greedy]
         kept: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
@@ -89,7 +89,7 @@ class Sampler:
             sorted_x, keep, order, probs = self._filter(x[idx], [rows[i].params for i in idx])
             kept = (sorted_x, keep, order)
             for j, i in enumerate(idx):
-                gen = self._generator(rows[i], logits.device)
+                gen = self.generator(rows[i], logits.device)
                 out[i : i + 1] = torch.multinomial(probs[j], 1, generator=gen)
         asks = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
         if not asks:
@@ -155,7 +155,9 @@ class Sampler:
         return sorted_x, keep, order, torch.zeros_like(sorted_p).scatter_(-1, order, sorted_p)
 
     @staticmethod
-    def _penalize(x: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
+    def penalize(x: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
+        """Subtract each row's presence/frequency penalties from `x` [len(rows), vocab] fp32
+        in place (counts from the row's `output_ids`); returns `x`."""
         vocab = x.shape[1]
         for i, r in enumerate(rows):
             p = r.params
@@ -166,7 +168,10 @@ class Sampler:
             x[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(x.dtype)
         return x
 
-    def _generator(self, row: SampleRow, device: torch.device) -> torch.Generator:
+    def generator(self, row: SampleRow, device: torch.device) -> torch.Generator:
+        """The request's own generator (created, seeded, on first use). Speculative decoding
+        draws its drafts, acceptance tests and residual samples from it too, so a seed fixes
+        the whole output."""
         gen = self._generators.get(row.seq_id)
         if gen is None:
             gen = torch.Generator(device=device)

@@ -40,7 +40,7 @@ from typing import NamedTuple
 
 from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.executor_api import Executor
-from ninfer.runtime.preemption import DeviceOp, SnapshotIn, SnapshotOut
+from ninfer.runtime.preemption import DeviceOp
 from ninfer.runtime.request import (
     AdmittedEvent,
     EngineOverloaded,
@@ -51,6 +51,7 @@ from ninfer.runtime.request import (
 )
 from ninfer.runtime.residency import Residency, SeqUpdate
 from ninfer.runtime.sequence import SeqStatus, Sequence, count_unit
+from ninfer.runtime.speculation import SpeculativeRounds
 from ninfer.runtime.step import FED, SeqChunk, StateCopy, StepBatch
 from ninfer.runtime.thinking import ThinkingBudget
 
@@ -69,9 +70,10 @@ class StepPlan(NamedTuple):
         return tuple(s for s, c in zip(self.chunk_seqs, self.batch.chunks) if c.want_logits)
 
 
-class Scheduler(Residency):
+class Scheduler(Residency, SpeculativeRounds):
     """Owns every sequence; lanes, pages, prefix cache and pauses come from `Residency`
-    (residency.py, where the constructor's memory arguments are described)."""
+    (residency.py, where the constructor's memory arguments are described), verify rounds
+    from `SpeculativeRounds` (speculation.py)."""
 
     def __init__(
         self,
@@ -156,6 +158,7 @@ class Scheduler(Residency):
             num_prompt=n,
             capture_at=[],
             thinking=ThinkingBudget.of(request),
+            spec=self.spec_counts(),
         )
         self._seqs[seq_id] = seq
         self.waiting.append(seq)
@@ -271,7 +274,14 @@ class Scheduler(Residency):
         if not rows or not all(self._reserve_free(seq, pos + 1) for seq, _, pos in rows):
             return None
         ahead = tuple(
-            SeqChunk(seq.seq_id, (FED,), pos, tuple(seq.pages), self._slot(seq), mrope=seq.mrope)
+            SeqChunk(
+                seq_id=seq.seq_id,
+                token_ids=(FED,),
+                start_pos=pos,
+                block_table=tuple(seq.pages),
+                state_slot=seq.slot,
+                mrope=seq.mrope,
+            )
             for seq, _, pos in rows
         )
         batch = StepBatch(ahead, step_index=self._step, fed_rows=tuple(r for _, r, _ in rows))
@@ -285,15 +295,21 @@ class Scheduler(Residency):
         """Run `plan.transfers` through `executor` (call right before `executor.run`)."""
         self.preemption.run(plan.transfers, executor)
 
-    def commit(self, plan: StepPlan, sampled: list[int] | tuple[int, ...], now: float) -> None:
-        """Apply a finished step: `sampled[i]` is the token chosen for logits row i."""
+    def commit(self, plan: StepPlan, sampled: list | tuple, now: float) -> None:
+        """Apply a finished step: `sampled[i]` is the token chosen for the i-th chunk with
+        logits, for a verify chunk the tuple of tokens verification gave (speculation.py)."""
         row = 0
         for seq, chunk in zip(plan.chunk_seqs, plan.batch.chunks):
-            token = int(sampled[row]) if chunk.want_logits else None
+            chosen = sampled[row] if chunk.want_logits else None
             row += chunk.want_logits
             if seq.status is not SeqStatus.RUNNING:
                 continue  # finished while the step ran (ahead of its last commit, or aborted)
             assert seq.computed == chunk.start_pos
+            if chunk.num_logits > 1:
+                self._commit_round(seq, chunk, tuple(chosen), now)  # type: ignore[arg-type]
+                continue
+            token = None if chosen is None else int(chosen)  # type: ignore[arg-type]
+            self._count_fallback(seq, chunk)
             count_unit(seq, chunk.start_pos, len(chunk.token_ids))
             replaying, frontier = seq.replaying, seq.high_water
             if self._advance(seq, len(chunk.token_ids)):
@@ -309,30 +325,7 @@ class Scheduler(Residency):
                 self._recovery(seq, replaying, fresh, now)
                 if token is not None and seq.known == seq.computed:  # prompt_only: processed
                     self._finish(seq, "length", now)
-        assert row == len(sampled), "one sampled token per logits row"
-
-    def fail_step(self, plan: StepPlan, now: float, error: BaseException) -> None:
-        """The executor raised on `plan` (its transfers or its batch): fail the requests whose
-        KV, state or snapshot it was to write, and forget checkpoints its state copies were to
-        fill (they hold garbage)."""
-        copies = [op for op in plan.transfers if isinstance(op, StateCopy)]
-        dst_slots = {c.dst_slot for c in (*copies, *plan.batch.state_copies)}
-        if self.cache is not None:
-            for slot in dst_slots:
-                self.cache.invalidate_slot(slot)
-        hit = {s.seq_id: s for s in plan.chunk_seqs}
-        for op in plan.transfers:
-            if isinstance(op, (SnapshotIn, SnapshotOut)):
-                hit[op.seq.seq_id] = op.seq
-                self.preemption.abandon(op)
-        hit.update({s.seq_id: s for s in self.running if s.lane in dst_slots})
-        for seq in list(self.running):
-            if seq.rolling_slot in dst_slots:
-                hit[seq.seq_id] = seq
-        for seq in hit.values():
-            if seq.status is not SeqStatus.FINISHED:
-                self.retention.drop_rolling(seq)  # its captured state may be garbage
-                self._finish(seq, "error", now, error)
+        assert row == len(sampled), "one sampled token per logits chunk"
 
     # -- admission --------------------------------------------------------------------------
 
@@ -396,14 +389,16 @@ class Scheduler(Residency):
 
     def _chunk(self, seq: Sequence, n: int) -> SeqChunk:
         start, end = seq.computed, seq.computed + n
-        ids, want = tuple(seq.tokens[start:end]), end == seq.known
-        media = seq.media_in(start, end)
         return SeqChunk(
-            seq.seq_id, ids, start, tuple(seq.pages), self._slot(seq), want, media, seq.mrope
+            seq_id=seq.seq_id,
+            token_ids=tuple(seq.tokens[start:end]),
+            start_pos=start,
+            block_table=tuple(seq.pages),
+            state_slot=seq.slot,
+            want_logits=end == seq.known,
+            media=seq.media_in(start, end),
+            mrope=seq.mrope,
         )
-
-    def _slot(self, seq: Sequence) -> int | None:
-        return seq.lane if self.is_hybrid else None
 
     # -- commit -----------------------------------------------------------------------------
 

@@ -39,6 +39,35 @@ class SeqStatus(enum.Enum):
     FINISHED = "finished"
 
 
+@dataclass
+class SpecCounts:
+    """A request's speculative-decoding counters (the request log's `speculative` object).
+
+    rounds: verify chunks committed; drafted: draft tokens verified; accepted: of those, the
+    ones verification accepted; fallback_steps: decode steps it ran without drafts (window 0,
+    no draft, no pages); accepted_per_position[i]: rounds whose draft i (0-based) was accepted.
+    """
+
+    backend: str
+    draft_window: int
+    rounds: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    fallback_steps: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "draft_window": self.draft_window,
+            "rounds": self.rounds,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "fallback_steps": self.fallback_steps,
+            "accepted_per_position": list(self.accepted_per_position),
+        }
+
+
 @dataclass(eq=False)
 class Sequence:
     """Mutable per-request state, owned by the scheduler (one thread)."""
@@ -55,12 +84,16 @@ class Sequence:
     computed: int = 0
     high_water: int = 0
     lane: int | None = None
+    # its recurrent state's slot (hybrid models): the lane's own, or after a verify round one of
+    # the lane's k + 1 round slots (Residency.round_slots); set while resident
+    slot: int | None = None
     pages: list[int] = field(default_factory=list)
     nodes: list[CacheNode] = field(default_factory=list)  # cache node of each full page, in order
     rolling_slot: int | None = None  # private checkpoint of the latest page boundary (hybrid)
     rolling_pos: int = 0
     bypassed: int = 0  # times a later request was admitted ahead of this one while it waited
     thinking: ThinkingBudget | None = None  # thinking-budget state (Request.thinking_budget)
+    spec: SpecCounts | None = None  # speculative counters (an engine with --spec)
     saved: SavedContext | None = None  # paused with a host snapshot (preemption.py)
     mrope: MRope | None = None  # 3-axis positions of a prompt with media (Request.media)
     # usage and timing
@@ -187,6 +220,7 @@ def finish_event(seq: Sequence, exposure: dict[str, Any] | None = None) -> Finis
         first_output=seq.first_output,
         prefill_gpu_s=seq.prefill_gpu_s,
         transfers={k: dict(v) for k, v in seq.transfers.items()},
+        speculative=seq.spec.as_dict() if seq.spec is not None else None,
     )
     reason = seq.finish_reason or "error"
     return FinishEvent(reason, usage, timings, tuple(seq.output_ids), seq.error)  # type: ignore[arg-type]

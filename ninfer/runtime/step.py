@@ -28,7 +28,8 @@ from ninfer.runtime.vision.mrope import MRope
 
 @dataclass(frozen=True)
 class SeqChunk:
-    """Work for one sequence in one step: a prefill chunk or one decode token."""
+    """Work for one sequence in one step: a prefill chunk, one decode token, or a verify
+    chunk (the decode token followed by draft tokens, logits at every one of them)."""
 
     seq_id: int  # engine-wide id of the sequence (stable for its lifetime)
     token_ids: tuple[int, ...]  # tokens to compute this step, len >= 1
@@ -42,6 +43,12 @@ class SeqChunk:
     media: tuple[MediaSpan, ...] = ()
     # the sequence's 3-axis rotary positions (a prompt with media); None: position = index
     mrope: MRope | None = None
+    # with want_logits: logits of the last `num_logits` positions, in order (a speculative
+    # verify chunk: the fed token and k drafts, k + 1 rows); 1 for every other chunk
+    num_logits: int = 1
+    # a hybrid verify chunk: `state_slot` is only read, and the recurrent state after the
+    # chunk's position t is written to spill_slots[t] (len == len(token_ids)); empty otherwise
+    spill_slots: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

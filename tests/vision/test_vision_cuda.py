@@ -62,12 +62,14 @@ def _teacher_forced(ex, prompt: MediaPrompt, forced: list[int], chunk: int) -> l
     while pos < len(ids):
         end = min(pos + chunk, len(ids))
         media = tuple(s for s in prompt.spans if _overlaps(s, pos, end))
-        c = SeqChunk(0, tuple(ids[pos:end]), pos, PAGES, slot, end == len(ids), media, mrope)
+        c = SeqChunk(
+            0, tuple(ids[pos:end]), pos, PAGES, slot, end == len(ids), media=media, mrope=mrope
+        )
         logits = ex.run(StepBatch((c,)))
         pos = end
     out.append(logits.float().cpu())
     for t in forced:
-        c = SeqChunk(0, (t,), pos, PAGES, slot, True, (), mrope)
+        c = SeqChunk(0, (t,), pos, PAGES, slot, mrope=mrope)
         out.append(ex.run(StepBatch((c,))).float().cpu())
         pos += 1
     return out

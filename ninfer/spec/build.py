@@ -1,0 +1,64 @@
+"""The speculator `build_engine` attaches for `EngineOptions.spec`.
+
+    --spec draft --draft-model ARTIFACT
+        the draft artifact (a .gguf / HF directory converted once, as `ninfer serve` does)
+            ──compile_artifact(options.compile)──▶ its plan ──make_executor──▶
+        its executor (its own KV pages) ──▶ DraftModelDrafter ──▶ Speculator
+
+Refused at startup, each with a one-line ConfigError: a draft model whose tokenizer differs
+from the target's (the drafts would be other tokens), a hybrid (Gated DeltaNet) target on CUDA
+(its kernels keep no per-position state for the round slots yet) and a hybrid draft model (its
+own state would need the same rollback).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ninfer.errors import ConfigError
+from ninfer.runtime.config import EngineOptions
+from ninfer.spec.draft_model import DraftModelDrafter
+from ninfer.spec.speculator import Speculator
+
+
+def _vocab(tokenizer_json: str) -> Any:
+    """What decides token ids: the model's vocabulary, merges and added tokens."""
+    data = json.loads(tokenizer_json) if tokenizer_json else {}
+    model = data.get("model", {})
+    added = sorted((t.get("id"), t.get("content")) for t in data.get("added_tokens", []))
+    return model.get("vocab"), model.get("merges"), added
+
+
+def build_speculator(artifact: Any, options: EngineOptions, executor: Any) -> Speculator | None:
+    """The speculator of `options.spec` for `artifact` served by `executor` (None: off)."""
+    if options.spec is None:
+        return None
+    from ninfer.artifact.cache import servable_path
+    from ninfer.artifact.format import Artifact
+    from ninfer.ir.models import check_tensors
+    from ninfer.passes.pipeline import compile_artifact
+    from ninfer.runtime.executors import make_executor
+
+    if executor.is_hybrid and options.compile.device != "cpu":
+        raise ConfigError(
+            f"--spec {options.spec}: {getattr(artifact, 'architecture', 'this')} is a hybrid"
+            " (Gated DeltaNet) model, whose verify rounds run on --device cpu only so far (the"
+            " CUDA kernels keep no per-position state); serve it without --spec"
+        )
+    assert options.spec == "draft" and options.draft_model is not None
+    # a .ninfer as it is; a .gguf or Hugging Face directory converted once into the cache
+    draft = Artifact(servable_path(options.draft_model, check_model=check_tensors))
+    if _vocab(draft.tokenizer_json) != _vocab(getattr(artifact, "tokenizer_json", "")):
+        raise ConfigError(
+            f"--draft-model {options.draft_model}: its tokenizer differs from the served"
+            " model's; a draft model must share the target's tokenizer"
+        )
+    plan = compile_artifact(draft, options.compile)
+    draft_executor = make_executor(plan, draft, options.device)
+    if draft_executor.is_hybrid:
+        raise ConfigError(
+            f"--draft-model {options.draft_model}: {draft.architecture} is a hybrid (Gated"
+            " DeltaNet) model; use an attention-only draft model"
+        )
+    return Speculator(DraftModelDrafter(draft_executor, max_chunk=options.prefill_chunk))

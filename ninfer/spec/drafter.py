@@ -1,0 +1,55 @@
+"""The drafter interface: what the engine's speculator needs from any proposal method.
+
+A drafter sees only plain data (the tokens a request has committed) and returns plain tokens;
+it keeps whatever state it needs (its own KV pages, a catch-up frontier) keyed by sequence id
+and re-synchronises from the tokens it is given, so pauses, replays, thinking suffixes and
+truncated rounds need no extra hook. `forget` is called when a request finishes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
+
+import torch
+
+from ninfer.runtime.request import SamplingParams
+from ninfer.runtime.sampler import Sampler
+
+
+class DraftRow(NamedTuple):
+    """One request to draft for: its committed tokens (prompt + output; the last one is the
+    token the target computes next), how many drafts at most, and its sampling."""
+
+    seq_id: int
+    tokens: Sequence[int]
+    num_prompt: int
+    k: int
+    params: SamplingParams
+
+
+class Draft(NamedTuple):
+    """Up to `row.k` proposed tokens. `probs` [len(tokens), vocab] fp32: the distribution q
+    each token was drawn from (after the request's temperature / top-k / top-p / min-p /
+    penalties, as the plain sampler computes them), None for a greedy request (q is one-hot)."""
+
+    tokens: tuple[int, ...]
+    probs: torch.Tensor | None = None
+
+
+NO_DRAFT = Draft(())
+
+
+class Drafter(Protocol):
+    """Proposes tokens for rows. `name` is the backend name the counters report."""
+
+    name: str
+
+    def propose(self, rows: Sequence[DraftRow], sampler: Sampler) -> list[Draft]:
+        """One `Draft` per row, in order (possibly empty: the row then decodes plainly).
+        Sampled rows draw from the request's own generator (`sampler.generator`)."""
+        ...
+
+    def forget(self, seq_id: int) -> None:
+        """The request finished: drop its state and give back what it holds."""
+        ...
