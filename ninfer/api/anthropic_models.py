@@ -15,10 +15,12 @@ decoded /v1/messages (or, with `count_only=True`, /v1/messages/count_tokens) bod
   switch); `preserve_thinking` and `chat_template_kwargs` are ninfer extensions.
 - `context_management` (server-side context editing) is refused, except the no-op edit
   `clear_thinking_20251015` with `keep: "all"` that Claude Code sends.
-- tools: user-defined, non-strict, with an object `input_schema` (-> OpenAI-style function
-  tools; `input_examples` kept as a member of the function). Server tools, toolsets, MCP,
-  deferred tools, tools not callable directly, strict tools, forced/named tool choice and
-  `disable_parallel_tool_use` with callable tools are refused naming the capability.
+- tools: user-defined, with an object `input_schema` (-> OpenAI-style function tools;
+  `input_examples` kept as a member of the function). `strict` tools, `tool_choice` any / tool
+  and Structured Outputs (`output_config.format`, or the beta `output_format`) are enforced by
+  constrained decoding (ninfer.api.output_constraints); `disable_parallel_tool_use` with
+  callable tools needs one of those. Server tools, toolsets, MCP, deferred tools and tools not
+  callable directly are refused naming the capability.
 - cache_control: at most four block-level breakpoints; a request-level `cache_control`
   targets the last cacheable block (merge at the same TTL, conflict at another, needs a free
   slot otherwise). Each breakpoint becomes a `CachePoint` at the end of its block (a tool's
@@ -45,6 +47,7 @@ from ninfer.api.fields import (
     require_object,
 )
 from ninfer.api.generation import CachePoint, GenerationRequest, SamplingOptions
+from ninfer.api.output_constraints import anthropic_format, combine, conflict, tool_constraint
 from ninfer.api.stops import validate_stops
 from ninfer.api.template_options import (
     TemplateOptions,
@@ -54,15 +57,14 @@ from ninfer.api.template_options import (
 from ninfer.api.tool_fields import (
     check_tool_name,
     function_template_dict,
+    read_strict,
     reject_defer_loading,
-    reject_strict,
 )
+from ninfer.constrain import ConstraintSpec, ToolSpec
 
 MIN_THINKING_BUDGET = 1024
 MAX_BREAKPOINTS = 4
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
-STRUCTURED = "Structured Outputs (no constrained decoding)"
-FORCED = "a forced tool call (no constrained decoding)"
 
 ThinkingMode = Literal["disabled", "adaptive", "enabled"]
 
@@ -76,7 +78,9 @@ class MessagesRequest:
     model: str
     messages: tuple[dict[str, Any], ...]
     tools: tuple[dict[str, Any], ...] = ()
-    tool_choice: Literal["auto", "none"] = "auto"
+    tool_choice: Literal["auto", "none", "required"] = "auto"
+    forced_tool: str | None = None  # tool_choice {"type": "tool", "name"}
+    constraint: ConstraintSpec | None = None
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
     max_tokens: int = 8192
     max_tokens_given: bool = True  # False: the server default (logged as not requested)
@@ -93,7 +97,10 @@ class MessagesRequest:
         return GenerationRequest(
             messages=[dict(m) for m in self.messages],
             tools=[dict(t) for t in self.tools] or None,
-            parse_tools=bool(self.tools) and self.tool_choice == "auto",
+            parse_tools=bool(self.tools) and self.tool_choice != "none",
+            callable_tools=[t for t in self.tools if t["function"]["name"] == self.forced_tool]
+            if self.forced_tool
+            else None,
             template_options=self.template_options,
             sampling=self.sampling,
             max_tokens=self.max_tokens if self.max_tokens_given else None,
@@ -103,6 +110,7 @@ class MessagesRequest:
             cache_points=self.cache_points,
             protocol="anthropic",
             stream=self.stream,
+            constraint=self.constraint,
         )
 
 
@@ -117,8 +125,8 @@ def parse_messages_request(
     """Validate a decoded Messages (or count_tokens) body. Raises ApiError (400)."""
     model = get_str(body, "model", required=True, nonempty=True)
     _reject_unsupported(body)
-    tools, tool_marks = _parse_tools(body)
-    tool_choice = _parse_tool_choice(body, bool(tools))
+    tools, tool_marks, strict = _parse_tools(body)
+    tool_choice, forced, parallel = _parse_tool_choice(body, tools)
     conv = lower_conversation(
         body.get("system"), body.get("messages"), vision=vision, first_serial=len(tools)
     )
@@ -138,11 +146,34 @@ def parse_messages_request(
         effort_enables_thinking=False,
     )
     cache_points = _cache_points(body, conv, tool_marks)
+    specs = [
+        ToolSpec(name, t["function"]["parameters"], name in strict, f"tools[{i}].input_schema")
+        for i, t in enumerate(tools)
+        if (name := t["function"]["name"]) == forced or forced is None
+    ]
+    fmt = anthropic_format(body)
+    tool_spec = tool_constraint(
+        tool_choice, specs, parallel=parallel, single=forced is not None, answer=fmt
+    )
+    if not parallel and tools and tool_choice == "auto" and tool_spec is None:
+        raise errors.unsupported_value(
+            "tool_choice.disable_parallel_tool_use",
+            True,
+            "a limit of one tool call per response without tool_choice any / tool or strict tools",
+        )
+    where = fmt.path.removesuffix(".schema") if fmt is not None else "output_config.format"
+    constraint = combine((where, fmt), tool_spec)
+    if constraint is not None and conv.prefill:
+        raise conflict(
+            "messages", "an assistant prefill cannot be combined with a constrained output"
+        )
     return MessagesRequest(
         model=model,  # type: ignore[arg-type]
         messages=tuple(conv.messages),
         tools=tuple(tools),
         tool_choice=tool_choice,
+        forced_tool=forced,
+        constraint=constraint,
         sampling=SamplingOptions() if count_only else _parse_sampling(body),
         max_tokens=max_tokens,
         max_tokens_given=body.get("max_tokens") is not None,
@@ -168,11 +199,6 @@ def _reject_unsupported(body: dict[str, Any]) -> None:
     if body.get("container") is not None:
         raise errors.unsupported_parameter("container", "code-execution containers")
     _check_context_management(get_object(body, "context_management"))
-    if body.get("output_format") is not None:
-        raise errors.unsupported_parameter("output_format", STRUCTURED)
-    cfg = get_object(body, "output_config")
-    if cfg is not None and cfg.get("format") is not None:
-        raise errors.unsupported_parameter("output_config.format", STRUCTURED)
     # Advisory: accepted when well-typed, no effect on execution.
     get_object(body, "metadata")
     for key in ("service_tier", "inference_geo", "speed"):
@@ -184,9 +210,12 @@ def _reject_unsupported(body: dict[str, Any]) -> None:
 # -----------------------------------------------------------------------------------------------
 
 
-def _parse_tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[tuple[int, str, str]]]:
-    """OpenAI-style function tools and their cache markers [(serial, ttl, param)]; a tool's
-    serial is its index (tools come first in the cacheable order)."""
+def _parse_tools(
+    body: dict[str, Any],
+) -> tuple[list[dict[str, Any]], list[tuple[int, str, str]], set[str]]:
+    """OpenAI-style function tools, their cache markers [(serial, ttl, param)] (a tool's serial
+    is its index: tools come first in the cacheable order) and the names of strict tools."""
+    strict: set[str] = set()
     tools: list[dict[str, Any]] = []
     marks: list[tuple[int, str, str]] = []
     seen: set[str] = set()
@@ -201,7 +230,7 @@ def _parse_tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[tuple
             if kind.startswith("mcp"):
                 what = "MCP toolsets"
             raise errors.unsupported_value(f"{param}.type", kind, what)
-        reject_strict(tool, param)
+        is_strict = read_strict(tool, param)
         reject_defer_loading(tool, param)
         callers = get_array(tool, "allowed_callers", f"{param}.allowed_callers")
         if callers is not None and "direct" not in callers:
@@ -213,6 +242,8 @@ def _parse_tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[tuple
         if name in seen:
             raise errors.invalid_value(f"{param}.name", f"tool {name!r} is declared twice")
         seen.add(name)  # type: ignore[arg-type]
+        if is_strict:
+            strict.add(name)  # type: ignore[arg-type]
         schema = get_object(tool, "input_schema", f"{param}.input_schema", required=True)
         if schema.get("type") != "object":  # type: ignore[union-attr]
             raise errors.invalid_value(f"{param}.input_schema.type", "must be 'object'")
@@ -228,24 +259,32 @@ def _parse_tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[tuple
         if ttl is not None:
             marks.append((i, ttl, param))
         tools.append(declared)
-    return tools, marks
+    return tools, marks, strict
 
 
-def _parse_tool_choice(body: dict[str, Any], has_tools: bool) -> Literal["auto", "none"]:
+def _parse_tool_choice(
+    body: dict[str, Any], tools: list[dict[str, Any]]
+) -> tuple[Literal["auto", "none", "required"], str | None, bool]:
+    """(mode, the named tool or None, parallel calls allowed): `any` is "required" over every
+    tool, `tool` over the one it names."""
     choice = get_object(body, "tool_choice")
     if choice is None:
-        return "auto"
+        return "auto", None, True
     kind = get_str(choice, "type", "tool_choice.type", required=True)
-    if kind in ("any", "tool"):
-        raise errors.unsupported_value("tool_choice.type", kind, FORCED)
-    if kind not in ("auto", "none"):
-        raise errors.invalid_value("tool_choice.type", f"must be 'auto' or 'none', got {kind!r}")
-    single = get_bool(choice, "disable_parallel_tool_use", "tool_choice.disable_parallel_tool_use")
-    if single and kind == "auto" and has_tools:
-        raise errors.unsupported_value(
-            "tool_choice.disable_parallel_tool_use", True, "a limit of one tool call per response"
+    if kind not in ("auto", "none", "any", "tool"):
+        raise errors.invalid_value(
+            "tool_choice.type", f"must be 'auto', 'none', 'any' or 'tool', got {kind!r}"
         )
-    return kind  # type: ignore[return-value]
+    single = get_bool(choice, "disable_parallel_tool_use", "tool_choice.disable_parallel_tool_use")
+    if kind in ("any", "tool") and not tools:
+        raise errors.invalid_value("tool_choice.type", f"{kind!r} needs at least one tool")
+    name = None
+    if kind == "tool":
+        name = get_str(choice, "name", "tool_choice.name", required=True, nonempty=True)
+        if name not in {t["function"]["name"] for t in tools}:
+            raise errors.invalid_value("tool_choice.name", f"tool {name!r} is not declared")
+    mode = "required" if kind in ("any", "tool") else kind
+    return mode, name, not single  # type: ignore[return-value]
 
 
 # -----------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from ninfer.api.template_options import TemplateOptions
 from ninfer.api.toolcalls import ToolCall, ToolCallStart
 from ninfer.api.toolcalls import ToolCallArgumentsDelta as ToolCallArgs
 from ninfer.api.toolcalls import ToolCallEnd as ToolCallDone
+from ninfer.constrain import ConstraintSpec
 
 __all__ = [
     "Admitted", "CachePoint", "ContentText", "FinishReason", "Finished", "GenerationEvent",
@@ -111,6 +112,8 @@ class GenerationRequest:
       parent's resolved value, so the history renders differently (request_start log flag).
     logprobs: None, or the number of alternatives per answer token whose log probabilities
       the content events and Finished carry (logprob_entries.py).
+    constraint: what the output must follow (ninfer.constrain spec: JSON schema, grammar,
+      forced or strict tool calls), enforced by constrained decoding after any thinking.
     """
 
     messages: list[dict[str, Any]]
@@ -131,6 +134,7 @@ class GenerationRequest:
     ignore_eos: bool = False
     semantic_change: bool = False
     logprobs: int | None = None
+    constraint: ConstraintSpec | None = None
 
 
 @dataclass(frozen=True)

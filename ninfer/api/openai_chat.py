@@ -75,6 +75,7 @@ def to_generation_request(chat: ChatRequest, state: ServerState) -> GenerationRe
         stream=chat.stream,
         ignore_eos=chat.ignore_eos,
         logprobs=chat.logprobs,
+        constraint=chat.constraint,
     )
 
 

@@ -13,14 +13,18 @@ Completions"). It needs no engine, tokenizer or template: it decides only what t
 - messages keep their input order and text parts their bytes; tool schemas and historical
   tool-call arguments keep their JSON member order.
 
-Rejections: a field whose requested behaviour ninfer cannot provide (constrained output,
-audio, strict tools, forced tool choice, ...) fails with 400 `unsupported_parameter`
+Output constraints (`response_format` JSON, llama.cpp's `json_schema` / `grammar`, vLLM's
+`structured_outputs` / `guided_*`, a required or named `tool_choice`, strict tools) become one
+`constraint` (ninfer.api.output_constraints), enforced by constrained decoding. Rejections: a
+field whose requested behaviour ninfer cannot provide (audio, ...) fails with 400
+`unsupported_parameter`
 or `unsupported_value` naming the field; semantically neutral values of those fields pass;
 unknown top-level fields are ignored.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -48,15 +52,23 @@ from ninfer.api.openai_chat_messages import (
     ToolCall,
     parse_message,
 )
+from ninfer.api.output_constraints import (
+    combine,
+    json_format,
+    llama_fields,
+    one_of,
+    tool_constraint,
+    vllm_fields,
+)
 from ninfer.api.stops import validate_stops
 from ninfer.api.tool_fields import (
-    FORCED_CALL,
     check_parameters_schema,
     check_tool_name,
     function_template_dict,
+    read_strict,
     read_tool_choice,
-    reject_strict,
 )
+from ninfer.constrain import ConstraintSpec, ToolSpec
 
 __all__ = [
     "ChatMessage", "ChatRequest", "ChatSampling", "ContentPart", "FunctionTool", "MediaPart",
@@ -66,22 +78,17 @@ __all__ = [
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 TOP_K_MAX = 20
 MAX_CACHE_WRITES = 4  # prompt-cache write candidates per request
-# Known constrained-decoding aliases from other servers (llama.cpp's grammar and json_schema,
-# vLLM's structured_outputs and guided_*): rejected explicitly, never ignored.
-CONSTRAINED_ALIASES = (
-    "grammar", "json_schema", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
-    "guided_grammar",
-)  # fmt: skip
-CONSTRAINED = "constrained (grammar/JSON-schema) decoding"
 
 
 @dataclass(frozen=True)
 class FunctionTool:
-    """A non-strict function tool; `parameters` keeps the client's member order."""
+    """A function tool; `parameters` keeps the client's member order; `strict`: its calls'
+    arguments must be valid against `parameters`."""
 
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    strict: bool = False
 
     def template_dict(self) -> dict[str, Any]:
         return function_template_dict(self.name, self.description, self.parameters)
@@ -90,13 +97,15 @@ class FunctionTool:
 @dataclass(frozen=True)
 class ChatRequest:
     """A validated Chat Completions request (see the module docstring for what is resolved
-    later). `allowed_tools` is None unless tool_choice was allowed_tools (mode auto)."""
+    later). `allowed_tools` is None unless tool_choice was allowed_tools or a named function
+    (then tool_choice is "required"). `constraint`: what the output must follow, if anything."""
 
     model: str
     messages: tuple[ChatMessage, ...]
     tools: tuple[FunctionTool, ...] = ()
-    tool_choice: Literal["auto", "none"] = "auto"
+    tool_choice: Literal["auto", "none", "required"] = "auto"
     allowed_tools: tuple[str, ...] | None = None
+    constraint: ConstraintSpec | None = None
     sampling: ChatSampling = field(default_factory=ChatSampling)
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
@@ -168,7 +177,7 @@ def parse_chat_request(body: dict[str, Any], *, model_id: str, vision: bool) -> 
     messages = tuple(parse_message(m, f"messages[{i}]", vision) for i, m in enumerate(raw_messages))
     messages = _match_tool_results(messages)
     tools = _parse_tools(body)
-    tool_choice, allowed = _parse_tool_choice(body, tools)
+    tool_choice, allowed, single = _parse_tool_choice(body, tools)
     req = ChatRequest(
         model=model,
         messages=messages,
@@ -192,13 +201,29 @@ def parse_chat_request(body: dict[str, Any], *, model_id: str, vision: bool) -> 
         logprobs=chat_logprobs(body),
         n=chat_choices(body),
     )
-    if get_bool(body, "parallel_tool_calls") is False and req.callable_tools:
+    parallel = get_bool(body, "parallel_tool_calls") is not False
+    index = {t.name: i for i, t in enumerate(tools)}
+    specs = [
+        ToolSpec(
+            t.name, t.parameters or {}, t.strict, f"tools[{index[t.name]}].function.parameters"
+        )
+        for t in req.callable_tools
+    ]
+    fmt = json_format(get_object(body, "response_format"), "response_format", nested=True)
+    llama, vllm = llama_fields(body), vllm_fields(body)
+    answer = one_of([("response_format", fmt), *((s.path, s) for s in (llama, vllm) if s)])
+    param = "response_format" if fmt is not None or answer is None else answer.path
+    tool_spec = tool_constraint(
+        req.tool_choice, specs, parallel=parallel, single=single, answer=answer
+    )
+    if not parallel and req.callable_tools and tool_spec is None:
         raise errors.unsupported_value(
             "parallel_tool_calls",
             False,
-            "a limit of one tool call per response (disable tools or omit it)",
+            "a limit of one tool call per response without tool_choice 'required' or strict"
+            " tools (disable tools or omit it)",
         )
-    return req
+    return dataclasses.replace(req, constraint=combine((param, answer), tool_spec))
 
 
 # -----------------------------------------------------------------------------------------------
@@ -280,16 +305,6 @@ def _match_tool_results(messages: tuple[ChatMessage, ...]) -> tuple[ChatMessage,
 
 def _reject_unsupported(body: dict[str, Any]) -> None:
     """Fields whose requested behaviour cannot be provided; their neutral values pass."""
-    for alias in CONSTRAINED_ALIASES:
-        if body.get(alias) is not None:
-            raise errors.unsupported_parameter(alias, CONSTRAINED)
-    fmt = get_object(body, "response_format")
-    if fmt is not None:
-        kind = get_str(fmt, "type", "response_format.type", required=True)
-        if kind in ("json_object", "json_schema"):
-            raise errors.unsupported_value("response_format.type", kind, f"JSON-{CONSTRAINED}")
-        if kind != "text":
-            raise errors.invalid_value("response_format.type", f"must be 'text', got {kind!r}")
     bias = get_object(body, "logit_bias")
     for token, value in (bias or {}).items():
         if not (token.isascii() and token.isdigit()):
@@ -363,7 +378,7 @@ def _parse_tools(body: dict[str, Any]) -> tuple[FunctionTool, ...]:
             )
         fn = get_object(tool, "function", f"{param}.function", required=True)
         fparam = f"{param}.function"
-        reject_strict(fn, fparam)  # type: ignore[arg-type]
+        strict = read_strict(fn, fparam)  # type: ignore[arg-type]
         name = get_str(fn, "name", f"{fparam}.name", required=True, nonempty=True)
         check_tool_name(name, f"{fparam}.name")  # type: ignore[arg-type]
         if name in seen:
@@ -376,6 +391,7 @@ def _parse_tools(body: dict[str, Any]) -> tuple[FunctionTool, ...]:
                 name,  # type: ignore[arg-type]
                 get_str(fn, "description", f"{fparam}.description"),
                 parameters,
+                strict,
             )
         )
     return tuple(tools)
@@ -383,21 +399,33 @@ def _parse_tools(body: dict[str, Any]) -> tuple[FunctionTool, ...]:
 
 def _parse_tool_choice(
     body: dict[str, Any], tools: tuple[FunctionTool, ...]
-) -> tuple[Literal["auto", "none"], tuple[str, ...] | None]:
+) -> tuple[Literal["auto", "none", "required"], tuple[str, ...] | None, bool]:
+    """(mode, allowed tool names or None, whether exactly one call is forced). A named function
+    is mode "required" over that one tool; allowed_tools keeps its mode."""
     kind, obj = read_tool_choice(body)
+    declared = {t.name for t in tools}
     if obj is None:
-        return kind, None  # type: ignore[return-value]
+        if kind == "required" and not tools:
+            raise errors.invalid_value("tool_choice", "'required' needs at least one tool")
+        return kind, None, False  # type: ignore[return-value]
+    if kind == "function":
+        fn = get_object(obj, "function", "tool_choice.function", required=True)
+        name = get_str(fn, "name", "tool_choice.function.name", required=True)
+        if name not in declared:
+            raise errors.invalid_value(
+                "tool_choice.function.name", f"tool {name!r} is not declared in 'tools'"
+            )
+        return "required", (name,), True  # type: ignore[return-value]
     if kind != "allowed_tools":
-        raise errors.invalid_value("tool_choice.type", f"must be 'allowed_tools', got {kind!r}")
+        raise errors.invalid_value(
+            "tool_choice.type", f"must be 'function' or 'allowed_tools', got {kind!r}"
+        )
     spec = get_object(obj, "allowed_tools", "tool_choice.allowed_tools", required=True)
     mode = get_str(spec, "mode", "tool_choice.allowed_tools.mode", required=True)
-    if mode == "required":
-        raise errors.unsupported_value("tool_choice.allowed_tools.mode", mode, FORCED_CALL)
-    if mode != "auto":
+    if mode not in ("auto", "required"):
         raise errors.invalid_value(
-            "tool_choice.allowed_tools.mode", f"must be 'auto', got {mode!r}"
+            "tool_choice.allowed_tools.mode", f"must be 'auto' or 'required', got {mode!r}"
         )
-    declared = {t.name for t in tools}
     names: list[str] = []
     for i, raw in enumerate(
         get_array(spec, "tools", "tool_choice.allowed_tools.tools", required=True)
@@ -423,7 +451,9 @@ def _parse_tool_choice(
                 f"{param}", f"allowed tool {name!r} is not declared in 'tools'"
             )
         names.append(name)  # type: ignore[arg-type]
-    return "auto", tuple(names)
+    if mode == "required" and not names:
+        raise errors.invalid_value("tool_choice.allowed_tools.tools", "'required' needs a tool")
+    return mode, tuple(names), False  # type: ignore[return-value]
 
 
 # -----------------------------------------------------------------------------------------------

@@ -141,6 +141,7 @@ def prepare(
         stream=req.stream,
         semantic_change=semantic_change,
         logprobs=req.logprobs,
+        constraint=req.constraint,
     )
     return Prepared(rid, req, parent, generation, options, session)
 
@@ -202,7 +203,7 @@ def response_object(
         "temperature": p.sampling["temperature"],
         "presence_penalty": p.sampling["presence_penalty"],
         "frequency_penalty": p.sampling["frequency_penalty"],
-        "text": {"format": {"type": "text"}},
+        "text": {"format": req.text_format_wire or {"type": "text"}},
         "tool_choice": req.tool_choice_wire,
         "tools": list(req.tools.wire),
         "top_logprobs": req.logprobs or 0,

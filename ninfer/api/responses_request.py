@@ -18,6 +18,7 @@ fields" and "Responses input token count".
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -33,10 +34,12 @@ from ninfer.api.fields import (
     get_str,
 )
 from ninfer.api.logprobs_fields import INCLUDE_LOGPROBS, responses_logprobs
-from ninfer.api.openai_chat_models import CONSTRAINED, REASONING_EFFORTS
+from ninfer.api.openai_chat_models import REASONING_EFFORTS
+from ninfer.api.output_constraints import combine, json_format, tool_constraint
 from ninfer.api.reasoning_seal import ReasoningSeal
 from ninfer.api.responses_items import parse_input
 from ninfer.api.responses_tools import FunctionDef, ToolSet, parse_tool_choice, parse_tools
+from ninfer.constrain import ConstraintSpec
 from ninfer.runtime.request import MAX_TOP_LOGPROBS
 
 # Fields of the create body that ninfer reads (everything else is unknown_parameter or one of
@@ -105,7 +108,7 @@ class ResponsesRequest:
     chat_template_kwargs: dict[str, Any] | None = None
     preserve_thinking: bool | None = None
     tools: ToolSet = field(default_factory=ToolSet)
-    tool_choice: Literal["auto", "none"] = "auto"
+    tool_choice: Literal["auto", "none", "required"] = "auto"
     tool_choice_wire: Any = "auto"
     allowed: tuple[FunctionDef, ...] | None = None
     parallel_tool_calls: bool = True
@@ -117,6 +120,8 @@ class ResponsesRequest:
     user: str | None = None
     include_reasoning: bool = False
     logprobs: int | None = None  # None, or alternatives per output_text token
+    constraint: ConstraintSpec | None = None
+    text_format_wire: Any = None  # text.format as sent (echoed), None: {"type": "text"}
 
     @property
     def callable_functions(self) -> tuple[FunctionDef, ...]:
@@ -167,7 +172,7 @@ def _parse(
         parse_input(raw_input, "input", vision=vision, seal=seal) if raw_input is not None else []
     )
     tools = parse_tools(body)
-    tool_choice, allowed = parse_tool_choice(body, tools)
+    tool_choice, allowed, single = parse_tool_choice(body, tools)
     reasoning = get_object(body, "reasoning")
     effort = summary = None
     if reasoning is not None:
@@ -214,26 +219,30 @@ def _parse(
         include_reasoning=INCLUDE_REASONING in (get_array(body, "include") or []),
         logprobs=None if count else responses_logprobs(body, get_array(body, "include") or []),
     )
-    if not req.parallel_tool_calls and req.callable_functions:
+    specs = [f.tool_spec() for f in req.callable_functions]
+    text = get_object(body, "text")
+    fmt = json_format(
+        get_object(text, "format", "text.format") if text else None, "text.format", nested=False
+    )
+    tool_spec = tool_constraint(
+        req.tool_choice, specs, parallel=req.parallel_tool_calls, single=single, answer=fmt
+    )
+    if not req.parallel_tool_calls and req.callable_functions and tool_spec is None:
         raise errors.unsupported_value(
             "parallel_tool_calls",
             False,
-            "a limit of one tool call per response (disable tools or omit it)",
+            "a limit of one tool call per response without tool_choice 'required' or strict"
+            " tools (disable tools or omit it)",
         )
-    return req
+    constraint = combine(("text.format", fmt), tool_spec)
+    wire_format = None if fmt is None else text["format"]  # type: ignore[index]
+    return dataclasses.replace(req, constraint=constraint, text_format_wire=wire_format)
 
 
 def _reject_unsupported(body: dict[str, Any]) -> None:
     """Supported fields whose non-neutral values ninfer cannot honour."""
     text = get_object(body, "text")
     if text is not None:
-        fmt = get_object(text, "format", "text.format")
-        if fmt is not None:
-            kind = get_str(fmt, "type", "text.format.type", required=True)
-            if kind in ("json_object", "json_schema"):
-                raise errors.unsupported_value("text.format.type", kind, f"JSON-{CONSTRAINED}")
-            if kind != "text":
-                raise errors.invalid_value("text.format.type", f"must be 'text', got {kind!r}")
         verbosity = get_enum(text, "verbosity", ("low", "medium", "high"), "text.verbosity")
         if verbosity in ("low", "high"):
             raise errors.unsupported_value("text.verbosity", verbosity, "output verbosity control")

@@ -21,6 +21,7 @@ from ninfer.api.service import ModelService, SamplerDefaults
 from ninfer.api.state import ServerState
 from ninfer.api.template import artifact_template
 from ninfer.artifact import Artifact
+from ninfer.constrain import TokenizerInfo
 from ninfer.runtime.build import build_engine
 from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.engine import Engine
@@ -71,6 +72,7 @@ def start_engine(state: ServerState, artifact: Artifact, resolver: Any = None) -
         ),
         default_thinking_budget=config.default_thinking_budget,
         media=media,
+        tokenizer_info=lambda: TokenizerInfo.from_artifact(artifact),
     )
     t1 = time.monotonic()
     _warm_up(engine, tokenizer, config.engine.max_concurrency, config.engine.max_context)

@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import functools
 import secrets
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from ninfer.api.media_path import MediaPath, release
 from ninfer.api.media_prompt import split_media
 from ninfer.api.observe import NO_TRACK, Observer, RequestTrack
 from ninfer.api.offload import gc_paused
+from ninfer.api.output_constraints import constraint_error
 from ninfer.api.postprocess import PostProcessor
 from ninfer.api.prompt_cache import prompt_checkpoints
 from ninfer.api.prompt_encoding import PromptEncoder
@@ -48,6 +50,13 @@ from ninfer.api.reasoning import (
 from ninfer.api.sampling import FIELDS, SamplerPolicy
 from ninfer.api.template import ChatTemplate, RenderedPrompt
 from ninfer.artifact.generation import effective_defaults
+from ninfer.constrain import (
+    Constraint,
+    ConstraintError,
+    ConstraintSpec,
+    TokenizerInfo,
+    compile_constraint,
+)
 from ninfer.media.preparer import PreparedItem, request_log_fields
 from ninfer.runtime.media_span import MediaSpan
 from ninfer.runtime.request import (
@@ -106,6 +115,8 @@ class ModelService:
     `engine`: ninfer.runtime.engine.Engine. `tokenizer`: the artifact's `tokenizers.Tokenizer`.
     `template`: the ChatTemplate in use. `eos_ids`: ids that end a turn (withheld from text).
     `media`: the --vision media path (None: media parts were refused by the protocol parsers).
+    `tokenizer_info`: builds the grammar engine's view of the vocabulary (called once, at the
+    first constrained request; None: constrained requests are refused).
     """
 
     def __init__(
@@ -121,9 +132,13 @@ class ModelService:
         default_thinking_budget: int | None = None,
         observer: Observer | None = None,
         media: MediaPath | None = None,
+        tokenizer_info: Callable[[], TokenizerInfo] | None = None,
     ) -> None:
         self.engine = engine
         self.media = media
+        self._tokenizer_info = tokenizer_info
+        self._info: TokenizerInfo | None = None
+        self._info_lock = threading.Lock()
         self.observer = observer  # request lifecycle records (metrics, request log, stderr)
         self.tokenizer = tokenizer
         self.template = template
@@ -258,6 +273,23 @@ class ModelService:
         large conversation allocates enough to trigger full collections, each a long GIL hold."""
         with gc_paused():
             return self.prepare(req, media)
+
+    def compile_constraint(self, spec: ConstraintSpec, thinking: bool) -> Constraint:
+        """`spec` compiled for this model's vocabulary, gated until `</think>` when the output
+        starts in thinking. Raises ApiError 400 invalid_schema naming the offending path. Blocks
+        (the first call builds the token trie): run it off the event loop."""
+        with self._info_lock:
+            if self._info is None:
+                if self._tokenizer_info is None:
+                    raise errors.unsupported_parameter(
+                        "response_format", "constrained decoding (no tokenizer information)"
+                    )
+                self._info = self._tokenizer_info()
+        try:
+            constraint = compile_constraint(spec, self._info)
+            return constraint.after_thinking() if thinking else constraint
+        except ConstraintError as e:
+            raise constraint_error(e) from None
 
     def sampling_params(
         self, req: GenerationRequest, max_tokens: int, thinking: bool = False
@@ -404,6 +436,11 @@ class ModelService:
         prompt_only = req.max_tokens == 0
         max_tokens, length_cause = self.engine.output_limit(prompt_len, req.max_tokens)
         thinking = {} if prompt_only else self.thinking_fields(req, prepared, max_tokens)
+        constraint = None
+        if req.constraint is not None and not prompt_only:
+            constraint = await asyncio.to_thread(
+                self.compile_constraint, req.constraint, prepared.starts_in_thinking
+            )
         try:
             sampling = self.sampling_params(req, max_tokens, prepared.starts_in_thinking)
             if on_sampling is not None:
@@ -417,6 +454,7 @@ class ModelService:
                 prepared_from_s=t_prepare,
                 prompt_only=prompt_only,  # max_tokens 0: prompt processing, no output token
                 media=prepared.media,
+                constraint=constraint,
                 **thinking,
             )
             handle = self.engine.submit(request)

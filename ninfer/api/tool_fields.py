@@ -2,8 +2,9 @@
 
 Chat Completions (`tools[i].function`), Responses (`tools[i]`, namespace members) and Anthropic
 Messages (`tools[i]`) each declare client functions in their own wire shape; all of them lower
-a function to the one OpenAI-style definition the chat template renders, and refuse the same
-flags that need constrained decoding or tool search.
+a function to the one OpenAI-style definition the chat template renders, read `strict` the same
+way (enforced by constrained decoding, ninfer.api.output_constraints) and refuse the flags
+that need tool search.
 """
 
 from __future__ import annotations
@@ -54,12 +55,10 @@ def check_parameters_schema(schema: Mapping[str, Any] | None, param: str) -> Non
         )
 
 
-def reject_strict(fn: Mapping[str, Any], param: str) -> None:
-    """`strict: true` (schema adherence) needs constrained decoding: 400 unsupported_value."""
-    if get_bool(fn, "strict", f"{param}.strict"):
-        raise errors.unsupported_value(
-            f"{param}.strict", True, "strict schema adherence (no constrained decoding)"
-        )
+def read_strict(fn: Mapping[str, Any], param: str) -> bool:
+    """`strict` (a boolean, default false): the tool's call arguments must be valid against its
+    schema, which constrained decoding enforces."""
+    return bool(get_bool(fn, "strict", f"{param}.strict"))
 
 
 def reject_defer_loading(fn: Mapping[str, Any], param: str) -> None:
@@ -70,29 +69,25 @@ def reject_defer_loading(fn: Mapping[str, Any], param: str) -> None:
         )
 
 
-FORCED_CALL = "a forced tool call (no constrained decoding)"
-
-
 def read_tool_choice(body: Mapping[str, Any]) -> tuple[str, Mapping[str, Any] | None]:
-    """The part of `tool_choice` every OpenAI protocol reads the same way: ("auto", None) or
-    ("none", None) for those choices (absent means auto), else (type, object) for an object
-    choice whose type is not a forced call. "required" and forced named function/custom calls
-    are refused (no constrained decoding); other strings are invalid."""
+    """The part of `tool_choice` every OpenAI protocol reads the same way: ("auto", None),
+    ("none", None) or ("required", None) for those strings (absent means auto), else (type,
+    object) for an object choice (a named "function", "allowed_tools", ...: the protocol reads
+    it). A forced custom (free-form) tool is refused; other strings are invalid."""
     choice = body.get("tool_choice")
     if choice is None or choice == "auto":
         return "auto", None
-    if choice == "none":
-        return "none", None
-    if choice == "required":
-        raise errors.unsupported_value("tool_choice", choice, FORCED_CALL)
+    if choice in ("none", "required"):
+        return choice, None
     if isinstance(choice, str):
         raise errors.invalid_value(
-            "tool_choice", f"must be 'auto', 'none' or an allowed_tools object, got {choice!r}"
+            "tool_choice",
+            f"must be 'auto', 'none', 'required' or a tool choice object, got {choice!r}",
         )
     obj = require_object(choice, "tool_choice")
     kind = get_str(obj, "type", "tool_choice.type", required=True)
-    if kind in ("function", "custom"):
+    if kind == "custom":
         raise errors.unsupported_value(
-            "tool_choice", obj, "a forced named tool call (no constrained decoding)"
+            "tool_choice", obj, "a forced custom tool call (declare client functions)"
         )
-    return kind, obj
+    return kind, obj  # type: ignore[return-value]

@@ -7,6 +7,9 @@ token mask the sampler applies (docs/constrained-decoding.md).
     m = constraint.matcher(thinking=False)                  # once per sequence
     masks.fill([m, None, ...]); apply_bitmask(logits, masks.bitmask, rows)   # every step
     m.advance(token)                                        # every committed token
+
+The engine does the per-step part through `ninfer.constrain.state.ConstraintState` (one matcher
+per sequence, the step's mask, feeding committed tokens back).
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ sampler touches goes through this package, so the engine is named in no other mo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import llguidance
 from llguidance.gbnf_to_lark import any_to_lark
@@ -30,15 +32,30 @@ from ninfer.constrain.tools import forced_calls_lark, strict_tools_lark
 
 @dataclass(frozen=True)
 class Constraint:
-    """A compiled constraint: immutable, shareable by the `n` choices of one request."""
+    """A compiled constraint: immutable, shareable by the `n` choices of one request.
+    `thinking`: the output starts inside a thinking block, and the constraint applies from the
+    token after `</think>` (`after_thinking()` sets it; the engine's matchers follow it)."""
 
     spec: ConstraintSpec
     grammar: str = field(repr=False)
     info: TokenizerInfo = field(repr=False)
+    thinking: bool = False
 
-    def matcher(self, *, thinking: bool = False) -> Matcher:
-        """Fresh per-sequence state. `thinking`: the output starts inside a thinking block, and
-        the constraint applies from the token after `</think>` (the tokenizer must have it)."""
+    def after_thinking(self) -> Constraint:
+        """This constraint, gated until `</think>`. Raises ConstraintError when the tokenizer has
+        no single `</think>` token (the gate could not tell where thinking ends)."""
+        if self.info.think_end_id is None:
+            raise ConstraintError(
+                _spec_path(self.spec),
+                "cannot constrain the answer after thinking: the tokenizer has no </think> token",
+            )
+        return replace(self, thinking=True)
+
+    def matcher(self, *, thinking: bool | None = None) -> Matcher:
+        """Fresh per-sequence state. `thinking` (default: the constraint's own): the output
+        starts inside a thinking block, and the constraint applies from the token after
+        `</think>` (the tokenizer must have it)."""
+        thinking = self.thinking if thinking is None else thinking
         if thinking and self.info.think_end_id is None:
             raise ValueError("thinking gate requested, but the tokenizer has no </think> token")
         engine = llguidance.LLMatcher(self.info.ll_tokenizer, self.grammar, log_level=0)
@@ -68,12 +85,32 @@ def compile_constraint(spec: ConstraintSpec, info: TokenizerInfo) -> Constraint:
         for tool in spec.tools:  # each schema's own errors first, with their paths
             if tool.strict:
                 json_schema_grammar(tool.parameters, info, strict=True, path=tool.path)
-        build = forced_calls_lark if isinstance(spec, ForcedToolCall) else strict_tools_lark
-        lark = build(spec.tools, info, spec.parallel)
+        if isinstance(spec, ForcedToolCall):
+            lark = forced_calls_lark(spec.tools, info, spec.parallel)
+        else:
+            answer = None
+            if spec.answer is not None:  # its own errors first, with its path
+                answer = _answer_schema(spec.answer)
+                json_schema_grammar(
+                    answer, info, strict=_strict(spec.answer), path=spec.answer.path
+                )
+            lark = strict_tools_lark(spec.tools, info, spec.parallel, answer, _strict(spec.answer))
         grammar = _checked(llguidance.LLMatcher.grammar_from_lark(lark), info, "tools")
     else:
         raise TypeError(f"not a constraint spec: {spec!r}")
     return Constraint(spec, grammar, info)
+
+
+def _answer_schema(answer: JsonObject | JsonSchema) -> Mapping[str, Any] | bool:
+    return {"type": "object"} if isinstance(answer, JsonObject) else answer.schema
+
+
+def _strict(answer: JsonObject | JsonSchema | None) -> bool:
+    return not isinstance(answer, JsonSchema) or answer.strict
+
+
+def _spec_path(spec: ConstraintSpec) -> str:
+    return "tools" if isinstance(spec, (ForcedToolCall, StrictTools)) else spec.path
 
 
 def _checked(grammar: str, info: TokenizerInfo, path: str) -> str:

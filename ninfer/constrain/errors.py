@@ -23,3 +23,9 @@ def join_path(base: str, parts: object) -> str:
     for p in parts:  # type: ignore[attr-defined]
         out += f"[{p}]" if isinstance(p, int) else f".{p}"
     return out
+
+
+class ConstraintFailed(NinferError):
+    """A constrained generation could not go on: the constraint allows no next token (its
+    grammar cannot continue with this vocabulary), or a committed token was refused. The
+    request finishes with 'error' carrying this; nothing the constraint forbids is emitted."""

@@ -75,10 +75,13 @@ class ForcedToolCall:
 class StrictTools:
     """Free text, optionally followed by Qwen XML tool calls (`tool_choice` auto with
     `strict: true` tools): a call to a strict tool has arguments valid against its schema; a call
-    to a non-strict tool names one of its declared parameters with free text values."""
+    to a non-strict tool names one of its declared parameters with free text values.
+    `answer` (a JSON response format sent with the tools): the output is either that JSON
+    answer or calls, never free text."""
 
     tools: tuple[ToolSpec, ...]
     parallel: bool = True
+    answer: JsonObject | JsonSchema | None = None
 
 
 ConstraintSpec = JsonObject | JsonSchema | Grammar | Regex | ForcedToolCall | StrictTools

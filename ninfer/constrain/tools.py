@@ -56,9 +56,26 @@ def forced_calls_lark(tools: tuple[ToolSpec, ...], info: TokenizerInfo, parallel
     return "\n".join(lines + _call_rules(tools, info)) + "\n"
 
 
-def strict_tools_lark(tools: tuple[ToolSpec, ...], info: TokenizerInfo, parallel: bool) -> str:
-    """Free text without `<tool_call>`, optionally followed by valid calls (and nothing after)."""
+def strict_tools_lark(
+    tools: tuple[ToolSpec, ...],
+    info: TokenizerInfo,
+    parallel: bool,
+    answer: Mapping[str, Any] | bool | None = None,
+    answer_strict: bool = True,
+) -> str:
+    """Free text without `<tool_call>`, optionally followed by valid calls (and nothing after).
+    With an `answer` schema: that JSON value, or calls (after at most one blank line)."""
     more = ' ("\\n" call)*' if parallel else ""
+    if answer is not None:
+        schema = {"anyOf": [answer]} if isinstance(answer, bool) else dict(answer)
+        options = {**JSON_OPTIONS, "lenient": not answer_strict}
+        lines = [
+            "%llguidance {}",
+            f"start: answer | LEAD? call{more}",
+            "LEAD: /\\n\\n?/",
+            f"answer: %json {json.dumps({**schema, 'x-guidance': options})}",
+        ]
+        return "\n".join(lines + _call_rules(tools, info)) + "\n"
     calls = "call" + more
     no_call = f"/(.|\\n)*/ & ~/(.|\\n)*{re.escape(TOOL_OPEN)}(.|\\n)*/"
     if TOOL_OPEN in info.added_tokens:

@@ -23,6 +23,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self
 
+from ninfer.constrain.errors import ConstraintFailed
+from ninfer.constrain.state import ConstraintState
 from ninfer.errors import ConfigError, NinferError
 from ninfer.runtime.config import EngineOptions, OutputLimit
 from ninfer.runtime.engine_stats import EngineStats
@@ -32,7 +34,6 @@ from ninfer.runtime.host_work import DEVICE_WAIT, HostWork
 from ninfer.runtime.logprob_ledger import LogprobLedger
 from ninfer.runtime.media_span import MediaSpan
 from ninfer.runtime.request import (
-    FIRST_OUTPUT_PARTS,
     AdmittedEvent,
     EngineError,
     EngineOverloaded,
@@ -44,7 +45,13 @@ from ninfer.runtime.request import (
 )
 from ninfer.runtime.sampler import SampledTokens, Sampler, SampleRow
 from ninfer.runtime.scheduler import Scheduler, StepPlan
-from ninfer.runtime.sequence import Sequence, finish_event, tokens_event, unit_counts
+from ninfer.runtime.sequence import (
+    SeqStatus,
+    count_prefill_gpu,
+    finish_event,
+    first_output,
+    tokens_event,
+)
 from ninfer.runtime.step import SeqChunk, StepBatch
 from ninfer.runtime.vision.mrope import MRope
 from ninfer.runtime.vision.placeholders import check_media
@@ -55,6 +62,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ninfer.engine")
 
+RUNNING = SeqStatus.RUNNING
 _IDLE_WAIT_S = 0.05  # longest sleep while requests wait for admission (pending timeouts)
 
 
@@ -63,8 +71,10 @@ class _Launched:
     """A step queued on the device and not committed yet."""
 
     plan: StepPlan
-    tokens: SampledTokens | Accepted  # Accepted: a speculative step's (speculator.py)
+    tokens: SampledTokens | Accepted | None  # Accepted: a speculative step's (speculator.py);
+    # None: constrained rows wait for the previous commit
     work_class: str  # host_work.py's class of the time spent on it
+    logits: Any = None  # the logits they will sample from then
 
 
 class Engine:
@@ -129,6 +139,7 @@ class Engine:
         self._overlap = config.overlap and feeds and speculator is None
         self._spec = speculator  # drafts and verifies decode rows (ninfer/spec/speculator.py)
         self._inflight: _Launched | None = None  # launched ahead, not committed (worker only)
+        self._constraints = ConstraintState(config.max_concurrency)  # worker only
         self._work = HostWork()
         self._logprobs = LogprobLedger()  # sampled tokens' entries until published (worker)
         self._ready = True
@@ -305,9 +316,11 @@ class Engine:
                 self._publish_stats(idle=True)
                 return False
             current = self._launch(plan)
-            if current is None:
-                self._publish()
-                return True
+        elif current.tokens is None:  # launched ahead with constrained rows: sample them now
+            current = self._sample(current.plan, current.logits, current.work_class)
+        if current is None:
+            self._publish()
+            return True
         if self._overlap:
             ahead = self._sched.schedule_ahead(current.plan, self._clock())
             self._work.lap("program_submit")
@@ -333,7 +346,7 @@ class Engine:
                 continue
             slot = 0 if self._executor.is_hybrid else None
             try:
-                chunk = SeqChunk(-1, ids, 0, tuple(pages), slot, True, media, MRope.of(media))
+                chunk = SeqChunk(-1, ids, 0, tuple(pages), slot, media=media, mrope=MRope.of(media))
                 future.set_result(self._executor.run(StepBatch((chunk,)), all_logits=True))
             except Exception as e:
                 log.exception("prompt_logits failed")
@@ -358,14 +371,38 @@ class Engine:
         try:
             self._publish_stats()  # gauges show the batch while the device runs it
             self._sched.run_transfers(plan, self._executor)  # pause snapshots and restores
-            if self._spec is not None:  # the plan widened by drafts: commit that one
+            if self._spec is not None and not any(  # constrained rows: a plain step, masked
+                s.request.constraint is not None for s in plan.logit_seqs
+            ):  # the plan widened by drafts: commit that one
                 plan, tokens = self._spec.launch(self._sched, plan, self._executor, self._sampler)
+                self._work.lap("program_submit")
+                return _Launched(plan, tokens, work_class)
+            if fed is None:
+                logits = self._executor.run(plan.batch)  # [rows, vocab]
             else:
-                logits = self._executor.run(plan.batch, **({} if fed is None else {"fed": fed.ids}))
-                rows = [
-                    SampleRow(s.seq_id, s.request.sampling, s.output_ids) for s in plan.logit_seqs
-                ]
-                tokens = self._sampler.sample_async(logits, rows)
+                logits = self._executor.run(plan.batch, fed=fed.ids)
+                if any(s.request.constraint is not None for s in plan.logit_seqs):
+                    # its masks need the tokens `fed` holds: sampled once those are committed
+                    return _Launched(plan, None, work_class, logits)
+        except Exception as e:
+            log.exception("step %d failed", plan.batch.step_index)
+            self._fail(plan, e)
+            return None
+        return self._sample(plan, logits, work_class)
+
+    def _sample(self, plan: StepPlan, logits: Any, work_class: str) -> _Launched | None:
+        """Queue the sampling of `plan`'s logits rows, constrained rows masked (the mask is
+        filled on the host while the device computes the logits); a request whose constraint
+        allows no next token fails here."""
+        seqs = plan.logit_seqs
+        try:
+            live = [(s.seq_id, s.request.constraint if s.status is RUNNING else None) for s in seqs]
+            mask = self._constraints.step_mask(live)
+            for row, why in (mask.dead if mask is not None else {}).items():
+                failure = ConstraintFailed(f"{why}, after {seqs[row].num_output} output tokens")
+                self._sched.abort(seqs[row].seq_id, "error", self._clock(), failure)
+            rows = [SampleRow(s.seq_id, s.request.sampling, s.output_ids) for s in seqs]
+            tokens = self._sampler.sample_async(logits, rows, mask and mask.apply)
         except Exception as e:
             log.exception("step %d failed", plan.batch.step_index)
             self._fail(plan, e)
@@ -387,23 +424,19 @@ class Engine:
             return
         self._work.lap(DEVICE_WAIT)
         if step.work_class == "prefill":
-            self._count_prefill_gpu(step.plan)
-        self._sched.commit(step.plan, sampled, self._clock())
+            measure = getattr(self._executor, "step_gpu_seconds", None)  # CUDA executors
+            gpu = measure(step.plan.batch.step_index) if measure is not None else None
+            count_prefill_gpu(step.plan.chunk_seqs, step.plan.batch.chunks, gpu)
+        now = self._clock()
+        self._sched.commit(step.plan, sampled, now)
         if step.tokens.logprobs is not None:  # after the commit: only published tokens take one
             seqs = [s.seq_id if s.seq_id in self._handles else -1 for s in step.plan.logit_seqs]
             self._logprobs.record(seqs, step.tokens.logprob_entries())
+        live = [(s.seq_id, s.output_ids) for s in step.plan.logit_seqs if s.status is RUNNING]
+        for seq_id, verdict in self._constraints.advance_all(live):  # constraint complete or broken
+            error = None if verdict.error is None else ConstraintFailed(verdict.error)
+            self._sched.abort(seq_id, "stop" if error is None else "error", now, error)
         self._work.lap("program_post")
-
-    def _count_prefill_gpu(self, plan: StepPlan) -> None:
-        """Add the finished prefill-class step's device time (executors that measure it) to
-        each request with a prefill-class chunk in it."""
-        measure = getattr(self._executor, "step_gpu_seconds", None)
-        gpu = measure(plan.batch.step_index) if measure is not None else None
-        if gpu is None:
-            return
-        for seq, chunk in zip(plan.chunk_seqs, plan.batch.chunks):
-            if len(chunk.token_ids) > 1 or seq.num_output == 0:
-                seq.prefill_gpu_s = (seq.prefill_gpu_s or 0.0) + gpu
 
     def _fail(self, plan: StepPlan, e: Exception) -> None:
         self._step_failures += 1
@@ -422,12 +455,15 @@ class Engine:
                 handle._push(notice)
             if tokens:
                 if seq.first_output is None:
-                    seq.first_output = self._first_output(seq)
+                    mark = self._exposure.get(seq.seq_id)
+                    exposure = None if mark is None else self._work.exposure_since(mark)
+                    seq.first_output = first_output(seq, self._clock(), exposure)
                 lp = seq.request.sampling.logprobs is not None
                 handle._push(tokens_event(seq, tokens, self._logprobs if lp else None))
             if finished:
                 del self._handles[seq.seq_id]
                 self._sampler.forget(seq.seq_id)
+                self._constraints.forget(seq.seq_id)
                 self._logprobs.forget(seq.seq_id)
                 if self._spec is not None:
                     self._spec.forget(seq.seq_id)
@@ -437,24 +473,6 @@ class Engine:
                     self._outstanding -= 1
                 handle._push(finish_event(seq, exposure))
         self._work.lap("engine_commit_output")
-
-    def _first_output(self, seq: Sequence) -> dict[str, Any]:
-        """What the request had been through when its first output is about to be published:
-        engine time since submission split into initial queue, initial binding, pauses and
-        the resident rest, the worker time it was exposed to, and its own prefill / replay
-        work (the request log's first_output_timing)."""
-        elapsed = self._clock() - seq.arrival_s
-        queue = elapsed if seq.admitted_s is None else seq.admitted_s - seq.arrival_s
-        resident = max(elapsed - queue - seq.bind_s - seq.paused_s, 0.0)
-        mark = self._exposure.get(seq.seq_id)
-        return {
-            "engine_elapsed_seconds": elapsed,
-            **dict(zip(FIRST_OUTPUT_PARTS, (queue, seq.bind_s, seq.paused_s, resident))),
-            "exposure": None if mark is None else self._work.exposure_since(mark),
-            "units": unit_counts(seq),
-            "prefill_tokens": seq.prefill_tokens,
-            "replayed_tokens": seq.replayed_tokens,
-        }
 
     def _abort_all(self, reason: str, error: BaseException | None) -> None:
         now = self._clock()

@@ -158,6 +158,12 @@ class Request:
 
     `media`: the prompt's images and videos, in prompt order, non-overlapping, each inside the
     prompt (see media_span.py).
+
+    `constraint`: a compiled output constraint (`ninfer.constrain.Constraint`: JSON schema,
+    grammar, forced tool call) or None. Opaque to the scheduler; the engine masks each sampled
+    token with it and advances it by every committed output token, thinking-budget suffix
+    included. The request finishes with 'stop' once the constraint is complete (nothing but
+    the end may follow), and with 'error' when it allows no next token.
     """
 
     prompt_token_ids: tuple[int, ...]
@@ -171,6 +177,7 @@ class Request:
     thinking_suffix_ids: tuple[int, ...] = ()
     prompt_only: bool = False
     media: tuple[MediaSpan, ...] = ()
+    constraint: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_token_ids", tuple(int(t) for t in self.prompt_token_ids))

@@ -10,7 +10,7 @@ distribution (logprobs.py), computed after the draw from the same tensors.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -75,11 +75,20 @@ class Sampler:
         row. Does not modify `logits`."""
         return self.sample_async(logits, rows).tolist()
 
-    def sample_async(self, logits: torch.Tensor, rows: Sequence[SampleRow]) -> SampledTokens:
+    def sample_async(
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[SampleRow],
+        mask: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> SampledTokens:
         """`sample` without waiting: the ids stay on `logits`' device until `tolist()`. Every
-        draw is queued now, in row order, so a request's generator advances as with `sample`."""
+        draw is queued now, in row order, so a request's generator advances as with `sample`.
+        `mask` (constrained decoding, ninfer.constrain.state): [rows, vocab] fp32 -> a copy with
+        disallowed tokens at -inf, applied before everything else."""
         assert logits.dim() == 2 and logits.shape[0] == len(rows), (logits.shape, len(rows))
         x = logits.float()  # [rows, vocab]; a copy when the dtype differs
+        if mask is not None:
+            x = mask(x)
         if any(r.params.presence_penalty or r.params.frequency_penalty for r in rows):
             x = self.penalize(x.clone(), rows)
         out = x.argmax(dim=-1)

@@ -18,13 +18,23 @@ No torch import.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ninfer.runtime.logprob_ledger import LogprobLedger
 from ninfer.runtime.media_span import MediaSpan
 from ninfer.runtime.prefix_cache import CacheNode
-from ninfer.runtime.request import FinishEvent, Request, ReusePath, Timings, TokensEvent, Usage
+from ninfer.runtime.request import (
+    FIRST_OUTPUT_PARTS,
+    FinishEvent,
+    Request,
+    ReusePath,
+    Timings,
+    TokensEvent,
+    Usage,
+)
+from ninfer.runtime.step import SeqChunk
 from ninfer.runtime.thinking import ThinkingBudget
 from ninfer.runtime.vision.mrope import MRope
 
@@ -224,6 +234,36 @@ def finish_event(seq: Sequence, exposure: dict[str, Any] | None = None) -> Finis
     )
     reason = seq.finish_reason or "error"
     return FinishEvent(reason, usage, timings, tuple(seq.output_ids), seq.error)  # type: ignore[arg-type]
+
+
+def first_output(seq: Sequence, now: float, exposure: dict[str, Any] | None) -> dict[str, Any]:
+    """What the request had been through when its first output is about to be published (at
+    engine clock `now`): engine time since submission split into initial queue, initial
+    binding, pauses and the resident rest, the worker time it was exposed to (`exposure`), and
+    its own prefill / replay work (the request log's first_output_timing)."""
+    elapsed = now - seq.arrival_s
+    queue = elapsed if seq.admitted_s is None else seq.admitted_s - seq.arrival_s
+    resident = max(elapsed - queue - seq.bind_s - seq.paused_s, 0.0)
+    return {
+        "engine_elapsed_seconds": elapsed,
+        **dict(zip(FIRST_OUTPUT_PARTS, (queue, seq.bind_s, seq.paused_s, resident))),
+        "exposure": exposure,
+        "units": unit_counts(seq),
+        "prefill_tokens": seq.prefill_tokens,
+        "replayed_tokens": seq.replayed_tokens,
+    }
+
+
+def count_prefill_gpu(
+    seqs: Iterable[Sequence], chunks: Iterable[SeqChunk], gpu: float | None
+) -> None:
+    """Add a finished prefill-class step's device time `gpu` (None: not measured) to each
+    request with a prefill-class chunk in it (several tokens, or its first output)."""
+    if gpu is None:
+        return
+    for seq, chunk in zip(seqs, chunks):
+        if len(chunk.token_ids) > 1 or seq.num_output == 0:
+            seq.prefill_gpu_s = (seq.prefill_gpu_s or 0.0) + gpu
 
 
 def unit_counts(seq: Sequence) -> dict[str, int]:

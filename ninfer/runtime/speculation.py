@@ -56,6 +56,8 @@ class SpeculativeRounds:
         is not a decode row of a speculating engine."""
         if seq.spec is None or not seq.decode_ready or seq.request.prompt_only:
             return 0
+        if seq.request.sampling.logprobs is not None:  # verify rows report no logprobs
+            return 0
         room = min(seq.max_tokens - seq.num_output, self.config.max_context - seq.known) - 1
         return max(0, min(self.config.draft_tokens, room))
 

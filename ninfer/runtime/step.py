@@ -37,18 +37,18 @@ class SeqChunk:
     block_table: tuple[int, ...]  # KV pages covering positions [0, start_pos + len(token_ids))
     state_slot: int | None = None  # recurrent-state slot (hybrid models), else None
     want_logits: bool = True  # return logits of the last position of this chunk
-    # images / videos of the sequence with a placeholder among positions start_pos.. of this
-    # chunk: the executor writes their vision embeddings over those rows (a chunk may start or
-    # end inside a span)
-    media: tuple[MediaSpan, ...] = ()
-    # the sequence's 3-axis rotary positions (a prompt with media); None: position = index
-    mrope: MRope | None = None
     # with want_logits: logits of the last `num_logits` positions, in order (a speculative
     # verify chunk: the fed token and k drafts, k + 1 rows); 1 for every other chunk
     num_logits: int = 1
     # a hybrid verify chunk: `state_slot` is only read, and the recurrent state after the
     # chunk's position t is written to spill_slots[t] (len == len(token_ids)); empty otherwise
     spill_slots: tuple[int, ...] = ()
+    # images / videos of the sequence with a placeholder among positions start_pos.. of this
+    # chunk: the executor writes their vision embeddings over those rows (a chunk may start or
+    # end inside a span)
+    media: tuple[MediaSpan, ...] = ()
+    # the sequence's 3-axis rotary positions (a prompt with media); None: position = index
+    mrope: MRope | None = None
 
 
 @dataclass(frozen=True)

@@ -29,13 +29,22 @@ if TYPE_CHECKING:
 
 
 class Accepted:
-    """The committed choice per logits chunk, with the `tolist()` the engine waits on."""
+    """The committed choice per logits chunk, with the `tolist()` the engine waits on, and the
+    log probabilities of the rows that asked for them (`logprobs` None when none did; only
+    plain rows can ask: a request that wants logprobs does not speculate)."""
 
-    def __init__(self, chosen: list[int | tuple[int, ...]]) -> None:
+    def __init__(
+        self, chosen: list[int | tuple[int, ...]], entries: list[Any] | None = None
+    ) -> None:
         self._chosen = chosen
+        self._entries = entries
+        self.logprobs = entries
 
     def tolist(self) -> list[int | tuple[int, ...]]:
         return self._chosen
+
+    def logprob_entries(self) -> list[Any]:
+        return self._entries if self._entries is not None else [None] * len(self._chosen)
 
 
 class Speculator:
@@ -94,9 +103,14 @@ class Speculator:
                 )
                 chosen.append(None)
             r += n
+        entries: list[Any] | None = None
         if plain:
             index = torch.tensor([p[1] for p in plain], device=logits.device)
-            ids = sampler.sample(logits.index_select(0, index), [p[2] for p in plain])
-            for (i, _, _), tok in zip(plain, ids):
+            sampled = sampler.sample_async(logits.index_select(0, index), [p[2] for p in plain])
+            for (i, _, _), tok in zip(plain, sampled.tolist()):
                 chosen[i] = tok
-        return plan, Accepted(chosen)
+            if sampled.logprobs is not None:
+                entries = [None] * len(chosen)
+                for (i, _, _), e in zip(plain, sampled.logprob_entries()):
+                    entries[i] = e
+        return plan, Accepted(chosen, entries)

@@ -200,24 +200,7 @@ def test_accepted_fields(fields, check):
         ({"enable_thinking": "yes"}, 400, "invalid_type", "enable_thinking"),
         ({"preserve_thinking": 1}, 400, "invalid_type", "preserve_thinking"),
         ({"chat_template_kwargs": [1]}, 400, "invalid_type", "chat_template_kwargs"),
-        # capabilities ninfer cannot provide
-        (
-            {"response_format": {"type": "json_object"}},
-            400,
-            "unsupported_value",
-            "response_format.type",
-        ),
-        (
-            {
-                "response_format": {
-                    "type": "json_schema",
-                    "json_schema": {"name": "x", "schema": {}},
-                }
-            },
-            400,
-            "unsupported_value",
-            "response_format.type",
-        ),
+        # capabilities ninfer cannot provide (response_format JSON: tests/api/test_output_constraints.py)
         ({"response_format": {"type": "yaml"}}, 400, "invalid_value", "response_format.type"),
         ({"logit_bias": {"15": 0, "99": 5}}, 400, "unsupported_value", "logit_bias.99"),
         ({"logit_bias": {"15": 101}}, 400, "invalid_value", "logit_bias.15"),
@@ -239,15 +222,12 @@ def test_accepted_fields(fields, check):
         ({"store": True}, 400, "unsupported_value", "store"),
         ({"functions": [{"name": "f"}]}, 400, "unsupported_parameter", "functions"),
         ({"function_call": {"name": "f"}}, 400, "unsupported_value", "function_call"),
-        ({"grammar": "root ::= x"}, 400, "unsupported_parameter", "grammar"),
-        # llama.cpp's top-level schema field (it was ignored: 200 and free text)
-        ({"json_schema": {"type": "object"}}, 400, "unsupported_parameter", "json_schema"),
-        ({"json_schema": {}}, 400, "unsupported_parameter", "json_schema"),
-        ({"structured_outputs": {"json": {}}}, 400, "unsupported_parameter", "structured_outputs"),
-        ({"guided_json": {"type": "object"}}, 400, "unsupported_parameter", "guided_json"),
-        ({"guided_regex": "a+"}, 400, "unsupported_parameter", "guided_regex"),
-        ({"guided_choice": ["a", "b"]}, 400, "unsupported_parameter", "guided_choice"),
-        ({"guided_grammar": "g"}, 400, "unsupported_parameter", "guided_grammar"),
+        ({"json_schema": "x"}, 400, "invalid_type", "json_schema"),
+        ({"structured_outputs": {"json": 3}}, 400, "invalid_type", "structured_outputs.json"),
+        ({"guided_json": "{not json"}, 400, "invalid_value", "guided_json"),
+        ({"guided_regex": ""}, 400, "invalid_type", "guided_regex"),
+        ({"guided_choice": []}, 400, "invalid_value", "guided_choice"),
+        ({"guided_grammar": 7}, 400, "invalid_type", "guided_grammar"),
         ({"repetition_penalty": 1.1}, 400, "unsupported_value", "repetition_penalty"),
         (
             {"mm_processor_kwargs": {"fps": 2}},
@@ -264,10 +244,6 @@ def test_rejections(fields, status, code, param):
 @pytest.mark.parametrize(
     ("fields", "guarantee"),
     [
-        ({"response_format": {"type": "json_object"}}, "constrained"),
-        ({"tools": [WEATHER], "tool_choice": "required"}, "forced tool call"),
-        ({"grammar": "g"}, "constrained"),
-        ({"json_schema": {"type": "object"}}, "constrained"),
         ({"store": True}, "stored"),
         ({"modalities": ["audio"]}, "audio output"),
     ],

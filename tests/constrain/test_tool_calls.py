@@ -170,3 +170,31 @@ def test_the_trained_models_own_replies_pass(tiny: Vocab, tiny_agent_prompts: li
             assert m.is_terminated(), p["name"]
             checked += 1
     assert checked >= 20
+
+
+def test_strict_tools_with_a_json_answer_are_that_answer_or_calls(tiny: Vocab) -> None:
+    """An output format sent with tools: every random output is the JSON answer, valid against
+    its schema, or valid calls; never free text."""
+    from ninfer.constrain import JsonSchema
+
+    answer = {
+        "type": "object",
+        "properties": {"summary": {"type": "string", "maxLength": 10}},
+        "required": ["summary"],
+        "additionalProperties": False,
+    }
+    spec = StrictTools(specs("get_weather"), answer=JsonSchema(answer, True, "text.format.schema"))
+    kinds = set()
+    for ids, matcher in decode_random(compile_constraint(spec, tiny.info), seeds=range(30)):
+        assert matcher.is_terminated()
+        text = tiny.decode(ids)
+        parsed = parse_tool_calls(text, TOOLS)
+        if parsed.calls:
+            kinds.add("calls")
+            assert parsed.content.strip() == "", text
+            for call in parsed.calls:
+                jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+        else:
+            kinds.add("answer")
+            jsonschema.validate(json.loads(text), answer)
+    assert kinds == {"calls", "answer"}

@@ -144,9 +144,9 @@ REJECTIONS = [
         "unsupported_value",
     ),
     (
-        "structured_outputs",
-        {"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
-        "unsupported_parameter",
+        "structured_outputs_bad_schema",
+        {"output_config": {"format": {"type": "json_schema", "schema": {"type": "strin"}}}},
+        "invalid_schema",
     ),
     (
         "mcp_servers",
@@ -160,18 +160,18 @@ REJECTIONS = [
         "unsupported_value",
     ),
     ("toolset", {"tools": [{"type": "mcp_toolset", "mcp_server_name": "x"}]}, "unsupported_value"),
-    ("strict_tool", {"tools": [{**WEATHER, "strict": True}]}, "unsupported_value"),
+    ("strict_tool_flag", {"tools": [{**WEATHER, "strict": "yes"}]}, "invalid_type"),
     ("deferred_tool", {"tools": [{**WEATHER, "defer_loading": True}]}, "unsupported_value"),
     (
         "no_direct_calls",
         {"tools": [{**WEATHER, "allowed_callers": ["code_execution_20250825"]}]},
         "unsupported_value",
     ),
-    ("tool_choice_any", {"tools": [WEATHER], "tool_choice": {"type": "any"}}, "unsupported_value"),
+    ("tool_choice_any_without_tools", {"tool_choice": {"type": "any"}}, "invalid_value"),
     (
-        "tool_choice_named",
-        {"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "get_weather"}},
-        "unsupported_value",
+        "tool_choice_named_undeclared",
+        {"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}},
+        "invalid_value",
     ),
     (
         "single_call",
@@ -309,11 +309,26 @@ def test_rejection_through_the_official_client(strict_server):
     assert info.value.request_id and info.value.type == "invalid_request_error"
     with pytest.raises(anthropic.BadRequestError):
         c.messages.count_tokens(model="m", messages=[{"role": "user", "content": [IMAGE]}])
-    with pytest.raises(anthropic.BadRequestError) as info:
-        c.messages.create(
-            model="m", max_tokens=64, messages=HI, tool_choice={"type": "any"}, tools=[WEATHER]
-        )
-    assert "forced tool call" in info.value.api_message
+    # a forced tool choice is honoured now (constrained decoding), not refused
+    bounded = {
+        "name": "get_weather",
+        "input_schema": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 12}},
+            "required": ["city"],
+        },
+    }
+    msg = c.messages.create(
+        model="m",
+        max_tokens=64,
+        messages=HI,
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
+        tools=[bounded],
+        thinking={"type": "disabled"},
+    )
+    assert msg.stop_reason == "tool_use"
+    (use,) = [b for b in msg.content if b.type == "tool_use"]
+    assert use.name == "get_weather" and len(use.input["city"]) <= 12
 
 
 def test_advisory_fields_do_not_block(strict_server):

@@ -235,10 +235,10 @@ def test_rejections_name_the_field(client):
         ({"n": 17}, "n", invalid),
         ({"logit_bias": {"5": 3}}, "logit_bias.5", unsupported),
         ({"top_logprobs": 3}, "top_logprobs", invalid),  # without logprobs: true
-        ({"response_format": {"type": "json_object"}}, "response_format.type", unsupported),
-        ({"tool_choice": "required", "tools": by_name("weather_paris")["tools"]}, "tool_choice", unsupported),
-        ({"extra_body": {"guided_json": {"type": "object"}}}, "guided_json", "unsupported_parameter"),
-        ({"extra_body": {"json_schema": {"type": "object"}}}, "json_schema", "unsupported_parameter"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}}, "response_format.json_schema.schema.type", "invalid_schema"),
+        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": by_name("weather_paris")["tools"]}, "tool_choice.function.name", invalid),
+        ({"extra_body": {"guided_choice": []}}, "guided_choice", invalid),
+        ({"extra_body": {"json_schema": "object"}}, "json_schema", "invalid_type"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop", invalid),
         ({"temperature": -1}, "temperature", invalid),
         ({"max_completion_tokens": -1}, "max_completion_tokens", invalid),
@@ -461,3 +461,38 @@ def test_a_dropped_aggregate_request_is_cancelled(live_server):
     time.sleep(0.3)  # nothing more is generated for it afterwards
     assert _generated_tokens(base)[0] == generated
     assert 0 < generated - before < 1500
+
+
+def test_constrained_output_on_the_tiny_agent(client):
+    """Refusals ninfer lifts (docs/serving.md, Constrained output): a JSON schema response is
+    valid and complete; tool_choice required turns a chit-chat prompt into a valid call; a named tool is
+    the one called."""
+    p = by_name("hello")
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "string", "maxLength": 20}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema, "strict": True}}
+    r = create(client, p, response_format=fmt, max_tokens=60)
+    assert r.choices[0].finish_reason == "stop"
+    assert len(json.loads(r.choices[0].message.content)["answer"]) <= 20
+    # thinking on: the reasoning is free, the answer after </think> follows the schema
+    thinking = by_name("sum_think")
+    r = create(client, thinking, response_format=fmt, max_tokens=120)
+    assert r.choices[0].message.model_extra.get("reasoning_content")
+    assert r.choices[0].finish_reason == "stop"
+    assert len(json.loads(r.choices[0].message.content)["answer"]) <= 20
+    tools = by_name("weather_paris")["tools"]
+    forced = create(client, p, tools=tools, tool_choice="required", parallel_tool_calls=False)
+    assert forced.choices[0].finish_reason == "tool_calls"
+    (call,) = forced.choices[0].message.tool_calls
+    assert call.function.name == "get_weather"
+    assert isinstance(json.loads(call.function.arguments)["city"], str)
+    weather = by_name("weather_paris")
+    named = create(
+        client, weather, tools=tools,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )  # fmt: skip
+    assert [c.function.name for c in named.choices[0].message.tool_calls] == ["get_weather"]
