@@ -24,6 +24,7 @@ import sys
 import time
 from typing import Any
 
+from ninfer.commands import bench_vision
 from ninfer.errors import ConfigError
 
 PEERS = ("transformers",)
@@ -115,7 +116,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--draft-tokens", type=int, default=4, metavar="K", help="drafts per round")
     e.add_argument("--prompts", metavar="FILE", help="--spec: one user message per line")
     e.add_argument("--reps", type=int, default=20, help="--spec: repetitions of each step timing")
-    _common(e)
+    bench_vision.add_arguments(e)  # --images N --image-size WxH, then _common(e)
     s = sub.add_parser("serve", help="streaming load against a running `ninfer serve`")
     s.add_argument("--url", default="http://127.0.0.1:8080", help="server base URL")
     s.add_argument("--model", default=None, help="model id (default: the first of /v1/models)")
@@ -147,6 +148,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.input_len < 1 or args.output_len < 2:
         raise ConfigError("--input-len must be >= 1 and --output-len >= 2")
+    if args.mode == "engine" and args.images:  # image prefill (its own load and report)
+        return bench_vision.run(args)
     if args.mode == "engine" and args.spec:  # plain vs speculative (ninfer.commands.bench_spec)
         from ninfer.commands import bench_spec
 

@@ -66,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--vision",
         action="store_true",
-        help="include the vision tower (needs the artifact's vision component; cpu only)",
+        help="include the vision tower (needs the artifact's vision component)",
     )
     p.add_argument(
         "--tensor-parallel",

@@ -9,6 +9,8 @@ weights with `cpu_weights="packed"` (the default): their GEMMs run packed (`cpu.
 A dense GEMM also carries `launch`: the Triton GEMV / tile kernels and launch shapes that run
 it for few rows of x (decode batches), from the measured tables (ninfer/passes/gemm_launch.py).
 Attention and the delta rule name a prefill kernel and a decode kernel (`decode_kernel`).
+A --vision plan on cuda names torch implementations for the vision tower's ops and for the
+text rotary over 3-axis positions (`torch.<op>`, `torch.rotary_mrope`); its GEMMs run cuBLAS.
 An attention with a folded prologue (fuse_attention_prologue) names the prologue first:
 `triton.attention_prologue+paged_attention_decode` (q/k norm, rotary and the KV write in one
 kernel), or, for KV formats that kernel does not write (nvfp4, k8v4), the unfused launches
@@ -22,6 +24,7 @@ from __future__ import annotations
 from ninfer.ir.graph import Graph, Op
 from ninfer.ir.kv_formats import prologue_fuses
 from ninfer.ir.ops import COLLECTIVE_OPS, VIEW_OPS
+from ninfer.ir.ops_vision import VISION_SIGNATURES
 from ninfer.passes.base import Pass
 from ninfer.passes.gemm_launch import CUBLAS, dense_launches
 from ninfer.passes.options import CompileOptions
@@ -45,6 +48,12 @@ CUDA_KERNELS = {
     "gated_rmsnorm": "triton.rmsnorm_gated",
     "select_rows": "torch.index_select",
 }
+# the vision tower's ops and media_merge (--vision) on cuda: torch implementations
+# (ninfer/runtime/vision/cuda_ops.py), run eagerly once per image / video (media_merge in the step)
+VISION_CUDA_KERNELS = {sig.kind: f"torch.{sig.kind}" for sig in VISION_SIGNATURES}
+# the text rotary over 3-axis positions [3, T] (MRoPE): torch; kernels.rotary and the one-launch
+# attention prologue take positions [T] (fuse_attention_prologue leaves it unfolded on cuda)
+CUDA_ROTARY_MROPE = "torch.rotary_mrope"
 CUDA_DECODE_KERNELS = {
     "attention": "triton.paged_attention_decode",
     "gated_delta_rule": "triton.gdn_recurrent_decode",
@@ -100,6 +109,10 @@ def _weight_format(g: Graph, op: Op) -> str | None:
 def _cuda(g: Graph, op: Op) -> str:
     if op.kind in ("linear", "logits"):
         return CUDA_GEMMS.get(_weight_format(g, op) or "", CUBLAS_GEMM)
+    if op.kind == "rotary" and "mrope_axes" in op.attrs["rope"]:
+        return CUDA_ROTARY_MROPE
+    if op.kind in VISION_CUDA_KERNELS:
+        return VISION_CUDA_KERNELS[op.kind]
     return CUDA_KERNELS[op.kind]
 
 
@@ -145,7 +158,8 @@ def _run(graph: Graph, options: CompileOptions) -> Graph:
             op.kernel = _cuda(g, op)
             if op.kind in CUDA_DECODE_KERNELS:
                 op.attrs["decode_kernel"] = CUDA_DECODE_KERNELS[op.kind]
-            if op.kernel == CUBLAS_GEMM and (launches := _dense_launches(g, op)):
+            vision = op.attrs.get("stage") == "vision"  # whole items: no decode-sized rows
+            if op.kernel == CUBLAS_GEMM and not vision and (launches := _dense_launches(g, op)):
                 op.attrs["launch"] = launches
         if fmt is not None and op.kind in ("linear", "logits", "moe_experts", "moe_experts_gu"):
             op.attrs["weight_format"] = fmt

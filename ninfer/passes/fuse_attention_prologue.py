@@ -12,7 +12,9 @@ fold happens only when every folded value (%qn, %kn, %qr, %kr) is read by the ne
 chain alone and is no graph output; norms that do not both qualify stay as ops. The attention's
 attrs take the rotary's `rope` / `rotary_dim` and the norms' `eps` / `zero_centered`, the names
 those ops use, so a runtime can apply them with the same functions. Rotary over multimodal
-(3-axis) positions is never folded: the rotary op's positions are [T] here.
+(3-axis) positions (a rope with `mrope_axes`, --vision) folds on cpu only, whose attention
+reads positions [3, T]; a cuda plan keeps it a `rotary` op (torch.rotary_mrope) and its norms
+separate ops, since the one-launch Triton prologue takes positions [T].
 """
 
 from __future__ import annotations
@@ -56,7 +58,9 @@ def _run(graph: Graph, options: CompileOptions) -> Graph:
         if r is None or g.ops[r].kind != "rotary" or g.ops[r].outputs != op.inputs[:2]:
             continue
         rot, hd = g.ops[r], op.attrs["head_dim"]
-        if rot.attrs["head_dim"] != hd or "mrope_section" in rot.attrs["rope"]:
+        if rot.attrs["head_dim"] != hd:
+            continue
+        if "mrope_axes" in rot.attrs["rope"] and options.device != "cpu":
             continue
         if not all(_sole_reader(g, users, name, i) for name in rot.outputs):
             continue

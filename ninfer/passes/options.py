@@ -88,11 +88,6 @@ class CompileOptions:
                 "--vision with --tensor-parallel: the vision tower is not sharded in this build; "
                 "drop one of them"
             )
-        if self.vision and self.device != "cpu":
-            raise ConfigError(
-                "--vision: the vision tower runs on --device cpu only in this build (the CUDA "
-                "executor has no vision kernels yet); drop --vision or use --device cpu"
-            )
         int_range("tensor_parallel", self.tensor_parallel, 1, MAX_TENSOR_PARALLEL)
         if self.tensor_parallel & (self.tensor_parallel - 1):
             raise ConfigError(

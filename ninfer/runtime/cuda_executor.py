@@ -25,6 +25,12 @@ Per step:
     slot, replayed after copying the step's metadata into the graph's input buffer;
   - any other step (prefill, mixed, `all_logits`, --no-cuda-graph) runs eagerly.
 
+With a vision plan (--vision) positions are 3-axis [3, T] (each chunk's `mrope`, decode rows
+included: their rope delta), rotated by torch.rotary_mrope; a step whose chunks cover image or
+video placeholders runs eagerly, and `ex.media` (ninfer/runtime/vision/encoder.py) runs the
+plan's vision calls once per item on the device and supplies the embeddings `media_merge`
+writes over those rows.
+
 The returned logits are a fresh tensor (a graph's output buffer is copied out), so they stay
 valid after later steps.
 """
@@ -48,6 +54,8 @@ from ninfer.runtime.cuda_weights import load_device_weights, weight_nbytes
 from ninfer.runtime.executor_base import PlanExecutorBase
 from ninfer.runtime.kernel_registry import KernelRegistry
 from ninfer.runtime.step import SeqChunk, StepBatch
+from ninfer.runtime.vision.encoder import MediaEncoder
+from ninfer.runtime.vision.ops import VisionContext
 from ninfer.runtime.weights import TORCH_DTYPES
 
 
@@ -82,12 +90,12 @@ class _DecodeGraph:
 
 class _Layout:
     """Offsets of the packed int32 metadata of a step of T tokens, N chunks, R logit rows and
-    block tables W pages wide."""
+    block tables W pages wide; `axes` rows of positions (3 for a vision plan's MRoPE)."""
 
-    def __init__(self, T: int, N: int, R: int, W: int):
-        self.T, self.N, self.R, self.W = T, N, R, W
-        sizes = [("tokens", T), ("positions", T), ("slots", T), ("seq_lens", N), ("cu", N + 1), ("state", N),
-                 ("rows", R), ("tables", N * W)]  # fmt: skip
+    def __init__(self, T: int, N: int, R: int, W: int, axes: int = 1):
+        self.T, self.N, self.R, self.W, self.axes = T, N, R, W, axes
+        sizes = [("tokens", T), ("positions", axes * T), ("slots", T), ("seq_lens", N), ("cu", N + 1),
+                 ("state", N), ("rows", R), ("tables", N * W)]  # fmt: skip
         self.at: dict[str, tuple[int, int]] = {}
         off = 0
         for name, n in sizes:
@@ -145,6 +153,16 @@ class CudaExecutor(PlanExecutorBase):
             else None
         )
         self._last_use = self._liveness()
+        # --vision: the plan's vision stage per image / video (eager, outside CUDA Graphs) and
+        # 3-axis positions [3, T] for the text rotary (torch.rotary_mrope)
+        self.media = (
+            None
+            if plan.vision is None
+            else MediaEncoder(
+                self._vision_stage, plan.vision, self.dtype, self.device, plan.outputs[1]
+            )
+        )
+        self._axes = 1 if self.media is None else 3
         self.collect_timings = collect_timings
         self.records: list[StepRecord] = []
         self.last_step_seconds = 0.0
@@ -217,6 +235,7 @@ class CudaExecutor(PlanExecutorBase):
             decode
             and n in self.graph_buckets
             and all(len(c.block_table) <= self.max_pages for c in chunks)
+            and not any(c.media for c in chunks)  # a 1-token chunk on a placeholder: eager
         )
         timing = self.collect_timings and self.device.type == "cuda"
         if use_graph:
@@ -271,7 +290,14 @@ class CudaExecutor(PlanExecutorBase):
             tables[i, :need] = bt
             pos = np.arange(c.start_pos, end)
             tokens[t : t + n] = c.token_ids
-            positions[t : t + n] = pos
+            if lay.axes == 1:
+                positions[t : t + n] = pos
+            else:  # MRoPE: [3, T] (temporal, height, width); text and decode rows (p, p, p) + delta
+                pos3 = positions.reshape(3, lay.T)
+                if c.mrope is not None:
+                    pos3[:, t : t + n] = c.mrope.positions(c.start_pos, n)
+                else:
+                    pos3[:, t : t + n] = pos
             slots[t : t + n] = bt[pos // ps] * ps + pos % ps
             seq_lens[i] = end
             state[i] = c.state_slot if c.state_slot is not None else 0
@@ -282,9 +308,10 @@ class CudaExecutor(PlanExecutorBase):
     def _device_step(
         self, dev: torch.Tensor, lay: _Layout, decode: bool, max_q_len: int
     ) -> tuple[DeviceStep, dict]:
+        positions = lay.view(dev, "positions")
         step = DeviceStep(
             decode=decode,
-            positions=lay.view(dev, "positions"),
+            positions=positions if lay.axes == 1 else positions.view(lay.axes, lay.T),
             slot_mapping=lay.view(dev, "slots"),
             block_tables=lay.view(dev, "tables").view(lay.N, lay.W),
             seq_lens=lay.view(dev, "seq_lens"),
@@ -301,6 +328,10 @@ class CudaExecutor(PlanExecutorBase):
             "positions": step.positions,
             "logit_rows": lay.view(dev, "rows"),
         }
+        if self.media is not None:  # no placeholder rows (a decode step); _eager fills a prefill's
+            hidden = int(self.plan.model["hidden"])
+            inputs["media_embeds"] = torch.empty(0, hidden, dtype=self.dtype, device=self.device)
+            inputs["media_rows"] = torch.empty(0, dtype=torch.int32, device=self.device)
         return step, inputs
 
     def _forward(self, step: DeviceStep, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -323,18 +354,30 @@ class CudaExecutor(PlanExecutorBase):
                 rows.extend(range(t + n - min(c.num_logits, n), t + n))
             t += n
         width = max(-(-(c.start_pos + len(c.token_ids)) // self.page_size) for c in chunks)
-        lay = _Layout(t, len(chunks), len(rows), width)
+        lay = _Layout(t, len(chunks), len(rows), width, self._axes)
         host = np.zeros(lay.size, dtype=np.int32)
         self._fill(host, lay, chunks, rows)
         dev = torch.from_numpy(host).to(self.device)
         self._feed(lay.view(dev, "tokens"), batch, fed)
         step, inputs = self._device_step(dev, lay, decode, max(len(c.token_ids) for c in chunks))
+        if self.media is not None and any(c.media for c in chunks):
+            begins, b = [], 0  # (first step row, chunk): the vision stage runs per item, here
+            for c in chunks:
+                begins.append((b, c))
+                b += len(c.token_ids)
+            hidden = int(self.plan.model["hidden"])
+            inputs["media_embeds"], inputs["media_rows"] = self.media.step_inputs(begins, hidden)
         return self._forward(step, inputs)
+
+    def _vision_stage(self, ctx: VisionContext, inputs: dict[str, Any]) -> dict[str, Any]:
+        """Run the plan's vision calls once over one item's inputs (MediaEncoder's runner):
+        eager, on the current stream, before the step that reads the embeddings."""
+        return self._interpret(ctx, {**self.weights, **inputs}, False, self.plan.vision_calls)
 
     # -- CUDA Graphs -------------------------------------------------------------------------
     def _capture(self, batch: int) -> _DecodeGraph:
         """Capture the decode step of `batch` rows (warm-up run first, on scratch KV/state)."""
-        lay = _Layout(batch, batch, batch, self.max_pages)
+        lay = _Layout(batch, batch, batch, self.max_pages, self._axes)
         host = torch.zeros(lay.size, dtype=torch.int32, pin_memory=True)
         h = host.numpy()
         scratch_page = self.kv.scratch_page if self.kv is not None else 0
@@ -381,7 +424,7 @@ class CudaExecutor(PlanExecutorBase):
     def _replay(
         self, g: _DecodeGraph, batch: StepBatch, fed: torch.Tensor | None, t0: float, timing: bool
     ):
-        lay = _Layout(g.batch, g.batch, g.batch, self.max_pages)
+        lay = _Layout(g.batch, g.batch, g.batch, self.max_pages, self._axes)
         g.copied.synchronize()  # the previous copy has read the pinned buffer
         h = g.host.numpy()
         self._fill(h, lay, batch.chunks, list(range(g.batch)))

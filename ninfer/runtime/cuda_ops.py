@@ -42,6 +42,7 @@ from ninfer.runtime import ops_torch
 from ninfer.runtime.cuda_kv import CudaKVCache, CudaStateSlots
 from ninfer.runtime.cuda_weights import QuantWeight
 from ninfer.runtime.kernel_registry import KernelRegistry
+from ninfer.runtime.vision.cuda_ops import cuda_vision_kernels
 
 GEMMS = (CUBLAS_GEMM, *CUDA_GEMMS.values())
 
@@ -61,7 +62,7 @@ class DeviceStep:
     """One step's metadata, on the device. N chunks of T tokens in total.
 
     decode        every chunk is one token (N == T): attention uses the decode kernel
-    positions     [T] int32 absolute positions
+    positions     [T] int32 absolute positions ([3, T] in a vision plan: MRoPE's t, h, w)
     slot_mapping  [T] int32 flat KV slot of each token (page * page_size + row)
     block_tables  [N, max_pages] int32
     seq_lens      [N] int32 tokens in the cache after this step (the chunk included)
@@ -448,5 +449,6 @@ CUDA_KERNELS = KernelRegistry(
         (_K["gated_delta_rule"], "gated_delta_rule"): gated_delta_rule,
         (DECODE["gated_delta_rule"], "gated_delta_rule"): gated_delta_rule,
         **_attention_kernels(),
+        **cuda_vision_kernels(),  # --vision: the tower, media_merge and the 3-axis rotary
     },
 )

@@ -50,6 +50,10 @@ SYNTHETIC: dict[str, dict[str, Any]] = {
     # transformers' Qwen3_5TextConfig defaults are the 9B hybrid: 32 layers (3 DeltaNet : 1 gated
     # attention), hidden 4096, 16/4 heads of 256, DeltaNet 16 key / 32 value heads of 128
     "qwen3.5-9b-hybrid": {"model_type": "qwen3_5_text"},
+    # the same text model with Qwen3.5's vision tower (transformers' Qwen3_5VisionConfig
+    # defaults: 27 blocks, hidden 1152, 16 heads, patch 16, merge 2) projecting to its width
+    # (`ninfer bench engine --synthetic qwen3.5-9b-hybrid-vl --images N`)
+    "qwen3.5-9b-hybrid-vl": {"model_type": "qwen3_5", "vision_config": {"out_hidden_size": 4096}},
     # for tests: a few MB
     "tiny-qwen3": {
         "model_type": "qwen3", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
@@ -60,6 +64,20 @@ SYNTHETIC: dict[str, dict[str, Any]] = {
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
         "linear_key_head_dim": 16, "linear_value_head_dim": 16,
         "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    },
+    "tiny-qwen3.5-hybrid-vl": {
+        "model_type": "qwen3_5", "image_token_id": 508, "video_token_id": 509, "vision_start_token_id": 510,
+        "vision_end_token_id": 511,
+        "text_config": {
+            "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+            "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                                "mrope_section": [2, 1, 1]},
+        },
+        "vision_config": {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 8,
+                          "out_hidden_size": 64, "num_position_embeddings": 16},
     },
 }  # fmt: skip
 WEIGHTS = ("bf16", "fp8", "nvfp4")
@@ -133,7 +151,8 @@ def _hf_class(model_type: str):
     import transformers as tf
 
     classes = {"qwen3": tf.Qwen3ForCausalLM, "qwen3_5_text": tf.Qwen3_5ForCausalLM, "llama": tf.LlamaForCausalLM,
-               "qwen3_moe": tf.Qwen3MoeForCausalLM, "qwen3_5_moe_text": tf.Qwen3_5MoeForCausalLM}  # fmt: skip
+               "qwen3_moe": tf.Qwen3MoeForCausalLM, "qwen3_5_moe_text": tf.Qwen3_5MoeForCausalLM,
+               "qwen3_5": tf.Qwen3_5ForConditionalGeneration}  # fmt: skip
     return classes[model_type]
 
 

@@ -8,10 +8,15 @@ hand every step the embeddings of the placeholder rows it computes.
 An item is encoded whole the first time a chunk needs any of its placeholders (a prefill chunk
 may start or end inside it, and replay after a pause needs it again), then kept in an LRU keyed
 by (modality, grid, digest) within `cache_bytes`, so later chunks and requests slice it.
+
+`encoded_items` / `encoded_tokens` count vision stage runs and their merged tokens;
+`encode_seconds()` is the time they took (on CUDA device time between events, recorded only
+while `timing` is set: `ninfer bench engine --images` sets it).
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -48,6 +53,10 @@ class MediaEncoder:
         self._cache: OrderedDict[tuple, torch.Tensor] = OrderedDict()
         self._cache_bytes = cache_bytes
         self.encoded_items = 0  # vision stage runs since construction (tests read deltas)
+        self.encoded_tokens = 0  # their merged tokens
+        self.timing = False  # CUDA: record events around each run (encode_seconds)
+        self._seconds = 0.0
+        self._events: list[tuple[Any, Any]] = []
 
     def _key(self, span: MediaSpan) -> tuple:
         if not span.digest:  # the key that tells two items apart
@@ -92,9 +101,29 @@ class MediaEncoder:
             "vision_pos_weight": geo.pos_weight.to(self.device),
             "vision_rope_pos": geo.rope_pos.to(self.device),
         }
+        cuda = self.timing and self.device.type == "cuda"
+        t0 = time.perf_counter()
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
         out = self._run_stage(VisionContext(geo.segments), env)[self._output]
+        if cuda:
+            end.record()
+            self._events.append((start, end))
+        elif self.device.type != "cuda":  # the CPU ran the stage synchronously
+            self._seconds += time.perf_counter() - t0
         self.encoded_items += 1
+        self.encoded_tokens += int(out.shape[0])
         return out
+
+    def encode_seconds(self) -> float:
+        """Seconds the vision stage ran since construction (CUDA: of the runs while `timing`
+        was set; waits for them to finish)."""
+        for start, end in self._events:
+            end.synchronize()
+            self._seconds += start.elapsed_time(end) / 1e3
+        self._events.clear()
+        return self._seconds
 
     def step_inputs(
         self, chunks: Sequence[tuple[int, SeqChunk]], hidden: int
