@@ -13,7 +13,7 @@ An attention with a folded prologue (fuse_attention_prologue) names the prologue
 `triton.attention_prologue+paged_attention_decode` (q/k norm, rotary and the KV write in one
 kernel), or, for KV formats that kernel does not write (nvfp4, k8v4), the unfused launches
 `triton.rmsnorm+rotary+kv_write+paged_attention_decode`.
-Every name is one the executors' kernel registries implement (ninfer/runtime/kernel_registry.py:
+Every name is one the executors' kernel registries implement (ninfer/runtime/executors/kernel_registry.py:
 an executor refuses a plan naming another, and runs each call by the name the plan gives it).
 """
 

@@ -27,6 +27,7 @@ from ninfer.errors import ConfigError, NinferError
 from ninfer.runtime.config import EngineOptions, OutputLimit
 from ninfer.runtime.engine_stats import EngineStats
 from ninfer.runtime.executor_api import Executor
+from ninfer.runtime.executors.sampler import SampledTokens, Sampler, SampleRow
 from ninfer.runtime.handle import RequestHandle
 from ninfer.runtime.host_work import DEVICE_WAIT, HostWork
 from ninfer.runtime.request import (
@@ -40,7 +41,6 @@ from ninfer.runtime.request import (
     Timings,
     Usage,
 )
-from ninfer.runtime.sampler import SampledTokens, Sampler, SampleRow
 from ninfer.runtime.scheduler import Scheduler, StepPlan
 from ninfer.runtime.sequence import Sequence, finish_event, tokens_event, unit_counts
 from ninfer.runtime.step import SeqChunk, StepBatch

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from ninfer.api.errors import ApiError
-from ninfer.api.openai_chat_models import ChatRequest, parse_chat_request
+from ninfer.api.chat.request import ChatRequest, parse_chat_request
+from ninfer.api.wire.errors import ApiError
 
 MODEL = "tiny-model"
 USER = {"role": "user", "content": "hi"}

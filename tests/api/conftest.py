@@ -7,7 +7,7 @@
 - `sp_tokenizer`: a tiny SentencePiece-style BPE (Llama/SmolLM-like Metaspace pieces with byte
   fallback, decoder Replace + ByteFallback + Fuse + Strip), so CJK and emoji go through
   `<0xXX>` byte tokens.
-- `qwen_template`: ninfer/api/templates/qwen_xml.jinja bound to `qwen_tokenizer`'s control
+- `qwen_template`: ninfer/api/service/templates/qwen_xml.jinja bound to `qwen_tokenizer`'s control
   tokens.
 """
 
@@ -126,7 +126,7 @@ def sp_tokenizer() -> Tokenizer:
 
 @pytest.fixture(scope="session")
 def qwen_template(qwen_tokenizer: Tokenizer):
-    from ninfer.api.template import TEMPLATES_DIR, chat_template_for
+    from ninfer.api.service.template import TEMPLATES_DIR, chat_template_for
 
     source = (TEMPLATES_DIR / "qwen_xml.jinja").read_text(encoding="utf-8")
     return chat_template_for(source, qwen_tokenizer, special_tokens={"eos_token": "<|im_end|>"})
@@ -135,7 +135,7 @@ def qwen_template(qwen_tokenizer: Tokenizer):
 @pytest.fixture
 def prompt_service(qwen_tokenizer: Tokenizer, qwen_template):
     """A ModelService that only prepares (renders and encodes) requests: no engine."""
-    from ninfer.api.service import ModelService
+    from ninfer.api.service.model_service import ModelService
 
     return ModelService(
         engine=None,

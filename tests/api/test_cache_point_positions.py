@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from ninfer.api.anthropic_models import parse_messages_request
-from ninfer.api.config import ServeConfig
-from ninfer.api.openai_chat import to_generation_request
-from ninfer.api.openai_chat_models import parse_chat_request
-from ninfer.api.service import ModelService
-from ninfer.api.state import ServerState
+from ninfer.api.anthropic.request import parse_messages_request
+from ninfer.api.chat.endpoints import to_generation_request
+from ninfer.api.chat.request import parse_chat_request
+from ninfer.api.server.config import ServeConfig
+from ninfer.api.server.state import ServerState
+from ninfer.api.service.model_service import ModelService
 from tests.api.test_anthropic_request import EPHEMERAL, WEATHER, assistant, result, text, user
 
 MODEL = "tiny-model"

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from ninfer.api.config import ServeConfig
-from ninfer.api.openai_chat import to_generation_request
-from ninfer.api.openai_chat_models import parse_chat_request
-from ninfer.api.service import ModelService
-from ninfer.api.state import ServerState
+from ninfer.api.chat.endpoints import to_generation_request
+from ninfer.api.chat.request import parse_chat_request
+from ninfer.api.server.config import ServeConfig
+from ninfer.api.server.state import ServerState
+from ninfer.api.service.model_service import ModelService
 
 MODEL = "tiny-model"
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from ninfer.api.errors import ApiError
-from ninfer.api.fields import parse_json_object
-from ninfer.api.openai_chat_models import ChatMessage, TextPart
+from ninfer.api.chat.request import ChatMessage, TextPart
+from ninfer.api.wire.errors import ApiError
+from ninfer.api.wire.fields import parse_json_object
 from tests.api.chat_request_helpers import (
     DROP,
     MODEL,
@@ -292,7 +292,7 @@ def test_lone_surrogate_escapes_are_refused_by_field():
 
 
 def test_reasoning_efforts_match_the_template_layer():
-    from ninfer.api import template
-    from ninfer.api.openai_chat_models import REASONING_EFFORTS
+    from ninfer.api.chat.request import REASONING_EFFORTS
+    from ninfer.api.service import template
 
     assert REASONING_EFFORTS == template.REASONING_EFFORTS

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ninfer.api.sampling import SamplerPolicy
+from ninfer.api.service.sampling import SamplerPolicy
 
 NONE = {
     k: None

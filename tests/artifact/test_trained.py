@@ -110,7 +110,7 @@ def test_committed_prompts_match_the_training_script(agent, tiny_agent_prompts):
 
 def test_server_renderer_encodes_prompts_as_trained(agent, tiny_agent_prompts):
     """ninfer's own template renderer and prompt encoder give the ids the model was trained on."""
-    template = pytest.importorskip("ninfer.api.template")
+    template = pytest.importorskip("ninfer.api.service.template")
     art, _, tok = agent
     chat = template.chat_template_for(art.chat_template, tok)
     for p in tiny_agent_prompts:

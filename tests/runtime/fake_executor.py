@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ninfer.runtime.executors.sampler import Sampler, SampleRow
 from ninfer.runtime.request import SCHEDULING_BOUNDARIES, SamplingParams, SchedulingEvent
-from ninfer.runtime.sampler import Sampler, SampleRow
 from ninfer.runtime.step import FED, StateCopy, StepBatch
 
 _MOD = (1 << 61) - 1

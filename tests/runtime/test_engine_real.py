@@ -17,7 +17,8 @@ from real_engine import alone, greedy, random_prompt
 
 from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.engine import Engine, EngineStats
-from ninfer.runtime.executor import Executor, executor_for
+from ninfer.runtime.executors.cpu.executor import Executor, executor_for
+from ninfer.runtime.executors.sampler import Sampler
 from ninfer.runtime.request import (
     FIRST_OUTPUT_PARTS,
     AdmittedEvent,
@@ -26,7 +27,6 @@ from ninfer.runtime.request import (
     RequestOutput,
     TokensEvent,
 )
-from ninfer.runtime.sampler import Sampler
 
 ARCHS = ("qwen3", "qwen3_5")  # attention-only, hybrid
 PAGE = 16

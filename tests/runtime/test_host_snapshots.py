@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from ninfer.errors import ConfigError
 from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.engine import Engine
+from ninfer.runtime.executors.sampler import Sampler
 from ninfer.runtime.preemption import D2H, H2D, KV, STATE
 from ninfer.runtime.request import (
     EngineError,
@@ -32,7 +33,6 @@ from ninfer.runtime.request import (
     SamplingParams,
     SchedulingEvent,
 )
-from ninfer.runtime.sampler import Sampler
 from ninfer.runtime.sequence import SeqStatus
 from ninfer.runtime.step import StateCopy
 

@@ -24,10 +24,10 @@ from real_engine import alone, greedy, random_prompt
 
 from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.engine import Engine, EngineStats
-from ninfer.runtime.executor import Executor, executor_for
+from ninfer.runtime.executors.cpu.executor import Executor, executor_for
+from ninfer.runtime.executors.sampler import Sampler
 from ninfer.runtime.preemption import D2H, H2D, KV, STATE
 from ninfer.runtime.request import Request
-from ninfer.runtime.sampler import Sampler
 from ninfer.runtime.step import SeqChunk, StepBatch
 
 ARCHS = ("qwen3", "qwen3_5")
@@ -89,7 +89,7 @@ def _cuda_executor(path, device: str, **options):
     from ninfer.artifact import Artifact
     from ninfer.passes.options import CompileOptions
     from ninfer.passes.pipeline import compile_artifact
-    from ninfer.runtime.cuda_executor import CudaExecutor
+    from ninfer.runtime.executors.cuda.executor import CudaExecutor
 
     base = {"kv_dtype": "fp8", "max_concurrency": 2, "kv_capacity": POOL, "cuda_graphs": False}
     options = CompileOptions(
@@ -199,7 +199,7 @@ def test_pauses_restore_by_replay_and_by_snapshot_to_the_solo_tokens(arch, fixtu
 def test_cuda_engine_restores_from_pinned_snapshots_to_the_replay_tokens(arch, fixture_artifacts):
     """On the GPU (decode from CUDA Graphs): the snapshot route gives the replay route's tokens,
     and those equal each request's tokens on a pool large enough for no pause."""
-    from ninfer.runtime.cuda_executor import CudaExecutor
+    from ninfer.runtime.executors.cuda.executor import CudaExecutor
 
     path = fixture_artifacts(arch)
     small = _cuda_executor(path, "cuda", kv_dtype="f32", cuda_graphs=True, max_concurrency=4)

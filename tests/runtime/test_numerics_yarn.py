@@ -31,9 +31,9 @@ from ninfer.artifact.model_spec import model_spec
 from ninfer.errors import ArtifactError
 from ninfer.passes.options import CompileOptions
 from ninfer.passes.pipeline import compile_artifact
-from ninfer.runtime.cuda_executor import CudaExecutor
-from ninfer.runtime.executor import Executor
-from ninfer.runtime.ops_torch import _inv_freq, rope_scale
+from ninfer.runtime.executors.cpu.executor import Executor
+from ninfer.runtime.executors.cpu.ops import _inv_freq, rope_scale
+from ninfer.runtime.executors.cuda.executor import CudaExecutor
 from ninfer.runtime.step import SeqChunk, StepBatch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
