@@ -1,6 +1,6 @@
 """Anthropic endpoints: POST /v1/messages (aggregate and SSE) and /v1/messages/count_tokens.
 
-The handlers parse the body (`anthropic_models.parse_messages_request`), hand the resulting
+The handlers parse the body (`request.parse_messages_request`), hand the resulting
 `GenerationRequest` to the model service (`state.service`), and serialise its events
 (`anthropic_sse`). Every response carries a `request-id` header; every error uses the
 Anthropic body and categories (`anthropic_errors`).

@@ -10,8 +10,8 @@ Routes:
     POST   /v1/responses/{id}/cancel          fails: no background execution
     POST   /v1/responses/compact              fails: compaction_not_supported
 
-A create request is validated (`responses_request`), its parent chain fetched from the local
-store, the chain's Items plus the new input lowered to template messages (`responses_prepare`),
+A create request is validated (`request`), its parent chain fetched from the local
+store, the chain's Items plus the new input lowered to template messages (`prepare`),
 and the resulting `GenerationRequest` run by `ModelService`. `OutputBuilder` turns the event
 stream into output Items for both the JSON body and the SSE stream. Preparation and admission
 errors are ordinary HTTP errors: the stream starts only after the first event. A stored root
@@ -63,7 +63,7 @@ from ninfer.api.wire.offload import decode_body
 
 log = logging.getLogger("ninfer.api.responses")
 
-__all__ = [  # the preparation half lives in responses_prepare; tests import it from here too
+__all__ = [  # the preparation half lives in prepare.py; tests import it from here too
     "SESSION_PREFIX",
     "Prepared",
     "envelope_size",

@@ -1,7 +1,7 @@
 """Lowering a Responses conversation (canonical Items) to chat-template messages.
 
 `items_to_messages(items, tools, ...)` takes the stored chain's Items followed by the new input
-(all canonical, see responses_items) and returns template-form messages plus prefix-cache write
+(all canonical, see items.py) and returns template-form messages plus prefix-cache write
 points (docs/serving.md, "Responses input Items" and "Prompt caching hints"):
 
     reasoning* -> message(assistant)* -> function_call*   one assistant turn
@@ -13,7 +13,7 @@ need rearranging fails with `invalid_assistant_history`. Results are matched by 
 calls of the turn just before them; unknown, duplicate or partial result sets, and calls
 that no function_call_output answers (OpenAI: "No tool output found for function call ..."),
 fail with `invalid_tool_history`. Top-level `instructions` becomes a leading developer message for this
-request only. Historical calls render under their internal engine name (responses_tools).
+request only. Historical calls render under their internal engine name (tools.py).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Two steps (docs/serving.md, "Responses input Items"):
    supplied, generated otherwise: msg_/rs_/fc_/fco_), string content turned into typed parts.
    Canonical Items are what `GET /v1/responses/{id}/input_items` lists and what a stored chain
    replays. Duplicate ids fail.
-2. `responses_history.items_to_messages` lowers a conversation of canonical Items (the stored
+2. `history.items_to_messages` lowers a conversation of canonical Items (the stored
    chain's Items followed by the new input) to chat-template messages.
 
 A reasoning Item restores its text from raw `reasoning_text` content, or from the

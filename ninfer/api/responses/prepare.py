@@ -2,7 +2,7 @@
 
 `prepare` turns a validated `ResponsesRequest` plus its stored parent chain into the
 `GenerationRequest` the model service runs; `response_object` renders the Response that the
-JSON body, the SSE lifecycle events and the store all carry (see openai_responses for routes).
+JSON body, the SSE lifecycle events and the store all carry (see endpoints.py for routes).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 body into a frozen `ResponsesRequest`; `parse_count_request` does the same for
 `POST /v1/responses/input_tokens`, which accepts only the prompt-shaping fields. Both need no
 engine and no store: resolving `previous_response_id` and rendering happen later
-(`openai_responses.py`). Contract: docs/serving.md, "OpenAI Responses", "Responses create
+(`endpoints.py`). Contract: docs/serving.md, "OpenAI Responses", "Responses create
 fields" and "Responses input token count".
 
 - Unknown top-level fields fail with 400 `unknown_parameter`.
@@ -80,7 +80,7 @@ def unknown_parameter(name: str) -> ApiError:
 @dataclass(frozen=True)
 class ResponsesRequest:
     """A validated Responses request. `input_items` are canonical input Items with ids (see
-    responses_items); empty when `input` was omitted or empty. `input_given`: `input` was sent
+    items.py); empty when `input` was omitted or empty. `input_given`: `input` was sent
     (not omitted or null). `allowed` is the allowed_tools subset or None. Sampling values and
     `max_output_tokens` are None when omitted. `include_reasoning`: include asked for
     "reasoning.encrypted_content" (each reasoning output Item carries a reasoning token)."""
@@ -126,7 +126,7 @@ def parse_create_request(
     body: dict[str, Any], *, model_id: str, vision: bool, seal: ReasoningSeal | None = None
 ) -> ResponsesRequest:
     """Validate a `POST /v1/responses` body. Raises ApiError (404 model_not_found, else 400).
-    `seal` opens reasoning `encrypted_content` tokens in the input (responses_items)."""
+    `seal` opens reasoning `encrypted_content` tokens in the input (items.py)."""
     return _parse(body, CREATE_FIELDS, model_id=model_id, vision=vision, count=False, seal=seal)
 
 

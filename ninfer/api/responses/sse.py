@@ -19,7 +19,7 @@ Each `feed` returns the semantic events (dicts with `type`, without `sequence_nu
 `SseFramer` numbers events and writes `event: NAME` + `data: JSON` frames (no `[DONE]`); the
 transport (`ninfer.api.server.sse.with_keepalive`) adds the `: keep-alive` comment after 5 s without a
 frame. The lifecycle events (created, in_progress, the terminal event) are assembled by
-`openai_responses`.
+`endpoints.py`.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ Same protocol and the same function as the reference executor (ninfer/runtime/ex
     ex.restore(snap, page_ids, slot)        # back into other pages / slot, stream-ordered
 
 What happens once, at construction:
-  - weights are uploaded (cuda_weights: fp8/nvfp4 GEMM weights stay packed, the rest in the
-    compute dtype), the KV pool and state slots are allocated (cuda_kv); with
+  - weights are uploaded (weights.py: fp8/nvfp4 GEMM weights stay packed, the rest in the
+    compute dtype), the KV pool and state slots are allocated (kv_cache.py); with
     kv_capacity="auto" the pool takes the free memory left after weights, the planned
     workspace and state, minus 1 GiB, capped at the plan's pool (what the lanes can use).
 

@@ -9,7 +9,7 @@ tensor [N] otherwise (quant_linear takes either), so a fused GEMM is one launch.
 ninfer.runtime.executors.cpu.weights.
 
 The source is an `ninfer.artifact.Artifact`, or any object with `info(name)` (format, shape) and
-`device_parts(name, device) -> {part: tensor}` (the synthetic models of cuda_synthetic).
+`device_parts(name, device) -> {part: tensor}` (the synthetic models of ninfer.bench.synthetic).
 """
 
 from __future__ import annotations
