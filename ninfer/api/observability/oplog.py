@@ -98,14 +98,6 @@ def seconds(s: float | None) -> str:
     return f"{s:,.0f} s"
 
 
-def nbytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"  # pragma: no cover
-
-
 def per_second(n: float, s: float | None) -> float:
     return n / s if s and s > 0 and n > 0 else 0.0
 

@@ -13,7 +13,6 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from ninfer.api.observability import oplog
 from ninfer.api.server.config import kv_pool_warning
 from ninfer.api.server.state import ServerState
 from ninfer.api.service.model_service import ModelService, SamplerDefaults
@@ -24,6 +23,7 @@ from ninfer.runtime.build import build_engine
 from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.engine import Engine
 from ninfer.runtime.request import Request, SamplingParams
+from ninfer.units import nbytes
 
 log = logging.getLogger("ninfer.serve")
 
@@ -79,17 +79,17 @@ def _log_plan(plan: Any, executor: Any) -> None:
     mem = memory_layout(plan, executor)
     log.debug("plan: %d passes, fusions %s", len(plan.passes), plan.fusions or "none")
     budget = mem["budget_bytes"]
-    log.debug("memory ledger (budget %s):", oplog.nbytes(budget) if budget else "unbounded")
+    log.debug("memory ledger (budget %s):", nbytes(budget) if budget else "unbounded")
     for e in mem["ledger"]:
-        log.debug("  %-13s %10s  %s", e["item"], oplog.nbytes(e["bytes"]), e.get("detail", ""))
+        log.debug("  %-13s %10s  %s", e["item"], nbytes(e["bytes"]), e.get("detail", ""))
     kv = mem["kv"]
     log.debug(
         "KV pool: %d pages x %d tokens (%s, %s per page, %s in all)", kv["pages"],
-        kv["page_size"], kv["dtype"], oplog.nbytes(kv["bytes_per_page"]), oplog.nbytes(kv["bytes"]),
+        kv["page_size"], kv["dtype"], nbytes(kv["bytes_per_page"]), nbytes(kv["bytes"]),
     )  # fmt: skip
     st = mem["state_slots"]
     if st["slots"]:
-        log.debug("state slots: %d x %s", st["slots"], oplog.nbytes(st["bytes_per_slot"]))
+        log.debug("state slots: %d x %s", st["slots"], nbytes(st["bytes_per_slot"]))
     log.debug("decode CUDA Graph buckets: %s", mem["cuda_graphs"]["buckets"] or "none")
 
 
@@ -120,8 +120,8 @@ def plan_summary(options: EngineOptions, memory: dict[str, Any]) -> str:
     return (
         f"plan: {options.device} {options.dtype}, {options.max_concurrency} lane(s), context "
         f"{options.max_context}, KV pool {kv['capacity_tokens']} tokens ({kv['dtype']}, "
-        f"{oplog.nbytes(kv['bytes'])}), weights {oplog.nbytes(planned.get('weights', 0))}, "
-        f"total {oplog.nbytes(memory['ledger_total_bytes'] or 0)}"
+        f"{nbytes(kv['bytes'])}), weights {nbytes(planned.get('weights', 0))}, "
+        f"total {nbytes(memory['ledger_total_bytes'] or 0)}"
     )
 
 
