@@ -289,10 +289,3 @@ def test_lone_surrogate_escapes_are_refused_by_field():
         with pytest.raises(ApiError) as e:
             parse_json_object(raw)
         assert (e.value.status, e.value.code, e.value.param) == (400, "invalid_value", param)
-
-
-def test_reasoning_efforts_match_the_template_layer():
-    from ninfer.api.chat.request import REASONING_EFFORTS
-    from ninfer.api.service import template
-
-    assert REASONING_EFFORTS == template.REASONING_EFFORTS

@@ -38,6 +38,7 @@ from ninfer.api.service.generation import (
     SamplingOptions as ChatSampling,  # sampler fields as requested
 )
 from ninfer.api.service.stops import validate_stops
+from ninfer.api.service.template_options import REASONING_EFFORTS
 from ninfer.api.service.tool_fields import (
     FORCED_CALL,
     check_parameters_schema,
@@ -64,7 +65,6 @@ __all__ = [
     "Role", "TextPart", "ToolCall", "parse_chat_request",
 ]  # fmt: skip
 
-REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 TOP_K_MAX = 20
 MAX_CACHE_WRITES = 4  # prompt-cache write candidates per request
 # Known constrained-decoding aliases from other servers (llama.cpp's grammar and json_schema,

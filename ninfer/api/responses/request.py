@@ -21,10 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ninfer.api.chat.request import CONSTRAINED, REASONING_EFFORTS
+from ninfer.api.chat.request import CONSTRAINED
 from ninfer.api.responses.items import parse_input
 from ninfer.api.responses.reasoning_seal import ReasoningSeal
 from ninfer.api.responses.tools import FunctionDef, ToolSet, parse_tool_choice, parse_tools
+from ninfer.api.service.template_options import REASONING_EFFORTS
 from ninfer.api.wire import errors
 from ninfer.api.wire.errors import ApiError
 from ninfer.api.wire.fields import (

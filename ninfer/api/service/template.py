@@ -43,20 +43,8 @@ import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-from ninfer.api.service.prompt_encoding import (  # noqa: F401  (re-exported for existing importers)
-    PromptEncoder,
-    control_token_spellings,
-    encode_prompt,
-)
-from ninfer.api.service.template_options import (  # noqa: F401  (re-exported for existing importers)
-    REASONING_EFFORTS,
-    RESERVED_VARIABLES,
-    SPECIAL_TOKEN_VARIABLES,
-    STANDARD_OPTIONS,
-    TemplateOptions,
-    ThinkingDefaults,
-    resolve_template_options,
-)
+from ninfer.api.service.prompt_encoding import control_token_spellings
+from ninfer.api.service.template_options import TemplateOptions
 from ninfer.api.service.tool_fallback import lower_tools, renders_tools, uses_tools
 from ninfer.api.wire import errors
 from ninfer.api.wire.fields import parse_json_text

@@ -42,13 +42,7 @@ from enum import Enum
 from typing import Any
 
 from ninfer.api.service.tool_fields import TOOL_NAME
-from ninfer.api.service.tool_params import (  # noqa: F401  (re-exported for existing importers)
-    JSON_TYPES,
-    Converted,
-    convert_parameter,
-    parameter_types,
-    tool_parameter_types,
-)
+from ninfer.api.service.tool_params import convert_parameter, tool_parameter_types
 
 TOOL_OPEN = "<tool_call>"
 TOOL_CLOSE = "</tool_call>"
@@ -57,14 +51,6 @@ FUNC_CLOSE = "</function>"
 PARAM_OPEN = "<parameter="
 PARAM_CLOSE = "</parameter>"
 
-FALLBACK_REASONS = (
-    "none",
-    "malformed_structure",
-    "duplicate_parameter",
-    "invalid_tool_name",
-    "undeclared_tool",
-    "trailing_content",
-)
 _MAX_NAME = 256  # a name longer than this without its ">" is malformed
 _WS = re.compile(r"\s*")
 
