@@ -16,11 +16,10 @@ qwen3 is the attention-only model, qwen3_5 the hybrid one.
 from __future__ import annotations
 
 import functools
-import time
 
 import pytest
 import torch
-from real_engine import alone, greedy, random_prompt
+from real_engine import alone, greedy, random_prompt, settled
 
 from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.engine import Engine, EngineStats
@@ -140,16 +139,6 @@ def _requests(vocab: int) -> list[Request]:
     ]
 
 
-def _settled(engine: Engine) -> EngineStats:
-    deadline = time.monotonic() + T
-    while True:
-        s = engine.snapshot()
-        if s.running == s.waiting == s.paused == 0:
-            return s
-        assert time.monotonic() < deadline, s
-        time.sleep(0.005)
-
-
 def _pressured_run(ex: Executor, host_context_mib: int | None) -> tuple[list, EngineStats]:
     config = EngineOptions.of(
         max_concurrency=4,
@@ -163,7 +152,7 @@ def _pressured_run(ex: Executor, host_context_mib: int | None) -> tuple[list, En
     with Engine(config, ex, Sampler(), eos_ids=()) as engine:
         handles = [engine.submit(r) for r in _requests(ex.vocab_size)]
         outs = [h.result(T) for h in handles]
-        return outs, _settled(engine)
+        return outs, settled(engine)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
