@@ -16,8 +16,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, normalizers
 from tokenizers.trainers import BpeTrainer
+
+from artifacts.tokenizer import train_byte_level
 
 QWEN_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 QWEN_MARKUP = (
@@ -72,20 +74,7 @@ def _corpus() -> list[str]:
 
 
 def build_qwen_tokenizer() -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = BpeTrainer(
-        vocab_size=420,
-        min_frequency=2,
-        show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_SPECIAL])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN_MARKUP])
-    return tok
+    return train_byte_level(_corpus(), 420, QWEN_SPECIAL, QWEN_MARKUP)
 
 
 def build_sp_tokenizer() -> Tokenizer:

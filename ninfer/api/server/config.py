@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ninfer.api.service.sampling import FIELDS
 from ninfer.errors import ConfigError
 from ninfer.runtime.config import EngineOptions
 
@@ -159,15 +160,7 @@ class ServeConfig:
     def sampler_overrides(self) -> dict[str, Any]:
         """Process-level sampler overrides that were given (request fields override these;
         --greedy then forces temperature 0)."""
-        names = (
-            "temperature",
-            "top_p",
-            "top_k",
-            "min_p",
-            "presence_penalty",
-            "frequency_penalty",
-            "seed",
-        )
+        names = (*FIELDS, "seed")
         return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
 

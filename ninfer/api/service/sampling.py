@@ -14,10 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ninfer.artifact.generation import effective_defaults
+from ninfer.artifact.generation import FIELDS as _RECORDED
+from ninfer.artifact.generation import PLAIN, effective_defaults
 
 TOP_K_CAP = 20
-FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty")
+FIELDS = tuple(_RECORDED)  # the sampler fields an artifact, a flag or a request may set
 
 # (temperature, top_p, top_k, min_p, presence_penalty); frequency penalty is 0 for all.
 _QWEN35_NON_THINKING = (0.7, 0.80, 20, 0.0, 1.5)
@@ -25,14 +26,6 @@ PRESETS: dict[str, dict[bool, tuple[float, float, int, float, float]]] = {
     "qwen3_5": {True: (1.0, 0.95, 20, 0.0, 0.0), False: _QWEN35_NON_THINKING},
     # the MoE (35B-A3B) preset differs only in its thinking presence penalty
     "qwen3_5_moe": {True: (1.0, 0.95, 20, 0.0, 1.5), False: _QWEN35_NON_THINKING},
-}
-_BASE = {
-    "temperature": 1.0,
-    "top_p": 1.0,
-    "top_k": 0,
-    "min_p": 0.0,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
 }
 
 
@@ -50,7 +43,7 @@ class SamplerPolicy:
         preset = PRESETS.get(self.architecture, {}).get(thinking)
         if preset is not None:
             t, p, k, m, pp = preset
-            return dict(_BASE, temperature=t, top_p=p, top_k=k, min_p=m, presence_penalty=pp)
+            return dict(PLAIN, temperature=t, top_p=p, top_k=k, min_p=m, presence_penalty=pp)
         return dict(effective_defaults(self.generation))
 
     def resolve(self, thinking: bool, request: dict[str, Any]) -> dict[str, Any]:
