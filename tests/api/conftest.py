@@ -19,17 +19,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers
 from tokenizers.trainers import BpeTrainer
 
-from artifacts.tokenizer import train_byte_level
-
-QWEN_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-QWEN_MARKUP = (
-    "<think>",
-    "</think>",
-    "<tool_call>",
-    "</tool_call>",
-    "<tool_response>",
-    "</tool_response>",
-)
+from artifacts.tokenizer import MARKUP_TOKENS, SPECIAL_TOKENS, train_byte_level
 
 # The metric families docs/serving.md lists, by Prometheus type, as
 # prometheus_client's parser names them (counters without _total). Shared with the e2e suite.
@@ -74,7 +64,7 @@ def _corpus() -> list[str]:
 
 
 def build_qwen_tokenizer() -> Tokenizer:
-    return train_byte_level(_corpus(), 420, QWEN_SPECIAL, QWEN_MARKUP)
+    return train_byte_level(_corpus(), 420, SPECIAL_TOKENS, MARKUP_TOKENS)
 
 
 def build_sp_tokenizer() -> Tokenizer:

@@ -153,12 +153,8 @@ def test_random_pressure_restores_the_same_tokens_by_either_route(setup, operati
                 seqs.append(h.add(prompt(min(n, kv_tokens), seed), **params))
             except EngineOverloaded:
                 pass
-        elif op[0] == "cancel" and seqs:
-            h.sched.abort(seqs[op[1] % len(seqs)].seq_id, "cancelled", h.now)
-            h.collect()
-        elif op[0] == "step":
-            for _ in range(op[1]):
-                h.step()
+        else:
+            h.cancel_or_step(op, seqs)
     h.run()
     for seq in seqs:
         assert seq.status is SeqStatus.FINISHED

@@ -124,6 +124,25 @@ class PagedKVCache:
         )
 
 
+def alloc_state(
+    caches: dict[str, dict[str, Any]], rows: int, dtype: torch.dtype, device: torch.device
+) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+    """Zeroed recurrent state of each Gated DeltaNet layer of the plan's `caches`, by layer:
+    conv tails [rows, conv_dim, kernel - 1] in `dtype` and f32 delta-rule states
+    [rows, v_heads, k_dim, v_dim]."""
+    conv: dict[int, torch.Tensor] = {}
+    ssm: dict[int, torch.Tensor] = {}
+    for c in caches.values():
+        if c["kind"] != "state":
+            continue
+        i = c["layer"]
+        conv[i] = torch.zeros(rows, c["conv_dim"], c["kernel_size"] - 1, dtype=dtype, device=device)
+        ssm[i] = torch.zeros(
+            rows, c["v_heads"], c["k_dim"], c["v_dim"], dtype=torch.float32, device=device
+        )
+    return conv, ssm
+
+
 class StateSlots:
     def __init__(
         self,
@@ -133,18 +152,7 @@ class StateSlots:
         device: torch.device,
     ):
         self.num_slots = num_slots
-        self.conv: dict[int, torch.Tensor] = {}
-        self.ssm: dict[int, torch.Tensor] = {}
-        for c in caches.values():
-            if c["kind"] != "state":
-                continue
-            i = c["layer"]
-            self.conv[i] = torch.zeros(
-                num_slots, c["conv_dim"], c["kernel_size"] - 1, dtype=dtype, device=device
-            )
-            self.ssm[i] = torch.zeros(
-                num_slots, c["v_heads"], c["k_dim"], c["v_dim"], dtype=torch.float32, device=device
-            )
+        self.conv, self.ssm = alloc_state(caches, num_slots, dtype, device)
 
     def copy(self, src: int, dst: int) -> None:
         for t in (*self.conv.values(), *self.ssm.values()):

@@ -25,6 +25,7 @@ from kernels.kv_cache import alloc_kv_cache, quantize_kv
 from kernels.quant_decode import E2M1_MAX, decode_fp8, encode_fp8
 from ninfer.ir.kv_formats import split_kv
 from ninfer.ir.plan import KVLayout
+from ninfer.runtime.executors.cpu.kv_cache import alloc_state
 
 # the plan's KV storage names -> kernels.kv_cache formats
 _KERNEL_FMT = {
@@ -138,18 +139,7 @@ class CudaStateSlots:
     ):
         self.num_slots = num_slots
         self.scratch_slot = num_slots
-        self.conv: dict[int, torch.Tensor] = {}
-        self.ssm: dict[int, torch.Tensor] = {}
-        for c in caches.values():
-            if c["kind"] != "state":
-                continue
-            i, n = c["layer"], num_slots + 1
-            self.conv[i] = torch.zeros(
-                n, c["conv_dim"], c["kernel_size"] - 1, dtype=dtype, device=device
-            )
-            self.ssm[i] = torch.zeros(
-                n, c["v_heads"], c["k_dim"], c["v_dim"], dtype=torch.float32, device=device
-            )
+        self.conv, self.ssm = alloc_state(caches, num_slots + 1, dtype, device)
 
     def copy(self, src: int, dst: int) -> None:
         for t in (*self.conv.values(), *self.ssm.values()):
