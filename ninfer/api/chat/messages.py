@@ -28,7 +28,7 @@ from ninfer.api.wire.fields import (
     get_enum,
     get_object,
     get_str,
-    parse_json_text,
+    json_object_text,
     require_object,
 )
 
@@ -219,15 +219,7 @@ def _arguments(fn: dict[str, Any], param: str) -> str:
         return "{}"
     if isinstance(args, dict):  # some clients send the object itself; member order is kept
         return json.dumps(args, ensure_ascii=False)
-    if not isinstance(args, str):
-        raise errors.invalid_type(f"{param}.arguments", "a JSON string", args)
-    try:
-        parsed = parse_json_text(args, f"{param}.arguments")  # 400 when nested too deep
-    except ValueError:
-        parsed = None
-    if not isinstance(parsed, dict):
-        raise errors.invalid_value(f"{param}.arguments", "must be the JSON text of an object")
-    return args
+    return json_object_text(args, f"{param}.arguments", "a JSON string")
 
 
 def _parse_content(

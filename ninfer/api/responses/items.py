@@ -34,7 +34,7 @@ from ninfer.api.wire.fields import (
     get_enum,
     get_object,
     get_str,
-    parse_json_text,
+    json_object_text,
     require_object,
 )
 
@@ -297,14 +297,7 @@ def _parse_call(item: dict[str, Any], param: str) -> dict[str, Any]:
     args = item.get("arguments")
     if args is None:
         raise errors.missing(f"{param}.arguments")
-    if not isinstance(args, str):
-        raise errors.invalid_type(f"{param}.arguments", "a JSON object string", args)
-    try:
-        parsed = parse_json_text(args, f"{param}.arguments")  # 400 when nested too deep
-    except ValueError:
-        parsed = None
-    if not isinstance(parsed, dict):
-        raise errors.invalid_value(f"{param}.arguments", "must be the JSON text of an object")
+    args = json_object_text(args, f"{param}.arguments", "a JSON object string")
     out: dict[str, Any] = {
         "id": _item_id(item, param) or new_id("fc_"),
         "type": "function_call",

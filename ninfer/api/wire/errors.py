@@ -290,21 +290,22 @@ def _cannot(guarantee: str) -> str:
     return f"is not supported: ninfer cannot provide {guarantee}"
 
 
+# JSON's types as an error message names them; bool before int (a bool is an int in Python)
+_JSON_TYPES = (
+    (type(None), "null"),
+    (bool, "a boolean"),
+    (int, "an integer"),
+    (float, "a number"),
+    (str, "a string"),
+    (list, "an array"),
+    (dict, "an object"),
+)
+
+
 def _json_type(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
+    for kind, name in _JSON_TYPES:
+        if isinstance(value, kind):
+            return name
     return type(value).__name__
 
 

@@ -75,6 +75,21 @@ def parse_json_text(text: str, param: str) -> Any:
     return value
 
 
+def json_object_text(value: Any, param: str, expected: str) -> str:
+    """`value` as sent, when it is the JSON text of an object (a tool call's arguments). Raises
+    400 invalid_type naming `param` when it is not a string (`expected` says what should have
+    come), 400 invalid_value when the text is not a JSON object or nests too deep."""
+    if not isinstance(value, str):
+        raise errors.invalid_type(param, expected, value)
+    try:
+        parsed = parse_json_text(value, param)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise errors.invalid_value(param, "must be the JSON text of an object")
+    return value
+
+
 # JSON may escape a UTF-16 surrogate; a pair decodes to one character, a lone one stays a
 # surrogate, which is not Unicode text (no tokenizer, encoder or client can take it). Raw
 # surrogate bytes (ED A0..BF xx, invalid UTF-8) are decoded to surrogates too by json.loads.

@@ -95,13 +95,9 @@ def _object(text: str, idx: int, depth: int) -> tuple[dict[str, Any], int]:
             raise json.JSONDecodeError("Expecting ':' delimiter", text, idx)
         idx = _ws(text, idx + 1)
         out[key], idx = _value(text, idx, depth + 1)
-        idx = _ws(text, idx)
-        ch = text[idx : idx + 1]
-        if ch == "}":
-            return out, idx + 1
-        if ch != ",":
-            raise json.JSONDecodeError("Expecting ',' delimiter", text, idx)
-        idx = _ws(text, idx + 1)
+        closed, idx = _next_member(text, idx, "}")
+        if closed:
+            return out, idx
 
 
 def _array(text: str, idx: int, depth: int) -> tuple[list[Any], int]:
@@ -112,13 +108,21 @@ def _array(text: str, idx: int, depth: int) -> tuple[list[Any], int]:
     while True:
         value, idx = _value(text, idx, depth + 1)
         out.append(value)
-        idx = _ws(text, idx)
-        ch = text[idx : idx + 1]
-        if ch == "]":
-            return out, idx + 1
-        if ch != ",":
-            raise json.JSONDecodeError("Expecting ',' delimiter", text, idx)
-        idx = _ws(text, idx + 1)
+        closed, idx = _next_member(text, idx, "]")
+        if closed:
+            return out, idx
+
+
+def _next_member(text: str, idx: int, close: str) -> tuple[bool, int]:
+    """After a member of an object or array: (True, the index after `close`) when it ends the
+    container, else (False, the start of the next member after the comma)."""
+    idx = _ws(text, idx)
+    ch = text[idx : idx + 1]
+    if ch == close:
+        return True, idx + 1
+    if ch != ",":
+        raise json.JSONDecodeError("Expecting ',' delimiter", text, idx)
+    return False, _ws(text, idx + 1)
 
 
 def _string(text: str, start: int) -> tuple[str, int]:
