@@ -24,16 +24,19 @@ stack (spills) and what the inner loop does (16-byte loads, shared-memory traffi
 
 from __future__ import annotations
 
-import argparse
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import torch
 from triton.errors import TritonError
 
-from bench.dense_gemv_bench import ROTATE_BYTES, _per_call, _save, copy_bandwidth
+from bench.dense_gemv_bench import (
+    ROTATE_BYTES,
+    _per_call,
+    sweep_arguments,
+    sweep_shapes,
+)
 from bench.dense_gemv_bench import SHAPES as DENSE_SHAPES
 from kernels.fp8_gemv import TABLE_PATH, Fp8GemvConfig, compile_fp8_gemv, fp8_gemv
 from kernels.quant_gemm import GEMV_MAX_M, quant_linear, quant_linear_reference, quantize_weight_fp8
@@ -206,35 +209,14 @@ def compile_only(jobs: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="bench/results")
-    ap.add_argument("--write-table", action="store_true")
-    ap.add_argument("--quick", action="store_true")
+    ap = sweep_arguments()
     ap.add_argument("--compile-only", action="store_true", help="compile for sm_90, no GPU")
     ap.add_argument("--jobs", type=int, default=4, help="compile processes (--compile-only)")
     args = ap.parse_args()
     if args.compile_only:
         compile_only(args.jobs)
         return
-    sweep_shapes(args, bench_shape, TABLE_PATH, "fp8_gemv_h200", write_md)
-
-
-def sweep_shapes(
-    args: argparse.Namespace, bench: Any, table_path: Path, name: str, md: Any
-) -> None:
-    """bench(N, K, glu, bw, quick) -> row for every shape (two with --quick), then the table of
-    the rows' "wins" (with --write-table) and the reports <name>.json / .md in --out."""
-    t0 = time.time()
-    bw = copy_bandwidth()
-    print(f"copy {bw / 1e9:.0f} GB/s", flush=True)
-    rows = []
-    for N, K, glu in SHAPES[:2] if args.quick else SHAPES:
-        rows.append(bench(N, K, glu, bw, args.quick))
-        torch.cuda.empty_cache()
-    table = {f"{r['N']}:{r['K']}:{int(r['glu'])}": r["wins"] for r in rows}
-    out, dev = _save(args, table_path, f"{name}.json", bw, rows, table, t0)
-    md(out / f"{name}.md", dev, bw, rows)
-    print(f"done in {time.time() - t0:.0f} s", flush=True)
+    sweep_shapes(args, bench_shape, SHAPES, TABLE_PATH, "fp8_gemv_h200", write_md)
 
 
 if __name__ == "__main__":

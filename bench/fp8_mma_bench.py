@@ -14,14 +14,13 @@ kernels/fp8_mma_table.json: per weight, the best MMA shape where it beat the FMA
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import torch
 
-from bench.dense_gemv_bench import _per_call
-from bench.fp8_gemv_bench import rotating_fp8, sweep_shapes
+from bench.dense_gemv_bench import _per_call, sweep_arguments, sweep_shapes
+from bench.fp8_gemv_bench import SHAPES, rotating_fp8
 from kernels.fp8_gemv import Fp8GemvConfig, fp8_gemv, fp8_gemv_config, fp8_gemv_reference
 from kernels.fp8_mma import TABLE_PATH, Fp8MmaConfig, fp8_mma
 
@@ -108,12 +107,8 @@ def rerender(json_path: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="bench/results")
-    ap.add_argument("--write-table", action="store_true")
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args()
-    sweep_shapes(args, bench_shape, TABLE_PATH, "fp8_mma_h200", write_md)
+    args = sweep_arguments().parse_args()
+    sweep_shapes(args, bench_shape, SHAPES, TABLE_PATH, "fp8_mma_h200", write_md)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ main loop per 32-bit weight word.
 
 from __future__ import annotations
 
-import argparse
 import re
 import subprocess
 import time
@@ -29,7 +28,14 @@ from pathlib import Path
 import torch
 import triton
 
-from bench.dense_gemv_bench import ROTATE_BYTES, SHAPES, _per_call, _save, copy_bandwidth
+from bench.dense_gemv_bench import (
+    ROTATE_BYTES,
+    SHAPES,
+    _per_call,
+    _save,
+    copy_bandwidth,
+    sweep_arguments,
+)
 from kernels.nvfp4_gemv import TABLE_PATH, Nvfp4GemvConfig, compile_nvfp4_gemv, nvfp4_gemv
 from kernels.quant_gemm import dequantize_weight, quant_linear
 
@@ -207,10 +213,7 @@ def compile_only(sweep: list[Nvfp4GemvConfig], shapes: list[tuple[int, int]]) ->
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="bench/results")
-    ap.add_argument("--write-table", action="store_true")
-    ap.add_argument("--quick", action="store_true")
+    ap = sweep_arguments()
     ap.add_argument("--compile-only", action="store_true", help="sm_90 compile check, no GPU")
     ap.add_argument(
         "--configs", default=None, help="sweep only these shapes: 'bn,warps,unroll,mma;...'"
