@@ -174,27 +174,35 @@ def bench_skinny(N: int, K: int, bw: float) -> dict:
     return row
 
 
-def write_md(path: Path, dev: str, bw: float, rows: list[dict]) -> None:
-    lines = [
-        "`python -m bench.dense_gemv_bench` (kernels/gemv.py against cuBLAS), CUDA-graph replay, medians",
-        "",
-        (
-            f"device {dev}; copy bandwidth {bw / 1e9:.0f} GB/s (read+write). 'bw' = bytes moved / "
-            "time / copy bandwidth; every call reads a weight not in L2 (copies cycled, > 400 MB). "
-            "GLU rows: silu_mul kernel + cuBLAS against the kernel with the SwiGLU folded in."
-        ),
-        "",
-        "| N | K | GLU | cuBLAS us (bw) | gemv us (bw) | best [rows, warps, unroll] | M=2 cuBLAS / gemv us | M=4 cuBLAS / gemv us |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        m2, m4 = r["m2"], r["m4"]
-        lines.append(
-            f"| {r['N']} | {r['K']} | {'yes' if r['glu'] else 'no'} | {r['cublas_ms'] * 1e3:.1f} ({r['cublas_bw']:.0%}) | "
-            f"{r['best_ms'] * 1e3:.1f} ({r['best_bw']:.0%}) | {r['best']} | "
-            f"{m2['cublas_ms'] * 1e3:.1f} / {m2['best_ms'] * 1e3:.1f} | {m4['cublas_ms'] * 1e3:.1f} / {m4['best_ms'] * 1e3:.1f} |"
-        )
+def write_report(
+    path: Path, intro: str, dev: str, bw: float, rates: str, header: str, table: list[str]
+) -> None:
+    """A sweep's Markdown report: how it was run (`intro`), the device and its copy bandwidth
+    followed by what the rates mean (`rates`), then the table: `header` (a Markdown row) and
+    one line per shape."""
+    lines = [intro, "", f"device {dev}; copy bandwidth {bw / 1e9:.0f} GB/s (read+write){rates}"]
+    lines += ["", header, "|" + "---|" * (header.count("|") - 1), *table]
     path.write_text("\n".join(lines) + "\n")
+
+
+def write_md(path: Path, dev: str, bw: float, rows: list[dict]) -> None:
+    table = [
+        f"| {r['N']} | {r['K']} | {'yes' if r['glu'] else 'no'} | {r['cublas_ms'] * 1e3:.1f} ({r['cublas_bw']:.0%}) | "
+        f"{r['best_ms'] * 1e3:.1f} ({r['best_bw']:.0%}) | {r['best']} | "
+        f"{r['m2']['cublas_ms'] * 1e3:.1f} / {r['m2']['best_ms'] * 1e3:.1f} | {r['m4']['cublas_ms'] * 1e3:.1f} / {r['m4']['best_ms'] * 1e3:.1f} |"
+        for r in rows
+    ]
+    write_report(
+        path,
+        "`python -m bench.dense_gemv_bench` (kernels/gemv.py against cuBLAS), CUDA-graph replay, medians",
+        dev,
+        bw,
+        ". 'bw' = bytes moved / time / copy bandwidth; every call reads a weight not in L2 (copies "
+        "cycled, > 400 MB). GLU rows: silu_mul kernel + cuBLAS against the kernel with the SwiGLU "
+        "folded in.",
+        "| N | K | GLU | cuBLAS us (bw) | gemv us (bw) | best [rows, warps, unroll] | M=2 cuBLAS / gemv us | M=4 cuBLAS / gemv us |",
+        table,
+    )
 
 
 def sweep_arguments() -> argparse.ArgumentParser:

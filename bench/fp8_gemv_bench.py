@@ -36,6 +36,7 @@ from bench.dense_gemv_bench import (
     _per_call,
     sweep_arguments,
     sweep_shapes,
+    write_report,
 )
 from bench.dense_gemv_bench import SHAPES as DENSE_SHAPES
 from kernels.fp8_gemv import TABLE_PATH, Fp8GemvConfig, compile_fp8_gemv, fp8_gemv
@@ -138,35 +139,29 @@ def bench_shape(N: int, K: int, glu: bool, bw: float, quick: bool) -> dict:
 
 
 def write_md(path: Path, dev: str, bw: float, rows: list[dict]) -> None:
-    lines = [
-        (
-            "`python -m bench.fp8_gemv_bench` (kernels/fp8_gemv.py against quant_linear's older "
-            "fp8 paths), CUDA-graph replay"
-        ),
-        "",
-        (
-            f"device {dev}; copy bandwidth {bw / 1e9:.0f} GB/s (read+write). Rates: weight + "
-            "scale + x + y bytes / time (GB/s, share of the copy bandwidth); every call reads a "
-            "weight not in L2 (copies cycled, > 400 MB). Older path: quant_gemv (gemv) or "
-            "tensor-core tiles (tiled); GLU rows run silu_mul first there and fold it in here."
-        ),
-        "",
-        (
-            "| N | K | GLU | older us (GB/s, bw) | fp8 gemv us (GB/s, bw) | best [rows, warps, "
-            "unroll] | M=2 older / fp8 gemv us | M=4 older / fp8 gemv us |"
-        ),
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    table = []
     for r in rows:
         m1, m2, m4 = r["m1"], r["m2"], r["m4"]
-        lines.append(
+        table.append(
             f"| {r['N']} | {r['K']} | {'yes' if r['glu'] else 'no'} | "
             f"{m1['older_ms'] * 1e3:.1f} ({m1['older_gbs']:.0f}, {m1['older_bw']:.0%}) | "
             f"{m1['best_ms'] * 1e3:.1f} ({m1['best_gbs']:.0f}, {m1['best_bw']:.0%}) | {m1['best']} | "
             f"{m2['older_ms'] * 1e3:.1f} ({m2['older_path']}) / {m2['best_ms'] * 1e3:.1f} | "
             f"{m4['older_ms'] * 1e3:.1f} ({m4['older_path']}) / {m4['best_ms'] * 1e3:.1f} |"
         )
-    path.write_text("\n".join(lines) + "\n")
+    write_report(
+        path,
+        "`python -m bench.fp8_gemv_bench` (kernels/fp8_gemv.py against quant_linear's older "
+        "fp8 paths), CUDA-graph replay",
+        dev,
+        bw,
+        ". Rates: weight + scale + x + y bytes / time (GB/s, share of the copy bandwidth); every "
+        "call reads a weight not in L2 (copies cycled, > 400 MB). Older path: quant_gemv (gemv) "
+        "or tensor-core tiles (tiled); GLU rows run silu_mul first there and fold it in here.",
+        "| N | K | GLU | older us (GB/s, bw) | fp8 gemv us (GB/s, bw) | best [rows, warps, "
+        "unroll] | M=2 older / fp8 gemv us | M=4 older / fp8 gemv us |",
+        table,
+    )
 
 
 def _compile_one(job: tuple[Fp8GemvConfig, bool, int, bool]) -> str:

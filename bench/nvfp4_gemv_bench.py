@@ -35,6 +35,7 @@ from bench.dense_gemv_bench import (
     _save,
     copy_bandwidth,
     sweep_arguments,
+    write_report,
 )
 from kernels.nvfp4_gemv import TABLE_PATH, Nvfp4GemvConfig, compile_nvfp4_gemv, nvfp4_gemv
 from kernels.quant_gemm import dequantize_weight, quant_linear
@@ -134,34 +135,28 @@ def bench_shape(N: int, K: int, bw: float, sweep: list[Nvfp4GemvConfig]) -> dict
 
 
 def write_md(path: Path, dev: str, bw: float, rows: list[dict]) -> None:
-    lines = [
-        (
-            "`python -m bench.nvfp4_gemv_bench` (kernels/nvfp4_gemv.py against quant_linear "
-            "nvfp4), CUDA-graph replay, medians"
-        ),
-        "",
-        (
-            f"device {dev}; copy bandwidth {bw / 1e9:.0f} GB/s (read+write). 'bw' = bytes moved "
-            "(packed weight, scales, x, y) / time / copy bandwidth; every call reads a weight not "
-            "in L2 (copies cycled, > 400 MB). Shape = [rows, warps, unroll, mma]."
-        ),
-        "",
-        (
-            "| N | K | quant_linear us (bw) | nvfp4_gemv us (bw) | GB/s | best | "
-            "M=2 old / new us | M=4 old / new us |"
-        ),
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    table = []
     for r in rows:
         m2, m4 = r["m2"], r["m4"]
         gbs = r["best_bw"] * bw / 1e9
-        lines.append(
+        table.append(
             f"| {r['N']} | {r['K']} | {r['old_ms'] * 1e3:.1f} ({r['old_bw']:.0%}) | "
             f"{r['best_ms'] * 1e3:.1f} ({r['best_bw']:.0%}) | {gbs:.0f} | {r['best']} | "
             f"{m2['old_ms'] * 1e3:.1f} / {m2['best_ms'] * 1e3:.1f} | "
             f"{m4['old_ms'] * 1e3:.1f} / {m4['best_ms'] * 1e3:.1f} |"
         )
-    path.write_text("\n".join(lines) + "\n")
+    write_report(
+        path,
+        "`python -m bench.nvfp4_gemv_bench` (kernels/nvfp4_gemv.py against quant_linear "
+        "nvfp4), CUDA-graph replay, medians",
+        dev,
+        bw,
+        ". 'bw' = bytes moved (packed weight, scales, x, y) / time / copy bandwidth; every call "
+        "reads a weight not in L2 (copies cycled, > 400 MB). Shape = [rows, warps, unroll, mma].",
+        "| N | K | quant_linear us (bw) | nvfp4_gemv us (bw) | GB/s | best | "
+        "M=2 old / new us | M=4 old / new us |",
+        table,
+    )
 
 
 # -- --compile-only: sm_90 without a GPU ---------------------------------------------------------
