@@ -48,7 +48,7 @@ ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe")
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 # the server's maintained Qwen-style template (ChatML, Qwen XML tool calls, <think>)
-TEMPLATE = REPO / "ninfer" / "api" / "templates" / "qwen_xml.jinja"
+TEMPLATE = REPO / "ninfer" / "api" / "service" / "templates" / "qwen_xml.jinja"
 TINY_AGENT = HERE / "fixtures" / "tiny-agent.ninfer"
 TINY_AGENT_PROMPTS = HERE / "fixtures" / "tiny-agent.prompts.json"
 

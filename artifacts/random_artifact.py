@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ninfer.api.template import TEMPLATES_DIR
+from ninfer.api.service.template import TEMPLATES_DIR
 from ninfer.artifact.format import ArtifactWriter, StoredTensor
 
 
@@ -40,7 +40,7 @@ def write_random_artifact(
     name: str, out: str | Path, *, weights: str = "bf16", device: str = "cpu", seed: int = 0
 ) -> Path:
     from artifacts.tokenizer import EOS_TOKEN, build_tokenizer, token_id
-    from ninfer.runtime.cuda_synthetic import build_synthetic
+    from ninfer.bench.synthetic import build_synthetic
 
     source, model = build_synthetic(name, weights, device, seed=seed)
     del model  # only the stored parts are written
@@ -67,7 +67,7 @@ def write_random_artifact(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ninfer.runtime.cuda_synthetic import SYNTHETIC, WEIGHTS
+    from ninfer.bench.synthetic import SYNTHETIC, WEIGHTS
 
     p = argparse.ArgumentParser(
         prog="python -m artifacts.random_artifact", description=__doc__.splitlines()[0]

@@ -98,26 +98,43 @@ def corpus() -> list[str]:
     return [t for t in _CORPUS for _ in range(3)]
 
 
-def build_tokenizer() -> Tokenizer:
-    """Train the tiny tokenizer. Deterministic: equal calls give byte-identical `to_str()`."""
+def train_byte_level(
+    texts: list[str],
+    vocab_size: int,
+    special: tuple[str, ...] | list[str],
+    markup: tuple[str, ...] | list[str],
+    pre_tokenizer: Any = None,
+) -> Tokenizer:
+    """A Qwen-style byte-level BPE tokenizer trained on `texts`: `vocab_size` learned ids
+    (bytes included), then the `special` tokens and the `markup` tokens (never split, not
+    special). `pre_tokenizer` defaults to plain byte-level splitting. Deterministic."""
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
+    tok.pre_tokenizer = pre_tokenizer or pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in markup])
+    return tok
+
+
+def build_tokenizer() -> Tokenizer:
+    """Train the tiny tokenizer. Deterministic: equal calls give byte-identical `to_str()`."""
+    split = pre_tokenizers.Sequence(
         [
             pre_tokenizers.Split(Regex(_SPLIT), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
-    tok.decoder = decoders.ByteLevel()
-    trainer = BpeTrainer(
-        vocab_size=VOCAB_SIZE - len(ADDED_TOKENS),
-        min_frequency=2,
-        show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    tok = train_byte_level(
+        corpus(), VOCAB_SIZE - len(ADDED_TOKENS), SPECIAL_TOKENS, MARKUP_TOKENS, split
     )
-    tok.train_from_iterator(corpus(), trainer=trainer)
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP_TOKENS])
     if tok.get_vocab_size() != VOCAB_SIZE:
         raise AssertionError(
             f"tiny tokenizer has {tok.get_vocab_size()} ids, expected {VOCAB_SIZE}"

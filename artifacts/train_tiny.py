@@ -3,7 +3,7 @@
     python -m artifacts.train_tiny [--out artifacts/fixtures] [--max-minutes 8]
 
 A Qwen3-architecture model of about 1M parameters, with the tiny tokenizer of
-`artifacts.tokenizer` and our chat template (ninfer/api/templates/qwen_xml.jinja), is trained on
+`artifacts.tokenizer` and our chat template (ninfer/api/service/templates/qwen_xml.jinja), is trained on
 CPU (2 threads, AdamW, full batch) on the scripted turns of `artifacts.agent_corpus`, rendered
 with that template. Loss falls only on the assistant reply tokens. Training stops when, for every
 turn, teacher-forced argmax reproduces the reply with a logit margin of at least `--margin` and

@@ -22,6 +22,7 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -65,6 +66,9 @@ ROTATE_BYTES = 400 * 2**20
 
 
 def copy_bandwidth() -> float:
+    """Bytes read + written per second by a 1 GiB device-to-device copy (plain launches: under
+    graph replay this copy read 2.8 TB/s on the H200, against 4.28 TB/s measured this way by
+    `ninfer bench engine`)."""
     a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
     b = torch.empty_like(a)
     t = float(do_bench(lambda: b.copy_(a), rep=50))
@@ -170,50 +174,75 @@ def bench_skinny(N: int, K: int, bw: float) -> dict:
     return row
 
 
-def write_md(path: Path, dev: str, bw: float, rows: list[dict]) -> None:
-    lines = [
-        "`python -m bench.dense_gemv_bench` (kernels/gemv.py against cuBLAS), CUDA-graph replay, medians",
-        "",
-        (
-            f"device {dev}; copy bandwidth {bw / 1e9:.0f} GB/s (read+write). 'bw' = bytes moved / "
-            "time / copy bandwidth; every call reads a weight not in L2 (copies cycled, > 400 MB). "
-            "GLU rows: silu_mul kernel + cuBLAS against the kernel with the SwiGLU folded in."
-        ),
-        "",
-        "| N | K | GLU | cuBLAS us (bw) | gemv us (bw) | best [rows, warps, unroll] | M=2 cuBLAS / gemv us | M=4 cuBLAS / gemv us |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        m2, m4 = r["m2"], r["m4"]
-        lines.append(
-            f"| {r['N']} | {r['K']} | {'yes' if r['glu'] else 'no'} | {r['cublas_ms'] * 1e3:.1f} ({r['cublas_bw']:.0%}) | "
-            f"{r['best_ms'] * 1e3:.1f} ({r['best_bw']:.0%}) | {r['best']} | "
-            f"{m2['cublas_ms'] * 1e3:.1f} / {m2['best_ms'] * 1e3:.1f} | {m4['cublas_ms'] * 1e3:.1f} / {m4['best_ms'] * 1e3:.1f} |"
-        )
+def write_report(
+    path: Path, intro: str, dev: str, bw: float, rates: str, header: str, table: list[str]
+) -> None:
+    """A sweep's Markdown report: how it was run (`intro`), the device and its copy bandwidth
+    followed by what the rates mean (`rates`), then the table: `header` (a Markdown row) and
+    one line per shape."""
+    lines = [intro, "", f"device {dev}; copy bandwidth {bw / 1e9:.0f} GB/s (read+write){rates}"]
+    lines += ["", header, "|" + "---|" * (header.count("|") - 1), *table]
     path.write_text("\n".join(lines) + "\n")
 
 
-def main() -> None:
+def write_md(path: Path, dev: str, bw: float, rows: list[dict]) -> None:
+    table = [
+        f"| {r['N']} | {r['K']} | {'yes' if r['glu'] else 'no'} | {r['cublas_ms'] * 1e3:.1f} ({r['cublas_bw']:.0%}) | "
+        f"{r['best_ms'] * 1e3:.1f} ({r['best_bw']:.0%}) | {r['best']} | "
+        f"{r['m2']['cublas_ms'] * 1e3:.1f} / {r['m2']['best_ms'] * 1e3:.1f} | {r['m4']['cublas_ms'] * 1e3:.1f} / {r['m4']['best_ms'] * 1e3:.1f} |"
+        for r in rows
+    ]
+    write_report(
+        path,
+        "`python -m bench.dense_gemv_bench` (kernels/gemv.py against cuBLAS), CUDA-graph replay, medians",
+        dev,
+        bw,
+        ". 'bw' = bytes moved / time / copy bandwidth; every call reads a weight not in L2 (copies "
+        "cycled, > 400 MB). GLU rows: silu_mul kernel + cuBLAS against the kernel with the SwiGLU "
+        "folded in.",
+        "| N | K | GLU | cuBLAS us (bw) | gemv us (bw) | best [rows, warps, unroll] | M=2 cuBLAS / gemv us | M=4 cuBLAS / gemv us |",
+        table,
+    )
+
+
+def sweep_arguments() -> argparse.ArgumentParser:
+    """The options every launch-table sweep takes: --out DIR, --write-table, --quick."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--write-table", action="store_true")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--skinny", action="store_true", help="only the M = 8 / 16 tensor-core tiles")
-    args = ap.parse_args()
+    return ap
+
+
+def sweep_shapes(
+    args: argparse.Namespace, bench: Any, shapes: list, table_path: Path, name: str, md: Any
+) -> None:
+    """bench(N, K, glu, bw, quick) -> row for every shape (two with --quick), then the table of
+    the rows' "wins" (with --write-table) and the reports <name>.json / .md in --out."""
     t0 = time.time()
     bw = copy_bandwidth()
     print(f"copy {bw / 1e9:.0f} GB/s", flush=True)
-    if args.skinny:
-        main_skinny(args, bw, t0)
-        return
     rows = []
-    for N, K, glu in SHAPES[:2] if args.quick else SHAPES:
-        rows.append(bench_shape(N, K, glu, bw, args.quick))
+    for N, K, glu in shapes[:2] if args.quick else shapes:
+        rows.append(bench(N, K, glu, bw, args.quick))
         torch.cuda.empty_cache()
     table = {f"{r['N']}:{r['K']}:{int(r['glu'])}": r["wins"] for r in rows}
-    out, dev = _save(args, TABLE_PATH, "dense_gemv_h200.json", bw, rows, table, t0)
-    write_md(out / "dense_gemv_h200.md", dev, bw, rows)
+    out, dev = _save(args, table_path, f"{name}.json", bw, rows, table, t0)
+    md(out / f"{name}.md", dev, bw, rows)
     print(f"done in {time.time() - t0:.0f} s", flush=True)
+
+
+def main() -> None:
+    ap = sweep_arguments()
+    ap.add_argument("--skinny", action="store_true", help="only the M = 8 / 16 tensor-core tiles")
+    args = ap.parse_args()
+    if args.skinny:
+        t0 = time.time()
+        bw = copy_bandwidth()
+        print(f"copy {bw / 1e9:.0f} GB/s", flush=True)
+        main_skinny(args, bw, t0)
+        return
+    sweep_shapes(args, bench_shape, SHAPES, TABLE_PATH, "dense_gemv_h200", write_md)
 
 
 def _save(args, table_path: Path, name: str, bw: float, rows, table, t0: float) -> tuple[Path, str]:

@@ -42,9 +42,9 @@ import torch
 from artifacts.fixtures import ARCHS, build_fixture
 from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.engine import Engine
-from ninfer.runtime.executor import Executor, executor_for
+from ninfer.runtime.executors.cpu.executor import Executor, executor_for
+from ninfer.runtime.executors.sampler import Sampler
 from ninfer.runtime.request import Request, SamplingParams
-from ninfer.runtime.sampler import Sampler
 from ninfer.runtime.step import StepBatch
 
 PROMPT_LEN = 32

@@ -24,16 +24,20 @@ stack (spills) and what the inner loop does (16-byte loads, shared-memory traffi
 
 from __future__ import annotations
 
-import argparse
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import torch
 from triton.errors import TritonError
 
-from bench.dense_gemv_bench import ROTATE_BYTES, _per_call, _save, copy_bandwidth
+from bench.dense_gemv_bench import (
+    ROTATE_BYTES,
+    _per_call,
+    sweep_arguments,
+    sweep_shapes,
+    write_report,
+)
 from bench.dense_gemv_bench import SHAPES as DENSE_SHAPES
 from kernels.fp8_gemv import TABLE_PATH, Fp8GemvConfig, compile_fp8_gemv, fp8_gemv
 from kernels.quant_gemm import GEMV_MAX_M, quant_linear, quant_linear_reference, quantize_weight_fp8
@@ -135,35 +139,29 @@ def bench_shape(N: int, K: int, glu: bool, bw: float, quick: bool) -> dict:
 
 
 def write_md(path: Path, dev: str, bw: float, rows: list[dict]) -> None:
-    lines = [
-        (
-            "`python -m bench.fp8_gemv_bench` (kernels/fp8_gemv.py against quant_linear's older "
-            "fp8 paths), CUDA-graph replay"
-        ),
-        "",
-        (
-            f"device {dev}; copy bandwidth {bw / 1e9:.0f} GB/s (read+write). Rates: weight + "
-            "scale + x + y bytes / time (GB/s, share of the copy bandwidth); every call reads a "
-            "weight not in L2 (copies cycled, > 400 MB). Older path: quant_gemv (gemv) or "
-            "tensor-core tiles (tiled); GLU rows run silu_mul first there and fold it in here."
-        ),
-        "",
-        (
-            "| N | K | GLU | older us (GB/s, bw) | fp8 gemv us (GB/s, bw) | best [rows, warps, "
-            "unroll] | M=2 older / fp8 gemv us | M=4 older / fp8 gemv us |"
-        ),
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    table = []
     for r in rows:
         m1, m2, m4 = r["m1"], r["m2"], r["m4"]
-        lines.append(
+        table.append(
             f"| {r['N']} | {r['K']} | {'yes' if r['glu'] else 'no'} | "
             f"{m1['older_ms'] * 1e3:.1f} ({m1['older_gbs']:.0f}, {m1['older_bw']:.0%}) | "
             f"{m1['best_ms'] * 1e3:.1f} ({m1['best_gbs']:.0f}, {m1['best_bw']:.0%}) | {m1['best']} | "
             f"{m2['older_ms'] * 1e3:.1f} ({m2['older_path']}) / {m2['best_ms'] * 1e3:.1f} | "
             f"{m4['older_ms'] * 1e3:.1f} ({m4['older_path']}) / {m4['best_ms'] * 1e3:.1f} |"
         )
-    path.write_text("\n".join(lines) + "\n")
+    write_report(
+        path,
+        "`python -m bench.fp8_gemv_bench` (kernels/fp8_gemv.py against quant_linear's older "
+        "fp8 paths), CUDA-graph replay",
+        dev,
+        bw,
+        ". Rates: weight + scale + x + y bytes / time (GB/s, share of the copy bandwidth); every "
+        "call reads a weight not in L2 (copies cycled, > 400 MB). Older path: quant_gemv (gemv) "
+        "or tensor-core tiles (tiled); GLU rows run silu_mul first there and fold it in here.",
+        "| N | K | GLU | older us (GB/s, bw) | fp8 gemv us (GB/s, bw) | best [rows, warps, "
+        "unroll] | M=2 older / fp8 gemv us | M=4 older / fp8 gemv us |",
+        table,
+    )
 
 
 def _compile_one(job: tuple[Fp8GemvConfig, bool, int, bool]) -> str:
@@ -206,35 +204,14 @@ def compile_only(jobs: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="bench/results")
-    ap.add_argument("--write-table", action="store_true")
-    ap.add_argument("--quick", action="store_true")
+    ap = sweep_arguments()
     ap.add_argument("--compile-only", action="store_true", help="compile for sm_90, no GPU")
     ap.add_argument("--jobs", type=int, default=4, help="compile processes (--compile-only)")
     args = ap.parse_args()
     if args.compile_only:
         compile_only(args.jobs)
         return
-    sweep_shapes(args, bench_shape, TABLE_PATH, "fp8_gemv_h200", write_md)
-
-
-def sweep_shapes(
-    args: argparse.Namespace, bench: Any, table_path: Path, name: str, md: Any
-) -> None:
-    """bench(N, K, glu, bw, quick) -> row for every shape (two with --quick), then the table of
-    the rows' "wins" (with --write-table) and the reports <name>.json / .md in --out."""
-    t0 = time.time()
-    bw = copy_bandwidth()
-    print(f"copy {bw / 1e9:.0f} GB/s", flush=True)
-    rows = []
-    for N, K, glu in SHAPES[:2] if args.quick else SHAPES:
-        rows.append(bench(N, K, glu, bw, args.quick))
-        torch.cuda.empty_cache()
-    table = {f"{r['N']}:{r['K']}:{int(r['glu'])}": r["wins"] for r in rows}
-    out, dev = _save(args, table_path, f"{name}.json", bw, rows, table, t0)
-    md(out / f"{name}.md", dev, bw, rows)
-    print(f"done in {time.time() - t0:.0f} s", flush=True)
+    sweep_shapes(args, bench_shape, SHAPES, TABLE_PATH, "fp8_gemv_h200", write_md)
 
 
 if __name__ == "__main__":

@@ -14,14 +14,13 @@ kernels/fp8_mma_table.json: per weight, the best MMA shape where it beat the FMA
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import torch
 
-from bench.dense_gemv_bench import _per_call
-from bench.fp8_gemv_bench import rotating_fp8, sweep_shapes
+from bench.dense_gemv_bench import _per_call, sweep_arguments, sweep_shapes, write_report
+from bench.fp8_gemv_bench import SHAPES, rotating_fp8
 from kernels.fp8_gemv import Fp8GemvConfig, fp8_gemv, fp8_gemv_config, fp8_gemv_reference
 from kernels.fp8_mma import TABLE_PATH, Fp8MmaConfig, fp8_mma
 
@@ -77,28 +76,23 @@ def bench_shape(N: int, K: int, glu: bool, bw: float, quick: bool) -> dict:
 
 
 def write_md(path, dev: str, bw: float, rows: list[dict]) -> None:
-    lines = [
-        (
-            "`python -m bench.fp8_mma_bench` (kernels/fp8_mma.py against kernels/fp8_gemv.py), "
-            "CUDA-graph replay"
-        ),
-        "",
-        (
-            f"device {dev}; copy bandwidth {bw / 1e9:.0f} GB/s (read+write); share = weight + scale "
-            "+ x + y bytes / time / copy bandwidth; every call reads a weight not in L2."
-        ),
-        "",
-        "| N | K | GLU | fma us (bw) | mma us (bw) | best [rows, warps, programs per SM] |",
-        "|---|---|---|---|---|---|",
+    table = [
+        f"| {r['N']} | {r['K']} | {'yes' if r['glu'] else 'no'} | "
+        f"{r['m1']['fma_ms'] * 1e3:.1f} ({r['m1']['fma_bw']:.0%}) | "
+        f"{r['m1']['mma_ms'] * 1e3:.1f} ({r['m1']['mma_bw']:.0%}) | {r['m1']['best']} |"
+        for r in rows
     ]
-    for r in rows:
-        m1 = r["m1"]
-        lines.append(
-            f"| {r['N']} | {r['K']} | {'yes' if r['glu'] else 'no'} | "
-            f"{m1['fma_ms'] * 1e3:.1f} ({m1['fma_bw']:.0%}) | "
-            f"{m1['mma_ms'] * 1e3:.1f} ({m1['mma_bw']:.0%}) | {m1['best']} |"
-        )
-    path.write_text("\n".join(lines) + "\n")
+    write_report(
+        path,
+        "`python -m bench.fp8_mma_bench` (kernels/fp8_mma.py against kernels/fp8_gemv.py), "
+        "CUDA-graph replay",
+        dev,
+        bw,
+        "; share = weight + scale + x + y bytes / time / copy bandwidth; every call reads a "
+        "weight not in L2.",
+        "| N | K | GLU | fma us (bw) | mma us (bw) | best [rows, warps, programs per SM] |",
+        table,
+    )
 
 
 def rerender(json_path: Path) -> None:
@@ -108,12 +102,8 @@ def rerender(json_path: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="bench/results")
-    ap.add_argument("--write-table", action="store_true")
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args()
-    sweep_shapes(args, bench_shape, TABLE_PATH, "fp8_mma_h200", write_md)
+    args = sweep_arguments().parse_args()
+    sweep_shapes(args, bench_shape, SHAPES, TABLE_PATH, "fp8_mma_h200", write_md)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ value heads, as transformers' Qwen3.5 does before calling it), at Qwen3.5-9B's D
 
 Prints, per T, both kernels' median times (triton.testing.do_bench) and the largest difference
 of their outputs and final states. The executor switches to fla for chunks of at least
-ninfer.runtime.cuda_ops.GDN_CHUNKED_MIN_TOKENS tokens when it is installed; this run is where
+ninfer.runtime.executors.cuda.ops.GDN_CHUNKED_MIN_TOKENS tokens when it is installed; this run is where
 that number comes from. (A chunked kernel of our own, WY form in three Triton kernels, measured
 10x slower than the recurrent one here and was removed: bench/results/h200/gdn_bench.txt.)
 """

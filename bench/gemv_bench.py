@@ -20,15 +20,15 @@ Writes gemv_h200.json and gemv_h200.md to --out (default bench/results).
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from triton.testing import do_bench, do_bench_cudagraph
+from triton.testing import do_bench_cudagraph
 
+from bench.dense_gemv_bench import copy_bandwidth, sweep_arguments
 from kernels.quant_gemm import (
     quant_linear,
     quant_linear_reference,
@@ -60,16 +60,6 @@ SWEEP = [
 def _time(fn) -> float:
     """Median ms of fn under CUDA-graph replay."""
     return float(do_bench_cudagraph(fn, rep=30))
-
-
-def copy_bandwidth() -> float:
-    """Bytes read + written per second by a 1 GiB device-to-device copy (plain launches: under
-    graph replay this copy read 2.8 TB/s on the H200, against 4.28 TB/s measured this way by
-    `ninfer bench engine`)."""
-    a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    t = float(do_bench(lambda: b.copy_(a), rep=50))
-    return 2 * a.numel() / (t * 1e-3)
 
 
 def matmul_rate() -> float:
@@ -265,10 +255,7 @@ def rerender(path: Path, bw: float | None) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="bench/results")
-    ap.add_argument("--write-table", action="store_true")
-    ap.add_argument("--quick", action="store_true")
+    ap = sweep_arguments()
     ap.add_argument("--rerender", help="rewrite the Markdown of a saved JSON report")
     ap.add_argument("--copy-bw", type=float, help="with --rerender: copy bandwidth, bytes/s")
     args = ap.parse_args()

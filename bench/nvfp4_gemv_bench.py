@@ -20,7 +20,6 @@ main loop per 32-bit weight word.
 
 from __future__ import annotations
 
-import argparse
 import re
 import subprocess
 import time
@@ -29,7 +28,15 @@ from pathlib import Path
 import torch
 import triton
 
-from bench.dense_gemv_bench import ROTATE_BYTES, SHAPES, _per_call, _save, copy_bandwidth
+from bench.dense_gemv_bench import (
+    ROTATE_BYTES,
+    SHAPES,
+    _per_call,
+    _save,
+    copy_bandwidth,
+    sweep_arguments,
+    write_report,
+)
 from kernels.nvfp4_gemv import TABLE_PATH, Nvfp4GemvConfig, compile_nvfp4_gemv, nvfp4_gemv
 from kernels.quant_gemm import dequantize_weight, quant_linear
 
@@ -128,34 +135,28 @@ def bench_shape(N: int, K: int, bw: float, sweep: list[Nvfp4GemvConfig]) -> dict
 
 
 def write_md(path: Path, dev: str, bw: float, rows: list[dict]) -> None:
-    lines = [
-        (
-            "`python -m bench.nvfp4_gemv_bench` (kernels/nvfp4_gemv.py against quant_linear "
-            "nvfp4), CUDA-graph replay, medians"
-        ),
-        "",
-        (
-            f"device {dev}; copy bandwidth {bw / 1e9:.0f} GB/s (read+write). 'bw' = bytes moved "
-            "(packed weight, scales, x, y) / time / copy bandwidth; every call reads a weight not "
-            "in L2 (copies cycled, > 400 MB). Shape = [rows, warps, unroll, mma]."
-        ),
-        "",
-        (
-            "| N | K | quant_linear us (bw) | nvfp4_gemv us (bw) | GB/s | best | "
-            "M=2 old / new us | M=4 old / new us |"
-        ),
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    table = []
     for r in rows:
         m2, m4 = r["m2"], r["m4"]
         gbs = r["best_bw"] * bw / 1e9
-        lines.append(
+        table.append(
             f"| {r['N']} | {r['K']} | {r['old_ms'] * 1e3:.1f} ({r['old_bw']:.0%}) | "
             f"{r['best_ms'] * 1e3:.1f} ({r['best_bw']:.0%}) | {gbs:.0f} | {r['best']} | "
             f"{m2['old_ms'] * 1e3:.1f} / {m2['best_ms'] * 1e3:.1f} | "
             f"{m4['old_ms'] * 1e3:.1f} / {m4['best_ms'] * 1e3:.1f} |"
         )
-    path.write_text("\n".join(lines) + "\n")
+    write_report(
+        path,
+        "`python -m bench.nvfp4_gemv_bench` (kernels/nvfp4_gemv.py against quant_linear "
+        "nvfp4), CUDA-graph replay, medians",
+        dev,
+        bw,
+        ". 'bw' = bytes moved (packed weight, scales, x, y) / time / copy bandwidth; every call "
+        "reads a weight not in L2 (copies cycled, > 400 MB). Shape = [rows, warps, unroll, mma].",
+        "| N | K | quant_linear us (bw) | nvfp4_gemv us (bw) | GB/s | best | "
+        "M=2 old / new us | M=4 old / new us |",
+        table,
+    )
 
 
 # -- --compile-only: sm_90 without a GPU ---------------------------------------------------------
@@ -207,10 +208,7 @@ def compile_only(sweep: list[Nvfp4GemvConfig], shapes: list[tuple[int, int]]) ->
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="bench/results")
-    ap.add_argument("--write-table", action="store_true")
-    ap.add_argument("--quick", action="store_true")
+    ap = sweep_arguments()
     ap.add_argument("--compile-only", action="store_true", help="sm_90 compile check, no GPU")
     ap.add_argument(
         "--configs", default=None, help="sweep only these shapes: 'bn,warps,unroll,mma;...'"

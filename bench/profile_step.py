@@ -34,10 +34,10 @@ def _short(name: str) -> str:
 
 
 def profile(args: argparse.Namespace) -> None:
+    from ninfer.bench.synthetic import build_synthetic
     from ninfer.passes.options import CompileOptions
     from ninfer.passes.pipeline import compile_artifact
-    from ninfer.runtime.cuda_executor import make_executor
-    from ninfer.runtime.cuda_synthetic import build_synthetic
+    from ninfer.runtime.executors.cuda.executor import make_executor
     from ninfer.runtime.step import SeqChunk, StepBatch
 
     source, _ = build_synthetic(args.synthetic, args.weights, "cuda")
@@ -200,7 +200,7 @@ def _ablated(name: str, ex):
     `proj:NxK`: the projections with an [N, K] weight (K of the input x) return zeros.
     Swaps the implementations `ex` resolved from the plan (by op kind) for the block."""
     from kernels import paged_decode
-    from ninfer.runtime import cuda_ops
+    from ninfer.runtime.executors.cuda import ops as cuda_ops
 
     ops: dict = {}  # op kind -> (the plan's implementation -> its replacement)
     saved = (None, cuda_ops.attention_prologue, paged_decode._merge_kernel,
@@ -250,7 +250,7 @@ def _ablated(name: str, ex):
 def _zero_proj(impl, shape, made, s, a, x, w, *rest):
     """A projection of weight `shape` returning zeros (made once, in the warm-up before capture);
     other projections run `impl`."""
-    from ninfer.runtime import cuda_ops
+    from ninfer.runtime.executors.cuda import ops as cuda_ops
 
     xs = getattr(x, "s", x)  # a NormedX input carries its rows as s
     ws = (w.out_features, xs.shape[-1]) if hasattr(w, "out_features") else tuple(w.shape)

@@ -39,9 +39,9 @@ from typing import Any
 
 import torch
 
+from ninfer.bench.synthetic import build_synthetic
 from ninfer.runtime.build import build_engine
 from ninfer.runtime.config import EngineOptions
-from ninfer.runtime.cuda_synthetic import build_synthetic
 from ninfer.runtime.step import SeqChunk, StepBatch
 
 PAGE = 16

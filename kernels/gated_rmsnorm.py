@@ -7,7 +7,7 @@ Contract (H heads of D values; x, z: [T, H*D]; w: [D]):
                                                   x.dtype when w.dtype == x.dtype, else fp32
     y = p * silu(z_h)                             fp32, returned in x.dtype, [T, H*D] contiguous
 
-— the rounding of ninfer.runtime.ops_torch.gated_rmsnorm and transformers' RMSNormGated, so
+— the rounding of ninfer.runtime.executors.cpu.ops.gated_rmsnorm and transformers' RMSNormGated, so
 bf16 results agree to the last bit up to the rsqrt / exp rounding. x and z may be views (e.g.
 z is columns of the fused in_proj output): last dim contiguous, token stride free, heads
 packed. Grid (cdiv(T*H, BR),): each program normalises BR (token, head) rows.

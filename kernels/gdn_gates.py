@@ -7,7 +7,7 @@ Contract (H value heads):
     returns   (g [T, H] fp32, beta [T, H] fp32)
     g    = -exp(A_log) * softplus(a + dt_bias)      (the log-decay of kernels.gdn_recurrent)
     beta = sigmoid(b)
-all in fp32, as ninfer.runtime.ops_torch.gdn_gates. softplus(x) is x above 20 (torch's
+all in fp32, as ninfer.runtime.executors.cpu.ops.gdn_gates. softplus(x) is x above 20 (torch's
 threshold) and log1p(exp(x)) below, with log1p computed by the u = 1 + e trick, exact to an ulp
 also where e = exp(x) is far below fp32 epsilon. Grid (cdiv(T, BT),).
 """

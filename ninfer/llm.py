@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ninfer.api.output_text import OutputText
+from ninfer.api.service.output_text import OutputText
 from ninfer.artifact.format import Artifact
 from ninfer.artifact.generation import artifact_defaults
 from ninfer.passes.options import parse_kv_capacity
@@ -152,9 +152,9 @@ class LLM:
         tokens a Chat Completions request gets) and generated as `generate` does. `tools`
         are OpenAI-style function definitions; `chat_template_kwargs` template variables
         (e.g. {"enable_thinking": False}). One result per conversation."""
-        from ninfer.api.prompt_encoding import PromptEncoder
-        from ninfer.api.template import artifact_template
-        from ninfer.api.template_options import resolve_template_options
+        from ninfer.api.service.prompt_encoding import PromptEncoder
+        from ninfer.api.service.template import artifact_template
+        from ninfer.api.service.template_options import resolve_template_options
 
         if isinstance(messages, Mapping) or not messages:
             raise TypeError("chat takes a list of messages, or a list of such lists")

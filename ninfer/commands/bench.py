@@ -8,9 +8,9 @@ engine: the in-process engine (scheduler, executor, sampler: everything but HTTP
 requests submitted together for each batch size b. serve: a load generator against a running
 `ninfer serve` over streaming Chat Completions (like `vllm bench serve`; distinct prompts of
 exactly --input-len tokens: ninfer.commands.bench_serve). Both report TTFT, TPOT
-and ITL percentiles and output tok/s (ninfer.runtime.cuda_loadgen), the ratio to the limit
+and ITL percentiles and output tok/s (ninfer.bench.loadgen), the ratio to the limit
 (decode: bytes read per step ÷ copy bandwidth; prefill: FLOPs ÷ the matmul rate in the plan's
-compute dtype, both measured on the device in the same run: ninfer.runtime.cuda_limits), and in engine mode the host
+compute dtype, both measured on the device in the same run: ninfer.bench.limits), and in engine mode the host
 time per decode step and, with `--peer transformers`, the same workload through transformers
 on the same weights. `--json PATH` / `--md PATH` write the report.
 """
@@ -200,7 +200,7 @@ def _prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
 def limit_figures(
     summary: dict[str, Any], work: Any, ceilings: Any, batch: int, input_len: int, output_len: int
 ) -> dict[str, Any]:
-    """The limit ratios of one load (see ninfer.runtime.cuda_limits)."""
+    """The limit ratios of one load (see ninfer.bench.limits)."""
     context = input_len + output_len // 2
     step_bytes = work.decode_bytes(batch, context)
     limit_step_s = step_bytes / ceilings.copy_bytes_per_s
@@ -231,7 +231,7 @@ def _step_stats(ex: Any, batch: int, limit_tok_per_s: float | None) -> dict[str,
 
     import torch
 
-    from ninfer.runtime.cuda_loadgen import percentiles
+    from ninfer.bench.loadgen import percentiles
 
     every = list(getattr(ex, "records", []))
     recs = [r for r in every if r.decode]
@@ -263,11 +263,11 @@ def _step_stats(ex: Any, batch: int, limit_tok_per_s: float | None) -> dict[str,
 def run_engine(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    from ninfer.bench.limits import measure_ceilings, work_model
+    from ninfer.bench.loadgen import engine_load, summarise
     from ninfer.passes.options import parse_kv_capacity
     from ninfer.runtime.build import build_engine
     from ninfer.runtime.config import EngineOptions
-    from ninfer.runtime.cuda_limits import measure_ceilings, work_model
-    from ninfer.runtime.cuda_loadgen import engine_load, summarise
 
     if (args.artifact is None) == (args.synthetic is None):
         raise ConfigError("give an ARTIFACT or --synthetic NAME (not both)")
@@ -282,7 +282,7 @@ def run_engine(args: argparse.Namespace) -> dict[str, Any]:
     hf = None
     t0 = time.perf_counter()
     if args.synthetic:
-        from ninfer.runtime.cuda_synthetic import build_synthetic
+        from ninfer.bench.synthetic import build_synthetic
 
         source, hf = build_synthetic(
             args.synthetic, args.weights, device, args.seed, args.quantize_lm_head
@@ -374,7 +374,7 @@ def run_engine(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _weight_bytes(ex: Any) -> dict[str, int]:
-    from ninfer.runtime.cuda_weights import weight_read_bytes
+    from ninfer.runtime.executors.cuda.weights import weight_read_bytes
 
     return {n: weight_read_bytes(w) for n, w in ex.weights.items()}
 
@@ -387,8 +387,8 @@ def _run_peer(
     ceilings: Any,
     work: Any,
 ) -> None:
-    from ninfer.runtime.cuda_loadgen import summarise
-    from ninfer.runtime.cuda_peer import peer_load
+    from ninfer.bench.loadgen import summarise
+    from ninfer.bench.peer import peer_load
 
     for row in results:
         b = row["batch"]

@@ -107,18 +107,18 @@ def first_model(url: str, headers: dict[str, str]) -> str:
 
 
 def run_serve(args: argparse.Namespace) -> dict[str, Any]:
+    from ninfer.bench.loadgen import server_load, summarise
     from ninfer.commands.bench import limit_figures
-    from ninfer.runtime.cuda_loadgen import server_load, summarise
 
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     model = args.model or first_model(args.url, headers)
     work = ceilings = None
     if args.artifact:
         from ninfer.artifact import Artifact
+        from ninfer.bench.limits import measure_ceilings, plan_weight_bytes, work_model
         from ninfer.commands.bench import _default_device
         from ninfer.passes.options import CompileOptions
         from ninfer.passes.pipeline import compile_artifact
-        from ninfer.runtime.cuda_limits import measure_ceilings, plan_weight_bytes, work_model
 
         device = _default_device(args.device)
         plan = compile_artifact(Artifact(args.artifact), CompileOptions(

@@ -32,9 +32,9 @@ def render_prompts(artifact: Any, path: str) -> list[list[int]]:
     template (the prompt a Chat Completions request with that message gets)."""
     from tokenizers import Tokenizer
 
-    from ninfer.api.prompt_encoding import PromptEncoder
-    from ninfer.api.template import artifact_template
-    from ninfer.api.template_options import resolve_template_options
+    from ninfer.api.service.prompt_encoding import PromptEncoder
+    from ninfer.api.service.template import artifact_template
+    from ninfer.api.service.template_options import resolve_template_options
 
     lines = [x.strip() for x in Path(path).read_text(encoding="utf-8").splitlines() if x.strip()]
     if not lines:
@@ -100,9 +100,9 @@ def run_verify_cost(args: argparse.Namespace) -> dict[str, Any]:
     for k + 1 = 2 .. --draft-tokens + 1 tokens per row and each batch size, on an artifact or
     on random weights of a real shape (no drafter: what the GPU needs measured before any
     drafter exists)."""
+    from ninfer.bench.synthetic import build_synthetic
     from ninfer.runtime.build import build_engine
     from ninfer.runtime.config import EngineOptions
-    from ninfer.runtime.cuda_synthetic import build_synthetic
 
     if (args.artifact is None) == (args.synthetic is None):
         raise ConfigError("--spec verify: give an ARTIFACT or --synthetic NAME (not both)")

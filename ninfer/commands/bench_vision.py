@@ -111,7 +111,7 @@ def run_images(args: argparse.Namespace) -> dict[str, Any]:
     """The image-prefill report (see the module docstring)."""
     import torch
 
-    from ninfer.api.media_path import preprocess_config
+    from ninfer.api.service.media_path import preprocess_config
     from ninfer.commands.bench import _default_device, _prompts
     from ninfer.passes.options import parse_kv_capacity
     from ninfer.runtime.build import build_engine
@@ -128,7 +128,7 @@ def run_images(args: argparse.Namespace) -> dict[str, Any]:
     device = _default_device(args.device)
     t0 = time.perf_counter()
     if args.synthetic:
-        from ninfer.runtime.cuda_synthetic import build_synthetic
+        from ninfer.bench.synthetic import build_synthetic
 
         source, _ = build_synthetic(
             args.synthetic, args.weights, device, args.seed, args.quantize_lm_head

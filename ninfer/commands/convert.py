@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConvertError(
                 f"--chat-template {args.chat_template}: cannot read ({e.strerror})"
             ) from None
-        from ninfer.api.template import ChatTemplate
+        from ninfer.api.service.template import ChatTemplate
 
         try:  # refused now rather than when `ninfer serve` loads the artifact
             ChatTemplate(template)

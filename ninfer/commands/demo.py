@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+
+from ninfer.commands.cache_dir import add_cache_dir, cache_dir
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--cache-dir",
-        metavar="DIR",
-        help="directory for the converted artifact (default: $NINFER_CACHE, else the user's cache dir)",
-    )
+    add_cache_dir(p, "directory for the converted artifact")
 
 
 def run(args: argparse.Namespace) -> int:
     from ninfer.artifact.demo import demo_artifact_path
 
-    cache = Path(args.cache_dir) if args.cache_dir else None
-    print(demo_artifact_path(cache, progress=True))
+    print(demo_artifact_path(cache_dir(args), progress=True))
     return 0

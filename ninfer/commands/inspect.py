@@ -8,6 +8,7 @@ from collections import defaultdict
 from typing import Any
 
 from ninfer.artifact import Artifact
+from ninfer.units import nbytes
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,14 +44,6 @@ def summary(a: Artifact) -> dict[str, Any]:
     }
 
 
-def _bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
-        n /= 1024
-    return str(n)
-
-
 def run(args: argparse.Namespace) -> int:
     a = Artifact(args.artifact)
     s = summary(a)
@@ -71,9 +64,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"chat template   {'present' if s['chat_template'] else 'absent'}")
     print(f"eos token ids   {s['special_tokens'].get('eos_token_ids')}")
     print(f"sampling        {_sampling(s['generation'])}")
-    print(f"tensors         {s['tensor_count']} ({_bytes(s['total_bytes'])}), checksums verified")
+    print(f"tensors         {s['tensor_count']} ({nbytes(s['total_bytes'])}), checksums verified")
     for fmt, v in s["formats"].items():
-        print(f"  {fmt:<12}  {v['tensors']:>5} tensors  {_bytes(v['bytes']):>12}")
+        print(f"  {fmt:<12}  {v['tensors']:>5} tensors  {nbytes(v['bytes']):>12}")
     print("config")
     for k in sorted(cfg):
         if isinstance(cfg[k], (dict, list)) and len(json.dumps(cfg[k])) > 80:

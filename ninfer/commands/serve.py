@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ninfer.api.config import (
+from ninfer.api.server.config import (
     DRAFT_TOKEN_RANGE,
     LOG_LEVELS,
     SPEC_BACKENDS,
@@ -259,14 +259,14 @@ def check_files(config: ServeConfig, artifact_path: Path) -> None:
         path = Path(config.chat_template)
         if not path.is_file():
             raise ConfigError(f"--chat-template {path}: no such file")
-    from ninfer.api.reasoning_seal import KEY_ENV, configured_key
+    from ninfer.api.responses.reasoning_seal import KEY_ENV, configured_key
 
     if config.reasoning_key_file is not None or os.environ.get(KEY_ENV):
         configured_key(config.reasoning_key_file)  # unreadable or short: abort before the model
     if config.draft_model is not None and not Path(config.draft_model).exists():
         raise ConfigError(f"--draft-model {config.draft_model}: no such file or directory")
     if config.context_cost_presets is not None:
-        from ninfer.api.context_cost import load_presets
+        from ninfer.api.observability.context_cost import load_presets
 
         load_presets(config.context_cost_presets)  # malformed: abort before loading the model
     if config.request_log_jsonl is not None:
@@ -316,7 +316,7 @@ def configure_logging(level: str) -> None:
     """Operational records on stderr, `YYYY-MM-DD HH:MM:SS.mmm LEVEL message`, for ninfer's
     loggers and uvicorn's (whose own logging configuration is not installed); control
     characters escaped, so redirected stderr holds no terminal control sequences."""
-    from ninfer.api.oplog import configure_stderr
+    from ninfer.api.observability.oplog import configure_stderr
 
     configure_stderr(level, sys.stderr)
 
@@ -350,9 +350,9 @@ def run(args: argparse.Namespace) -> int:
     artifact = open_artifact(config)
     check_files(config, artifact.path)
     # Observability: the request log opens before the engine starts (a bad path fails fast).
-    from ninfer.api import metrics
-    from ninfer.api.observability import Observability
-    from ninfer.api.request_log import RequestLog
+    from ninfer.api.observability import metrics
+    from ninfer.api.observability.request_log import RequestLog
+    from ninfer.api.observability.wiring import Observability
 
     request_log = None
     if config.request_log_jsonl is not None:
@@ -364,7 +364,7 @@ def run(args: argparse.Namespace) -> int:
         sock.close()
         raise
     observability = Observability.start(state, artifact, request_log=request_log)
-    from ninfer.api.app import create_app
+    from ninfer.api.server.app import create_app
 
     app = create_app(state, extra_handlers=metrics.route_handlers(state))
     listen(sock)
@@ -398,7 +398,7 @@ def build_state(config: ServeConfig, artifact: Any) -> Any:
     INTEGRATION POINT (lead): build the executor/engine, tokenizer and chat template here —
     `--chat-template` overrides `artifact.chat_template` — and put them on the state.
     """
-    from ninfer.api.state import ServerState
+    from ninfer.api.server.state import ServerState
 
     state = ServerState(config=config, model_id=config.public_model_id(artifact.name))
     engine_factory = _engine_factory()
@@ -412,13 +412,13 @@ def build_state(config: ServeConfig, artifact: Any) -> Any:
 
 
 def _engine_factory() -> Any:
-    """`ninfer.api.server_engine.start_engine(state, artifact)` when the lead has provided it."""
+    """`ninfer.api.server.engine.start_engine(state, artifact)` when the lead has provided it."""
     import importlib
 
     try:
-        server_engine = importlib.import_module("ninfer.api.server_engine")
+        server_engine = importlib.import_module("ninfer.api.server.engine")
     except ModuleNotFoundError as e:
-        if e.name == "ninfer.api.server_engine":
+        if e.name == "ninfer.api.server.engine":
             return None
         raise
     return server_engine.start_engine
@@ -431,7 +431,7 @@ def serve_forever(app: Any, sock: socket.socket, config: ServeConfig) -> None:
         if config.log_level == "off"
         else ("debug" if config.log_level == "trace" else config.log_level)
     )
-    from ninfer.api.http_server import graceful_server, uvicorn_config
+    from ninfer.api.server.http_server import graceful_server, uvicorn_config
 
     service = app.state.server.extra.get("service")
     server = graceful_server(

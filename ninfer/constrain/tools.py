@@ -1,4 +1,4 @@
-"""Lark grammars for Qwen XML tool calls, as ninfer.api.toolcalls parses them:
+"""Lark grammars for Qwen XML tool calls, as ninfer.api.service.toolcalls parses them:
 
     <tool_call>
     <function=NAME>
@@ -10,7 +10,7 @@
 
 Calls are separated by one newline; free text before the first call ends with a blank line
 (as the chat template renders history). A parameter's VALUE follows the parser's typing
-(ninfer.api.tool_params.convert_parameter): when its schema admits "string", the text is the
+(ninfer.api.service.tool_params.convert_parameter): when its schema admits "string", the text is the
 string itself, so it is constrained by the string branches' enum / const / pattern / length;
 otherwise the text is JSON valid against the parameter's schema (llguidance's `%json`). A
 string value never contains `<parameter=` or `</parameter>` (the parser would read them as
@@ -159,7 +159,7 @@ def _value_expr(sub: Any, defs: dict[str, Any], token: str, path: str, rules: li
 def _string_branches(sub: Any) -> list[tuple[tuple[Any, ...], Mapping[str, Any]]] | None:
     """The string-typed branches of a parameter schema when the parser keeps its text as a
     string (its explicit types admit "string"), else None. Mirrors parameter_types in
-    ninfer.api.tool_params."""
+    ninfer.api.service.tool_params."""
     if not isinstance(sub, Mapping):
         return None
 

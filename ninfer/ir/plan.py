@@ -3,7 +3,7 @@ the KV layout, the memory ledger and the CUDA Graph buckets.
 
 This is the lowest level of the IR (what `passes/lower.py` produces, what `ninfer compile`
 prints and what the runtime executes); it is plain data with a JSON round trip, so a plan can
-be compiled on one machine and inspected or run on another. `ninfer.runtime.plan` re-exports it.
+be compiled on one machine and inspected or run on another.
 
 Buffers:
     input       step inputs bound per step (tokens, positions, logit_rows)

@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ninfer.passes.assign_kernels import collective_kernel
-from ninfer.runtime.kernel_registry import Impl
+from ninfer.runtime.executors.kernel_registry import Impl
 
 
 def collective_kernels(group: Any) -> dict[tuple[str, str], Impl]:

@@ -53,12 +53,12 @@ def make_rank_executor(plan: Any, artifact: Any, device: str, groups: Groups) ->
     group: the reference CPU executor or the CUDA executor, as for a whole model."""
     kernels = collective_kernels(groups.data)
     if device.startswith("cuda"):
-        from ninfer.runtime.cuda_executor import make_executor as make_cuda
-        from ninfer.runtime.cuda_ops import CUDA_KERNELS
+        from ninfer.runtime.executors.cuda.executor import make_executor as make_cuda
+        from ninfer.runtime.executors.cuda.ops import CUDA_KERNELS
 
         torch.cuda.set_device(device)
         return make_cuda(plan, artifact, device, kernels=CUDA_KERNELS.extended(kernels))
-    from ninfer.runtime.executor import CPU_KERNELS, Executor
+    from ninfer.runtime.executors.cpu.executor import CPU_KERNELS, Executor
 
     return Executor(plan, artifact, device, kernels=CPU_KERNELS.extended(kernels))
 

@@ -15,7 +15,7 @@ An attention with a folded prologue (fuse_attention_prologue) names the prologue
 `triton.attention_prologue+paged_attention_decode` (q/k norm, rotary and the KV write in one
 kernel), or, for KV formats that kernel does not write (nvfp4, k8v4), the unfused launches
 `triton.rmsnorm+rotary+kv_write+paged_attention_decode`.
-Every name is one the executors' kernel registries implement (ninfer/runtime/kernel_registry.py:
+Every name is one the executors' kernel registries implement (ninfer/runtime/executors/kernel_registry.py:
 an executor refuses a plan naming another, and runs each call by the name the plan gives it).
 """
 
@@ -49,7 +49,7 @@ CUDA_KERNELS = {
     "select_rows": "torch.index_select",
 }
 # the vision tower's ops and media_merge (--vision) on cuda: torch implementations
-# (ninfer/runtime/vision/cuda_ops.py), run eagerly once per image / video (media_merge in the step)
+# (ninfer/runtime/executors/vision/cuda_ops.py), run eagerly once per image / video (media_merge in the step)
 VISION_CUDA_KERNELS = {sig.kind: f"torch.{sig.kind}" for sig in VISION_SIGNATURES}
 # the text rotary over 3-axis positions [3, T] (MRoPE): torch; kernels.rotary and the one-launch
 # attention prologue take positions [T] (fuse_attention_prologue leaves it unfolded on cuda)

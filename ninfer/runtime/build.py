@@ -5,7 +5,7 @@
     options, eos ids of the artifact's tokenizer, a Sampler ───────────────▶ Engine (started)
 
 It is the only code that compiles a plan, loads an executor and starts an engine: `ninfer
-serve` (api/server_engine.py), `ninfer.LLM` (llm.py) and `ninfer bench engine` all call it, so
+serve` (api/server/engine.py), `ninfer.LLM` (llm.py) and `ninfer bench engine` all call it, so
 the three run the same plan on the same engine loop. On CUDA every decode-batch CUDA Graph is
 captured before it returns.
 
@@ -26,8 +26,8 @@ from tokenizers import Tokenizer as _HFTokenizer
 from ninfer.passes.pipeline import compile_artifact
 from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.engine import Engine
-from ninfer.runtime.executors import make_executor
-from ninfer.runtime.sampler import Sampler
+from ninfer.runtime.executors.choose import make_executor
+from ninfer.runtime.executors.sampler import Sampler
 from ninfer.runtime.tokenizer import eos_token_ids
 from ninfer.spec.build import build_speculator
 

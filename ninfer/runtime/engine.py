@@ -29,6 +29,7 @@ from ninfer.errors import ConfigError, NinferError
 from ninfer.runtime.config import EngineOptions, OutputLimit
 from ninfer.runtime.engine_stats import EngineStats
 from ninfer.runtime.executor_api import Executor
+from ninfer.runtime.executors.sampler import SampledTokens, Sampler, SampleRow
 from ninfer.runtime.handle import RequestHandle
 from ninfer.runtime.host_work import DEVICE_WAIT, HostWork
 from ninfer.runtime.logprob_ledger import LogprobLedger
@@ -43,7 +44,6 @@ from ninfer.runtime.request import (
     Timings,
     Usage,
 )
-from ninfer.runtime.sampler import SampledTokens, Sampler, SampleRow
 from ninfer.runtime.scheduler import Scheduler, StepPlan
 from ninfer.runtime.sequence import (
     SeqStatus,

@@ -58,7 +58,7 @@ class SamplingParams:
     calls `Engine.finish(handle, "stop", ...)`; the engine never looks at them.
 
     `logprobs` None: no log probabilities; k (0..20): each sampled token's TokensEvent carries a
-    `TokenLogprob` with its log probability and the k most likely tokens (runtime/logprobs.py
+    `TokenLogprob` with its log probability and the k most likely tokens (runtime/executors/logprobs.py
     says which distribution they describe).
     """
 

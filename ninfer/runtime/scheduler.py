@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.executor_api import Executor
@@ -79,25 +79,12 @@ class Scheduler(Residency, SpeculativeRounds):
         self,
         config: EngineOptions,
         *,
-        num_pages: int,
-        page_size: int,
-        num_state_slots: int = 0,
-        is_hybrid: bool = False,
         eos_ids: frozenset[int] | set[int] | tuple[int, ...] = (),
-        host_snapshots: bool = False,
-        kv_bytes_per_page: int = 0,
-        state_bytes: int = 0,
+        **memory: Any,
     ) -> None:
-        super().__init__(
-            config,
-            num_pages=num_pages,
-            page_size=page_size,
-            num_state_slots=num_state_slots,
-            is_hybrid=is_hybrid,
-            host_snapshots=host_snapshots,
-            kv_bytes_per_page=kv_bytes_per_page,
-            state_bytes=state_bytes,
-        )
+        """`memory`: the executor's memory, Residency's keyword arguments (num_pages, page_size,
+        num_state_slots, is_hybrid, host_snapshots, kv_bytes_per_page, state_bytes)."""
+        super().__init__(config, **memory)
         self.eos_ids = frozenset(eos_ids)
         self.waiting: deque[Sequence] = deque()  # fresh, FIFO
         self._seqs: dict[int, Sequence] = {}

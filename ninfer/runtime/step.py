@@ -1,7 +1,8 @@
-"""The two plain dataclasses where the scheduler and the executor meet.
+"""The plain dataclasses where the scheduler and the executor meet.
 
 The scheduler (pure Python, no torch) decides *what* runs in a step and emits a `StepBatch`;
-the executor (the only code that touches tensors) runs it and answers with a `StepResult`.
+the executor (the only code that touches tensors) runs it and answers with the logits rows
+the batch asked for.
 Nothing else crosses that boundary, so every scheduling decision is testable with a fake
 executor on CPU.
 
@@ -20,7 +21,7 @@ earlier steps or a reused prefix). Hybrid models also carry a recurrent-state sl
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ninfer.runtime.media_span import MediaSpan
 from ninfer.runtime.vision.mrope import MRope
@@ -82,15 +83,3 @@ class StepBatch:
     @property
     def num_tokens(self) -> int:
         return sum(len(c.token_ids) for c in self.chunks)
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """What the executor returns: for each chunk with want_logits, in batch order, the id of the
-    chunk's sequence. `logits` is the executor's tensor [n_rows, vocab] (opaque to the
-    scheduler); `sampled` holds the token chosen per row once the sampler ran."""
-
-    seq_ids: tuple[int, ...]
-    sampled: tuple[int, ...] = ()
-    logits: object | None = field(default=None, repr=False)
-    device_seconds: float = 0.0

@@ -38,7 +38,7 @@ def build_speculator(artifact: Any, options: EngineOptions, executor: Any) -> Sp
     from ninfer.artifact.format import Artifact
     from ninfer.ir.models import check_tensors
     from ninfer.passes.pipeline import compile_artifact
-    from ninfer.runtime.executors import make_executor
+    from ninfer.runtime.executors.choose import make_executor
 
     if executor.is_hybrid and options.compile.device != "cpu":
         raise ConfigError(

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ninfer.runtime.executors.sampler import Sampler, SampleRow
 from ninfer.runtime.pages import PagePool
-from ninfer.runtime.sampler import Sampler, SampleRow
 from ninfer.runtime.step import SeqChunk, StepBatch
 from ninfer.spec.drafter import NO_DRAFT, Draft, DraftRow
 from ninfer.spec.verify import processed_logits

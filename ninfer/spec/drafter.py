@@ -13,8 +13,8 @@ from typing import NamedTuple, Protocol
 
 import torch
 
+from ninfer.runtime.executors.sampler import Sampler
 from ninfer.runtime.request import SamplingParams
-from ninfer.runtime.sampler import Sampler
 
 
 class DraftRow(NamedTuple):

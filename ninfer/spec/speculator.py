@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ninfer.runtime.sampler import Sampler, SampleRow
+from ninfer.runtime.executors.sampler import Sampler, SampleRow
 from ninfer.spec.drafter import NO_DRAFT, Draft, Drafter, DraftRow
 from ninfer.spec.verify import verify_row
 

@@ -2,7 +2,7 @@
 
 The target computed logits at the fed token and at each of the k drafts in one forward:
 logits[j] is the target's distribution for the token after draft j (logits[0]: after the fed
-token). Both sides use the same processing as the plain sampler (runtime/sampler.py): penalties
+token). Both sides use the same processing as the plain sampler (runtime/executors/sampler.py): penalties
 counted over the output so far plus the drafts before the position, then temperature, top-k,
 top-p, min-p.
 
@@ -23,8 +23,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ninfer.runtime.executors.sampler import Sampler, SampleRow
 from ninfer.runtime.request import SamplingParams
-from ninfer.runtime.sampler import Sampler, SampleRow
 from ninfer.spec.drafter import Draft
 
 

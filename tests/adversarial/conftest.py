@@ -54,19 +54,7 @@ def start_hostile(
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    server = LiveServer(f"http://127.0.0.1:{port}", proc, log_path)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"ninfer serve exited:\n{server.stderr()[-4000:]}")
-        try:
-            if httpx.get(f"{server.base_url}/health", timeout=1).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    server.stop()
-    raise RuntimeError(f"ninfer serve did not start:\n{server.stderr()[-4000:]}")
+    return LiveServer(f"http://127.0.0.1:{port}", proc, log_path).wait_ready(timeout_s)
 
 
 @pytest.fixture(scope="session")

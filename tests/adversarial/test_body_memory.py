@@ -1,6 +1,6 @@
 """Request bodies cost bounded memory: unfinished uploads are held for at most the
 outstanding-request capacity (max_concurrency + max_pending_requests) at --max-request-mib each,
-and decoding one body costs at most ninfer.api.body_cost.MAX_PARSE_FACTOR times its size
+and decoding one body costs at most ninfer.api.wire.body_cost.MAX_PARSE_FACTOR times its size
 (denser JSON is refused before it is decoded)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import tracemalloc
 import httpx
 import pytest
 
-from ninfer.api import body_cost
-from ninfer.api.fields import parse_json_object
+from ninfer.api.wire import body_cost
+from ninfer.api.wire.fields import parse_json_object
 from tests.adversarial.conftest import MAX_BODY, PATIENT_CAPACITY, address, rss_bytes
 
 MIB = 1 << 20

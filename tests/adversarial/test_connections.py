@@ -1,6 +1,6 @@
 """Connections that never finish a request are closed after --client-timeout-s (here 1 s), and
 the server keeps answering /health when clients hold more connections than it has descriptors
-(ninfer.api.http_server)."""
+(ninfer.api.server.http_server)."""
 
 from __future__ import annotations
 

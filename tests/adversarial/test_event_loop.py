@@ -1,6 +1,6 @@
 """/health keeps answering while a maximal body (just under --max-request-mib, 8 MiB here) is
 decoded, validated, rendered and counted: that work runs in a worker thread in short GIL holds
-(ninfer.api.json_chunked, chunked prompt counting, garbage collection paused). Before, one such
+(ninfer.api.wire.json_chunked, chunked prompt counting, garbage collection paused). Before, one such
 request held the event loop for seconds (7.5-9 s for a 2 MB /v1/responses/input_tokens).
 
 Two measurements: in-process, the longest time the preparing thread keeps another thread from
@@ -66,10 +66,10 @@ def test_health_answers_while_a_maximal_body_is_prepared(patient_server, path):
 def test_preparing_a_maximal_body_never_holds_the_gil_for_100_ms(tiny_agent):
     """The handler's work for a maximal body (decode and validate in a thread, then render and
     count), run as the server runs it, while this thread measures how late 1 ms sleeps wake."""
-    from ninfer.api.fields import parse_json_object
-    from ninfer.api.offload import gc_paused
-    from ninfer.api.openai_chat import to_generation_request
-    from ninfer.api.openai_chat_models import parse_chat_request
+    from ninfer.api.chat.endpoints import to_generation_request
+    from ninfer.api.chat.request import parse_chat_request
+    from ninfer.api.wire.fields import parse_json_object
+    from ninfer.api.wire.offload import gc_paused
     from tests.api.live_app import app_client
 
     raw = json.dumps(BODIES["/v1/chat/completions"], ensure_ascii=False).encode()

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from ninfer.api import errors
-from ninfer.api.template import _environment
-from ninfer.api.template_options import TEMPLATE_HELPERS
+from ninfer.api.service.template import _environment
+from ninfer.api.service.template_options import TEMPLATE_HELPERS
+from ninfer.api.wire import errors
 from tests.api.live_app import app_client
 
 MODEL = "tiny-agent"

@@ -1,4 +1,4 @@
-"""ninfer.api.json_chunked decodes exactly what json.loads decodes (windows shrunk so that every
+"""ninfer.api.wire.json_chunked decodes exactly what json.loads decodes (windows shrunk so that every
 cut lands somewhere interesting: inside escapes, between escaped surrogate halves, in runs of
 backslashes), and refuses what it refuses."""
 
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from ninfer.api import json_chunked
+from ninfer.api.wire import json_chunked
 
 PIECES = ["a", " ", '"', "\\", "\\\\", "\n", "é", "😀", "\ud83d", "\udc00", "\x7f", "/", "u",
           "\\u", "D8", "\u2028"]  # fmt: skip

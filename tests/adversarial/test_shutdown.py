@@ -14,12 +14,19 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from ninfer.api import errors
-from ninfer.api.anthropic_sse import MessageStreamWriter
-from ninfer.api.generation import Admitted, ContentText, Finished, GenerationEvent, Timings, Usage
-from ninfer.api.openai_responses import _create_sse, prepare
-from ninfer.api.responses_request import parse_create_request
-from ninfer.api.state import ServerState
+from ninfer.api.anthropic.sse import MessageStreamWriter
+from ninfer.api.responses.endpoints import _create_sse, prepare
+from ninfer.api.responses.request import parse_create_request
+from ninfer.api.server.state import ServerState
+from ninfer.api.service.generation import (
+    Admitted,
+    ContentText,
+    Finished,
+    GenerationEvent,
+    Timings,
+    Usage,
+)
+from ninfer.api.wire import errors
 from ninfer.runtime.request import SamplingParams
 from tests.adversarial.conftest import start_hostile
 from tests.api.live_app import serve_config

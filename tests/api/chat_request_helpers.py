@@ -1,5 +1,6 @@
-"""Shared helpers of the Chat Completions request-parsing tests (tests/api/test_chat_request_*):
-a minimal body, parse/reject against a fixed public model id, and two function tools."""
+"""Shared helpers of the Chat Completions request tests (tests/api/test_chat_request_* and the
+prompt-cache tests): a minimal body, parse/reject against a fixed public model id, two function
+tools, and the preparation of a request by a model service."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ from typing import Any
 
 import pytest
 
-from ninfer.api.errors import ApiError
-from ninfer.api.openai_chat_models import ChatRequest, parse_chat_request
+from ninfer.api.chat.endpoints import to_generation_request
+from ninfer.api.chat.request import ChatRequest, parse_chat_request
+from ninfer.api.server.config import ServeConfig
+from ninfer.api.server.state import ServerState
+from ninfer.api.wire.errors import ApiError
 
 MODEL = "tiny-model"
 USER = {"role": "user", "content": "hi"}
@@ -23,6 +27,13 @@ def body(**fields: Any) -> dict[str, Any]:
 
 def parse(b: dict[str, Any], *, vision: bool = False) -> ChatRequest:
     return parse_chat_request(b, model_id=MODEL, vision=vision)
+
+
+def prepare_chat(service: Any, messages: list[dict[str, Any]], **fields: Any) -> Any:
+    """`service.prepare` of a Chat request with `messages` and `fields`: the rendered prompt,
+    its token ids and checkpoints, stopping before the engine."""
+    chat = parse(body(messages=messages, **fields))
+    return service.prepare(to_generation_request(chat, ServerState(ServeConfig(), MODEL)))
 
 
 def reject(b: dict[str, Any], *, vision: bool = False) -> ApiError:

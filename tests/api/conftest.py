@@ -7,7 +7,7 @@
 - `sp_tokenizer`: a tiny SentencePiece-style BPE (Llama/SmolLM-like Metaspace pieces with byte
   fallback, decoder Replace + ByteFallback + Fuse + Strip), so CJK and emoji go through
   `<0xXX>` byte tokens.
-- `qwen_template`: ninfer/api/templates/qwen_xml.jinja bound to `qwen_tokenizer`'s control
+- `qwen_template`: ninfer/api/service/templates/qwen_xml.jinja bound to `qwen_tokenizer`'s control
   tokens.
 """
 
@@ -16,18 +16,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, normalizers
 from tokenizers.trainers import BpeTrainer
 
-QWEN_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-QWEN_MARKUP = (
-    "<think>",
-    "</think>",
-    "<tool_call>",
-    "</tool_call>",
-    "<tool_response>",
-    "</tool_response>",
-)
+from artifacts.tokenizer import MARKUP_TOKENS, SPECIAL_TOKENS, train_byte_level
 
 # The metric families docs/serving.md lists, by Prometheus type, as
 # prometheus_client's parser names them (counters without _total). Shared with the e2e suite.
@@ -72,20 +64,7 @@ def _corpus() -> list[str]:
 
 
 def build_qwen_tokenizer() -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = BpeTrainer(
-        vocab_size=420,
-        min_frequency=2,
-        show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_SPECIAL])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN_MARKUP])
-    return tok
+    return train_byte_level(_corpus(), 420, SPECIAL_TOKENS, MARKUP_TOKENS)
 
 
 def build_sp_tokenizer() -> Tokenizer:
@@ -126,7 +105,7 @@ def sp_tokenizer() -> Tokenizer:
 
 @pytest.fixture(scope="session")
 def qwen_template(qwen_tokenizer: Tokenizer):
-    from ninfer.api.template import TEMPLATES_DIR, chat_template_for
+    from ninfer.api.service.template import TEMPLATES_DIR, chat_template_for
 
     source = (TEMPLATES_DIR / "qwen_xml.jinja").read_text(encoding="utf-8")
     return chat_template_for(source, qwen_tokenizer, special_tokens={"eos_token": "<|im_end|>"})
@@ -135,7 +114,7 @@ def qwen_template(qwen_tokenizer: Tokenizer):
 @pytest.fixture
 def prompt_service(qwen_tokenizer: Tokenizer, qwen_template):
     """A ModelService that only prepares (renders and encodes) requests: no engine."""
-    from ninfer.api.service import ModelService
+    from ninfer.api.service.model_service import ModelService
 
     return ModelService(
         engine=None,

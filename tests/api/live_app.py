@@ -10,8 +10,8 @@ from typing import Any
 
 from litestar.testing import TestClient
 
-from ninfer.api.app import create_app
-from ninfer.api.config import ServeConfig
+from ninfer.api.server.app import create_app
+from ninfer.api.server.config import ServeConfig
 from ninfer.artifact import Artifact
 from ninfer.commands import serve
 from ninfer.runtime.config import EngineOptions

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from litestar.testing import TestClient
 
-from ninfer.api import errors
-from ninfer.api.anthropic_errors import anthropic_error_body, anthropic_status
-from ninfer.api.app import create_app
-from ninfer.api.state import ServerState
+from ninfer.api.server.app import create_app
+from ninfer.api.server.state import ServerState
+from ninfer.api.wire import errors
+from ninfer.api.wire.anthropic_errors import anthropic_error_body, anthropic_status
 from tests.api.live_app import serve_config
 
 KEY = "local-secret"
@@ -21,7 +21,7 @@ BODY = {"model": "any-label", "max_tokens": 16, "messages": [{"role": "user", "c
 def make_client(**options: Any) -> TestClient:
     options.setdefault("max_context", 4096)
     state = ServerState(config=serve_config(**options), model_id="tiny", created=1700000000)
-    app = create_app(state, protocol_modules=("ninfer.api.anthropic_messages",))
+    app = create_app(state, protocol_modules=("ninfer.api.anthropic.endpoints",))
     client = TestClient(app=app, raise_server_exceptions=False)
     client.headers["content-type"] = "application/json"  # bodies are JSON (415 otherwise)
     return client

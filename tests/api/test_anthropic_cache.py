@@ -4,7 +4,7 @@ in real prompts: tests/api/test_cache_point_positions.py."""
 
 from __future__ import annotations
 
-from ninfer.api.generation import CachePoint
+from ninfer.api.service.generation import CachePoint
 from tests.api.test_anthropic_request import (
     EPHEMERAL,
     WEATHER,

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from ninfer.api.anthropic_errors import anthropic_error_body, generation_failure
-from ninfer.api.anthropic_sse import MessageStreamWriter
-from ninfer.api.generation import Admitted, Finished, Timings, Usage
+from ninfer.api.anthropic.sse import MessageStreamWriter
+from ninfer.api.service.generation import Admitted, Finished, Timings, Usage
+from ninfer.api.wire.anthropic_errors import anthropic_error_body, generation_failure
 from ninfer.runtime.request import EngineError, EngineOverloaded, QueueTimeout
 
 CASES = [

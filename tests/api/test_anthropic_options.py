@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ninfer.api.template_options import ThinkingDefaults
+from ninfer.api.service.template_options import ThinkingDefaults
 from tests.api.test_anthropic_request import (
     DEFAULT_MAX,
     WEATHER,

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from ninfer.api.anthropic_models import parse_messages_request
-from ninfer.api.errors import ApiError
+from ninfer.api.anthropic.request import parse_messages_request
+from ninfer.api.wire.errors import ApiError
 
 DEFAULT_MAX = 512
 WEATHER = {

@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 from anthropic.lib.streaming._messages import accumulate_event
 
-from ninfer.api import errors
-from ninfer.api.anthropic_messages import _EventPump, _frames
-from ninfer.api.anthropic_sse import (
+from ninfer.api.anthropic.endpoints import _EventPump, _frames
+from ninfer.api.anthropic.sse import (
     KEEP_ALIVE,
     MessageStreamWriter,
     aggregate_message,
@@ -23,7 +22,7 @@ from ninfer.api.anthropic_sse import (
     thinking_signature,
     tool_use_id,
 )
-from ninfer.api.generation import (
+from ninfer.api.service.generation import (
     Admitted,
     ContentText,
     Finished,
@@ -36,7 +35,8 @@ from ninfer.api.generation import (
     ToolCallStart,
     Usage,
 )
-from ninfer.api.toolcalls import ToolCall
+from ninfer.api.service.toolcalls import ToolCall
+from ninfer.api.wire import errors
 
 CALL = ToolCall("call_abc", "get_weather", '{"city": "Paris", "days": 3}')
 

@@ -13,10 +13,10 @@ from litestar import Request, get, post
 from litestar.response import Stream
 from litestar.testing import TestClient
 
-from ninfer.api import errors
-from ninfer.api.app import create_app
-from ninfer.api.config import ServeConfig
-from ninfer.api.state import ServerState
+from ninfer.api.server.app import create_app
+from ninfer.api.server.config import ServeConfig
+from ninfer.api.server.state import ServerState
+from ninfer.api.wire import errors
 from tests.api.live_app import serve_config
 
 MODEL = "org/tiny-model"
@@ -117,7 +117,7 @@ def test_health_follows_the_engine():
     runs, unavailable once the worker has stopped."""
     from ninfer.runtime.config import EngineOptions
     from ninfer.runtime.engine import Engine
-    from ninfer.runtime.sampler import Sampler
+    from ninfer.runtime.executors.sampler import Sampler
     from tests.runtime.fake_executor import FakeExecutor
 
     cfg = EngineOptions.of(max_context=64, page_size=16)

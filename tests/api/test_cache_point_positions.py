@@ -11,12 +11,9 @@ from typing import Any
 
 import pytest
 
-from ninfer.api.anthropic_models import parse_messages_request
-from ninfer.api.config import ServeConfig
-from ninfer.api.openai_chat import to_generation_request
-from ninfer.api.openai_chat_models import parse_chat_request
-from ninfer.api.service import ModelService
-from ninfer.api.state import ServerState
+from ninfer.api.anthropic.request import parse_messages_request
+from ninfer.api.service.model_service import ModelService
+from tests.api.chat_request_helpers import prepare_chat
 from tests.api.test_anthropic_request import EPHEMERAL, WEATHER, assistant, result, text, user
 
 MODEL = "tiny-model"
@@ -31,13 +28,7 @@ def service(prompt_service) -> ModelService:
 
 
 def chat(service: ModelService, messages: list[dict[str, Any]], **fields: Any):
-    req = parse_chat_request(
-        {"model": MODEL, "messages": messages, "prompt_cache_options": {"mode": "explicit"}}
-        | fields,
-        model_id=MODEL,
-        vision=False,
-    )
-    return service.prepare(to_generation_request(req, ServerState(ServeConfig(), MODEL)))
+    return prepare_chat(service, messages, **({"prompt_cache_options": BP} | fields))
 
 
 def anthropic(service: ModelService, body: dict[str, Any]):

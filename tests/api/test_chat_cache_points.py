@@ -6,15 +6,10 @@ tokenizer; preparation stops before the engine."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from ninfer.api.config import ServeConfig
-from ninfer.api.openai_chat import to_generation_request
-from ninfer.api.openai_chat_models import parse_chat_request
-from ninfer.api.service import ModelService
-from ninfer.api.state import ServerState
+from ninfer.api.service.model_service import ModelService
+from tests.api.chat_request_helpers import prepare_chat as prepare
 
 MODEL = "tiny-model"
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
@@ -24,14 +19,6 @@ QUESTION = "What is the weather in Paris?"
 @pytest.fixture
 def service(prompt_service) -> ModelService:
     return prompt_service
-
-
-def prepare(service: ModelService, messages: list[dict[str, Any]], **fields: Any):
-    chat = parse_chat_request(
-        {"model": MODEL, "messages": messages, **fields}, model_id=MODEL, vision=False
-    )
-    state = ServerState(config=ServeConfig(), model_id=MODEL)
-    return service.prepare(to_generation_request(chat, state))
 
 
 def decode(service: ModelService, ids: list[int]) -> str:

@@ -3,8 +3,8 @@ signed 64-bit range the seed field takes; no seed stays no seed (each choice dra
 
 from __future__ import annotations
 
-from ninfer.api.chat_choices import choice_request
-from ninfer.api.generation import GenerationRequest, SamplingOptions
+from ninfer.api.chat.choices import choice_request
+from ninfer.api.service.generation import GenerationRequest, SamplingOptions
 
 
 def seeded(seed: int | None) -> GenerationRequest:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from ninfer.api.errors import ApiError
-from ninfer.api.fields import parse_json_object
-from ninfer.api.openai_chat_models import ChatMessage, TextPart
+from ninfer.api.chat.request import ChatMessage, TextPart
+from ninfer.api.wire.errors import ApiError
+from ninfer.api.wire.fields import parse_json_object
 from tests.api.chat_request_helpers import (
     DROP,
     MODEL,
@@ -276,10 +276,3 @@ def test_lone_surrogate_escapes_are_refused_by_field():
         with pytest.raises(ApiError) as e:
             parse_json_object(raw)
         assert (e.value.status, e.value.code, e.value.param) == (400, "invalid_value", param)
-
-
-def test_reasoning_efforts_match_the_template_layer():
-    from ninfer.api import template
-    from ninfer.api.openai_chat_models import REASONING_EFFORTS
-
-    assert REASONING_EFFORTS == template.REASONING_EFFORTS

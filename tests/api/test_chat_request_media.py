@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from ninfer.api.openai_chat_models import MediaPart, TextPart
+from ninfer.api.chat.request import MediaPart, TextPart
 from tests.api.chat_request_helpers import body, parse, reject
 
 # -- media --------------------------------------------------------------------------------------

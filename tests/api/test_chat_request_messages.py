@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from ninfer.api.fields import parse_json_object
-from ninfer.api.openai_chat_models import ChatMessage, TextPart, ToolCall
+from ninfer.api.chat.request import ChatMessage, TextPart, ToolCall
+from ninfer.api.wire.fields import parse_json_object
 from tests.api.chat_request_helpers import DROP, USER, body, check_rejection, parse, reject
 
 # -- rejections ---------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ninfer.api.openai_chat_models import FunctionTool
+from ninfer.api.chat.request import FunctionTool
 from tests.api.chat_request_helpers import CLOCK, WEATHER, body, check_rejection, parse
 
 # -- rejections ---------------------------------------------------------------------------------

@@ -13,10 +13,12 @@ from typing import Any
 
 import pytest
 
-from ninfer.api import errors
-from ninfer.api.config import ServeConfig
-from ninfer.api.errors import ApiError
-from ninfer.api.generation import (
+from ninfer.api.chat.endpoints import ChatCompletion, _sse
+from ninfer.api.chat.request import parse_chat_request
+from ninfer.api.server.config import ServeConfig
+from ninfer.api.server.sse import KEEPALIVE, first_event, with_keepalive
+from ninfer.api.server.state import ServerState
+from ninfer.api.service.generation import (
     Admitted,
     ContentText,
     Finished,
@@ -24,10 +26,8 @@ from ninfer.api.generation import (
     Timings,
     Usage,
 )
-from ninfer.api.openai_chat import ChatCompletion, _sse
-from ninfer.api.openai_chat_models import parse_chat_request
-from ninfer.api.sse import KEEPALIVE, first_event, with_keepalive
-from ninfer.api.state import ServerState
+from ninfer.api.wire import errors
+from ninfer.api.wire.errors import ApiError
 
 MODEL = "tiny-model"
 

@@ -19,7 +19,7 @@ import openai
 import pytest
 import uvicorn
 
-from ninfer.api.app import create_app
+from ninfer.api.server.app import create_app
 from ninfer.artifact import Artifact
 from ninfer.commands import serve
 from tests.api.live_app import serve_config

@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from ninfer.api.config import ServeConfig
-from ninfer.api.context_cost import GENERIC_PREFILL, GENERIC_TRANSFER
-from ninfer.api.observability import Observability
-from ninfer.api.request_log import RequestLog
-from ninfer.api.server_start import CONTEXT_COST_KEY
-from ninfer.api.state import ServerState
+from ninfer.api.observability.context_cost import GENERIC_PREFILL, GENERIC_TRANSFER
+from ninfer.api.observability.request_log import RequestLog
+from ninfer.api.observability.server_start import CONTEXT_COST_KEY
+from ninfer.api.observability.wiring import Observability
+from ninfer.api.server.config import ServeConfig
+from ninfer.api.server.state import ServerState
 from ninfer.artifact import Artifact
 from ninfer.commands import serve
 from ninfer.errors import ConfigError

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from ninfer.api.detokenize import IncrementalDetokenizer
+from ninfer.api.service.detokenize import IncrementalDetokenizer
 
 TEXTS = [
     "Hello world, how are you?",
@@ -151,7 +151,7 @@ def test_hypothesis_arbitrary_ids(tok: Tokenizer, data: st.DataObject) -> None:
 
 
 def _ends_incomplete(tok: Tokenizer, ids: list[int]) -> bool:
-    from ninfer.api.detokenize import _incomplete_utf8, _token_bytes
+    from ninfer.api.service.detokenize import _incomplete_utf8, _token_bytes
 
     to_bytes = _token_bytes(tok)
     return to_bytes is not None and _incomplete_utf8(b"".join(to_bytes(i) for i in ids))
@@ -168,7 +168,7 @@ def test_invalid_byte_is_released_once_it_cannot_complete(qwen_tokenizer: Tokeni
 
 
 def test_output_cut_inside_a_character_drops_it_instead_of_emitting_replacement(qwen_tokenizer):
-    from ninfer.api.detokenize import IncrementalDetokenizer
+    from ninfer.api.service.detokenize import IncrementalDetokenizer
 
     ids = qwen_tokenizer.encode("ok 😀", add_special_tokens=False).ids
     full = qwen_tokenizer.decode(ids)

@@ -10,9 +10,9 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from ninfer.api.generation import ContentText, Finished, GenerationRequest
-from ninfer.api.logprob_entries import UNLIKELY, EntryFormatter
-from ninfer.api.postprocess import PostProcessor
+from ninfer.api.service.generation import ContentText, Finished, GenerationRequest
+from ninfer.api.service.logprob_entries import UNLIKELY, EntryFormatter
+from ninfer.api.service.postprocess import PostProcessor
 from ninfer.runtime.request import FinishEvent, Timings, TokenLogprob, Usage
 
 WEATHER = {

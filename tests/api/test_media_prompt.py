@@ -1,4 +1,4 @@
-"""Placing media in a prompt (ninfer.api.media_prompt through ModelService.prepare), with the
+"""Placing media in a prompt (ninfer.api.service.media_prompt through ModelService.prepare), with the
 real template, the fixture tokenizer plus Qwen's vision tokens, and real prepared media.
 
 The protocol-level tests (tests/media/test_protocol_media.py) cover the three wire formats;
@@ -20,12 +20,12 @@ from PIL import Image
 
 from artifacts.fixtures import TEMPLATE
 from artifacts.tokenizer import build_tokenizer
-from ninfer.api.errors import ApiError
-from ninfer.api.generation import CachePoint, GenerationRequest
-from ninfer.api.media_path import MediaPath, release
-from ninfer.api.media_prompt import MAX_VISION_TOKENS, VisionTokens, split_media
-from ninfer.api.service import ModelService
-from ninfer.api.template import chat_template_for
+from ninfer.api.service.generation import CachePoint, GenerationRequest
+from ninfer.api.service.media_path import MediaPath, release
+from ninfer.api.service.media_prompt import MAX_VISION_TOKENS, VisionTokens, split_media
+from ninfer.api.service.model_service import ModelService
+from ninfer.api.service.template import chat_template_for
+from ninfer.api.wire.errors import ApiError
 from ninfer.errors import ConfigError
 from ninfer.media.config import VisionPreprocessConfig
 from ninfer.media.preparer import MediaPreparer

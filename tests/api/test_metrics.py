@@ -12,14 +12,14 @@ import pytest
 from litestar.testing import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from ninfer.api import metrics
-from ninfer.api.app import create_app
-from ninfer.api.metrics import Histogram
-from ninfer.api.observability import Observability
-from ninfer.api.openai_responses import envelope_size, prepare
-from ninfer.api.responses_request import parse_create_request
-from ninfer.api.responses_store import STORE_KEY, ResponseStore, json_size
-from ninfer.api.state import ServerState
+from ninfer.api.observability import metrics
+from ninfer.api.observability.metrics import Histogram
+from ninfer.api.observability.wiring import Observability
+from ninfer.api.responses.endpoints import envelope_size, prepare
+from ninfer.api.responses.request import parse_create_request
+from ninfer.api.responses.store import STORE_KEY, ResponseStore, json_size
+from ninfer.api.server.app import create_app
+from ninfer.api.server.state import ServerState
 from ninfer.artifact import Artifact
 from ninfer.commands import serve
 from ninfer.runtime import host_work

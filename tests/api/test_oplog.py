@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from ninfer.api import oplog
-from ninfer.api.request_log import RequestLog
-from ninfer.api.throughput import ThroughputReporter, interval
+from ninfer.api.observability import oplog
+from ninfer.api.observability.request_log import RequestLog
+from ninfer.api.observability.throughput import ThroughputReporter, interval
 from ninfer.runtime.engine import EngineStats
 
 RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} [A-Z]+ \S")

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from ninfer.api.anthropic_models import parse_messages_request
-from ninfer.api.errors import ApiError
-from ninfer.api.openai_chat_models import parse_chat_request
-from ninfer.api.responses_request import parse_create_request
+from ninfer.api.anthropic.request import parse_messages_request
+from ninfer.api.chat.request import parse_chat_request
+from ninfer.api.responses.request import parse_create_request
+from ninfer.api.wire.errors import ApiError
 from ninfer.constrain import ForcedToolCall, Grammar, JsonObject, JsonSchema, Regex, StrictTools
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from tokenizers import Tokenizer
 
-from ninfer.api.generation import GenerationRequest
-from ninfer.api.postprocess import PostProcessor
+from ninfer.api.service.generation import GenerationRequest
+from ninfer.api.service.postprocess import PostProcessor
 from ninfer.runtime.request import FinishEvent, Timings, Usage
 
 TEXT = "Numbers 0 1 2 3 4 5 6 7 8 9 10 42"

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from ninfer.api.reasoning import (
+from ninfer.api.service.reasoning import (
     THINKING_BUDGET_GUIDANCE,
     ReasoningParser,
     prompt_starts_in_thinking,

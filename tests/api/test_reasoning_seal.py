@@ -9,9 +9,9 @@ import base64
 
 import pytest
 
-from ninfer.api.errors import ApiError
-from ninfer.api.reasoning_seal import PREFIX, ReasoningSeal, configured_key, load_key
-from ninfer.api.responses_items import parse_input
+from ninfer.api.responses.items import parse_input
+from ninfer.api.responses.reasoning_seal import PREFIX, ReasoningSeal, configured_key, load_key
+from ninfer.api.wire.errors import ApiError
 from ninfer.commands import serve
 from ninfer.errors import ConfigError
 

@@ -13,13 +13,8 @@ from typing import Any
 import pytest
 from litestar.testing import TestClient
 
-from ninfer.api import metrics
-from ninfer.api.app import create_app
-from ninfer.api.errors import ApiError, server_overloaded
-from ninfer.api.generation import GenerationRequest
-from ninfer.api.observability import Observability
-from ninfer.api.observe import Observer
-from ninfer.api.request_log import (
+from ninfer.api.observability import metrics
+from ninfer.api.observability.request_log import (
     HOST_PHASES,
     SCHEMA,
     SCHEMA_VERSION,
@@ -27,7 +22,12 @@ from ninfer.api.request_log import (
     RequestLogSink,
     redact_argv,
 )
-from ninfer.api.service import Prepared
+from ninfer.api.observability.wiring import Observability
+from ninfer.api.server.app import create_app
+from ninfer.api.service.generation import GenerationRequest
+from ninfer.api.service.model_service import Prepared
+from ninfer.api.service.observe import Observer
+from ninfer.api.wire.errors import ApiError, server_overloaded
 from ninfer.artifact import Artifact
 from ninfer.commands import serve
 from ninfer.errors import ConfigError

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from ninfer.api.errors import ApiError
-from ninfer.api.generation import CachePoint
-from ninfer.api.responses_history import items_to_messages
-from ninfer.api.responses_items import parse_input
-from ninfer.api.responses_tools import ToolSet, parse_tools
-from ninfer.api.template import TEMPLATES_DIR, ChatTemplate
-from ninfer.api.template_options import TemplateOptions
+from ninfer.api.responses.history import items_to_messages
+from ninfer.api.responses.items import parse_input
+from ninfer.api.responses.tools import ToolSet, parse_tools
+from ninfer.api.service.generation import CachePoint
+from ninfer.api.service.template import TEMPLATES_DIR, ChatTemplate
+from ninfer.api.service.template_options import TemplateOptions
+from ninfer.api.wire.errors import ApiError
 from tests.conftest import TINY_AGENT_PROMPTS
 
 PROMPTS = {p["name"]: p for p in json.loads(TINY_AGENT_PROMPTS.read_text())["prompts"]}

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from ninfer.api.errors import ApiError
-from ninfer.api.openai_responses import list_page, prepare, response_object, response_store
-from ninfer.api.responses_request import parse_count_request, parse_create_request
-from ninfer.api.responses_store import make_record
-from ninfer.api.state import ServerState
+from ninfer.api.responses.endpoints import list_page, prepare, response_object, response_store
+from ninfer.api.responses.request import parse_count_request, parse_create_request
+from ninfer.api.responses.store import make_record
+from ninfer.api.server.state import ServerState
+from ninfer.api.wire.errors import ApiError
 from ninfer.runtime.request import SamplingParams
 from tests.api.live_app import serve_config
 

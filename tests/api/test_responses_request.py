@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from ninfer.api.errors import ApiError
-from ninfer.api.responses_request import parse_count_request, parse_create_request
+from ninfer.api.responses.request import parse_count_request, parse_create_request
+from ninfer.api.wire.errors import ApiError
 
 MODEL = "tiny-model"
 FN = {

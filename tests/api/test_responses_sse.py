@@ -8,7 +8,9 @@ import itertools
 import json
 from typing import Any
 
-from ninfer.api.generation import (
+from ninfer.api.responses.sse import OutputBuilder, SseFramer
+from ninfer.api.responses.tools import parse_tools
+from ninfer.api.service.generation import (
     Admitted,
     ContentText,
     Finished,
@@ -20,9 +22,7 @@ from ninfer.api.generation import (
     ToolCallStart,
     Usage,
 )
-from ninfer.api.responses_sse import OutputBuilder, SseFramer
-from ninfer.api.responses_tools import parse_tools
-from ninfer.api.toolcalls import ToolCall
+from ninfer.api.service.toolcalls import ToolCall
 
 TOOLS = parse_tools({"tools": [
     {"type": "function", "name": "search"},

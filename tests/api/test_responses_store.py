@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from ninfer.api.errors import ApiError
-from ninfer.api.responses_store import MIB, ResponseStore, StoredResponse, json_size, make_record
+from ninfer.api.responses.store import MIB, ResponseStore, StoredResponse, json_size, make_record
+from ninfer.api.wire.errors import ApiError
 
 
 def response(rid: str, text: str = "answer") -> dict[str, Any]:
@@ -105,7 +105,7 @@ def test_deleting_a_parent_keeps_the_child_context():
 
 
 def test_from_config_uses_the_serve_flags():
-    from ninfer.api.config import ServeConfig
+    from ninfer.api.server.config import ServeConfig
 
     store = ResponseStore.from_config(
         ServeConfig(response_store_max_records=7, response_store_max_mib=3)

@@ -9,12 +9,12 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 
-from ninfer.api import errors
-from ninfer.api.generation import Admitted, GenerationEvent
-from ninfer.api.openai_responses import _create_sse, prepare
-from ninfer.api.responses_request import parse_create_request
-from ninfer.api.sse import KEEPALIVE, first_event, with_keepalive
-from ninfer.api.state import ServerState
+from ninfer.api.responses.endpoints import _create_sse, prepare
+from ninfer.api.responses.request import parse_create_request
+from ninfer.api.server.sse import KEEPALIVE, first_event, with_keepalive
+from ninfer.api.server.state import ServerState
+from ninfer.api.service.generation import Admitted, GenerationEvent
+from ninfer.api.wire import errors
 from ninfer.runtime.request import SamplingParams
 from tests.api.live_app import serve_config
 
@@ -75,9 +75,9 @@ def test_a_refusal_before_admission_is_an_http_error_however_late():
 def test_a_response_deleted_while_streaming_is_never_stored():
     """DELETE answers for a running store:true Response and keeps its result out of the store;
     GET says it is still in progress until then (docs/serving.md: GET returns terminal objects)."""
-    from ninfer.api.errors import ApiError
-    from ninfer.api.generation import ContentText, Finished, Timings, Usage
-    from ninfer.api.openai_responses import response_store
+    from ninfer.api.responses.endpoints import response_store
+    from ninfer.api.service.generation import ContentText, Finished, Timings, Usage
+    from ninfer.api.wire.errors import ApiError
 
     state = ServerState(config=serve_config(max_context=4096), model_id=MODEL)
     store = response_store(state)

@@ -2,20 +2,9 @@
 
 from __future__ import annotations
 
-from ninfer.api.sampling import SamplerPolicy
+from ninfer.api.service.sampling import FIELDS, SamplerPolicy
 
-NONE = {
-    k: None
-    for k in (
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "presence_penalty",
-        "frequency_penalty",
-        "seed",
-    )
-}
+NONE = dict.fromkeys((*FIELDS, "seed"))  # a request that sets no sampler field
 
 
 def test_qwen35_presets_follow_the_thinking_mode():

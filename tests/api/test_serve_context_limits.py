@@ -11,7 +11,7 @@ import logging
 
 import pytest
 
-from ninfer.api.config import (
+from ninfer.api.server.config import (
     ServeConfig,
     kv_pool_warning,
     model_context_warning,

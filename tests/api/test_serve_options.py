@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from ninfer import cli
-from ninfer.api.config import ServeConfig, check_capabilities, check_vision_plan
+from ninfer.api.server.config import ServeConfig, check_capabilities, check_vision_plan
 from ninfer.artifact import ArtifactWriter, StoredTensor
 from ninfer.commands import serve
 from ninfer.errors import ConfigError

@@ -9,8 +9,8 @@ import asyncio
 
 import pytest
 
-from ninfer.api.errors import ApiError
-from ninfer.api.generation import Finished, GenerationRequest
+from ninfer.api.service.generation import Finished, GenerationRequest
+from ninfer.api.wire.errors import ApiError
 from ninfer.artifact import Artifact
 from ninfer.commands import serve
 from tests.api.live_app import serve_config

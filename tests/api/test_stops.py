@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ninfer.api.errors import ApiError
-from ninfer.api.stops import StopMatcher, validate_stops
+from ninfer.api.service.stops import StopMatcher, validate_stops
+from ninfer.api.wire.errors import ApiError
 
 
 def run(stops: list[str], chunks: list[str]) -> tuple[list[str], str | None]:

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from ninfer.api.app import create_app
-from ninfer.api.errors import CLIENT_CLOSED_STATUS
-from ninfer.api.generation import GenerationEvent
-from ninfer.api.state import ServerState
+from ninfer.api.server.app import create_app
+from ninfer.api.server.state import ServerState
+from ninfer.api.service.generation import GenerationEvent
+from ninfer.api.wire.errors import CLIENT_CLOSED_STATUS
 from tests.api.live_app import serve_config
 
 MODEL = "tiny-model"

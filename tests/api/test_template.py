@@ -8,14 +8,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from ninfer.api.prompt_encoding import PromptEncoder, encode_prompt
-from ninfer.api.template import (
+from ninfer.api.service.prompt_encoding import PromptEncoder, encode_prompt
+from ninfer.api.service.template import (
     ChatTemplate,
     TemplateRenderError,
     chat_template_for,
     load_builtin_template,
 )
-from ninfer.api.template_options import (
+from ninfer.api.service.template_options import (
     TemplateOptions,
     resolve_template_options,
 )

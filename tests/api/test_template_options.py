@@ -1,12 +1,12 @@
 """Chat template options: typed request fields, chat_template_kwargs and server defaults merged
-(ninfer.api.template_options), and the errors that name the request's field."""
+(ninfer.api.service.template_options), and the errors that name the request's field."""
 
 from __future__ import annotations
 
 import pytest
 
-from ninfer.api.errors import ApiError
-from ninfer.api.template_options import ThinkingDefaults, resolve_template_options
+from ninfer.api.service.template_options import ThinkingDefaults, resolve_template_options
+from ninfer.api.wire.errors import ApiError
 
 
 @pytest.mark.parametrize(

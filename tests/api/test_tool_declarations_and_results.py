@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from litestar.testing import TestClient
 
-from ninfer.api.openai_chat_models import parse_chat_request
+from ninfer.api.chat.request import parse_chat_request
 from tests.api.live_app import app_client
 
 MODEL = "tiny-agent"

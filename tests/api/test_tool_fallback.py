@@ -8,9 +8,9 @@ import json
 
 from tokenizers import Tokenizer
 
-from ninfer.api.generation import ToolCallDone
-from ninfer.api.template import ChatTemplate, chat_template_for, load_builtin_template
-from ninfer.api.toolcalls import ToolCallParser
+from ninfer.api.service.generation import ToolCallDone
+from ninfer.api.service.template import ChatTemplate, chat_template_for, load_builtin_template
+from ninfer.api.service.toolcalls import ToolCallParser
 
 # SmolLM2-135M-Instruct's template (the demo model): every role as it is, no tools
 PLAIN_CHATML = (

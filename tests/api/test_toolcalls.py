@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ninfer.api.tool_params import convert_parameter, parameter_types
-from ninfer.api.toolcalls import (
+from ninfer.api.service.tool_params import convert_parameter, parameter_types
+from ninfer.api.service.toolcalls import (
     ContentDelta,
     ToolCallArgumentsDelta,
     ToolCallEnd,

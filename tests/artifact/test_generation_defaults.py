@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from ninfer.api.sampling import SamplerPolicy
+from ninfer.api.service.sampling import SamplerPolicy
 from ninfer.artifact import Artifact
 from ninfer.artifact.convert_gguf import convert_gguf
 from ninfer.artifact.convert_hf import convert_hf

@@ -10,14 +10,21 @@ import select
 from ninfer.artifact.progress import Progress
 
 
-def test_plain_lines_every_tenth_when_not_a_terminal():
+def _logged(total: int, steps: int) -> str:
+    """What a converter of `total` items that advanced `steps` times, then finished, writes to
+    a stream that is not a terminal (no time-based lines)."""
     out = io.StringIO()
-    bar = Progress("converting", 272, stream=out, interval_s=3600)
-    for _ in range(272):
+    bar = Progress("converting", total, stream=out, interval_s=3600)
+    for _ in range(steps):
         bar.advance()
     bar.done()
-    lines = out.getvalue().splitlines()
-    assert "\r" not in out.getvalue() and "\x1b" not in out.getvalue()
+    return out.getvalue()
+
+
+def test_plain_lines_every_tenth_when_not_a_terminal():
+    text = _logged(272, 272)
+    lines = text.splitlines()
+    assert "\r" not in text and "\x1b" not in text
     assert [line.split()[1] for line in lines] == [f"{p}%" for p in range(10, 101, 10)]
     assert lines[-1].startswith("converting: 100% (272/272) ")
 
@@ -35,13 +42,9 @@ def test_plain_line_after_the_interval_even_without_a_tenth():
 
 
 def test_a_stopped_conversion_says_where_it_stopped():
-    out = io.StringIO()
-    bar = Progress("converting", 10, stream=out, interval_s=3600)
-    for _ in range(3):
-        bar.advance()
-    bar.done()
-    assert out.getvalue().splitlines()[-1].startswith("converting: 30% (3/10)")
-    assert out.getvalue().splitlines()[-1].endswith("(stopped)")
+    last = _logged(10, 3).splitlines()[-1]
+    assert last.startswith("converting: 30% (3/10)")
+    assert last.endswith("(stopped)")
 
 
 def test_a_bar_rewritten_in_place_on_a_terminal():

@@ -9,7 +9,7 @@ import torch
 
 from artifacts.random_artifact import write_random_artifact
 from ninfer.artifact import Artifact
-from ninfer.runtime.cuda_synthetic import build_synthetic
+from ninfer.bench.synthetic import build_synthetic
 
 
 @pytest.mark.parametrize("weights", ["bf16", "fp8", "nvfp4"])

@@ -110,14 +110,16 @@ def test_committed_prompts_match_the_training_script(agent, tiny_agent_prompts):
 
 def test_server_renderer_encodes_prompts_as_trained(agent, tiny_agent_prompts):
     """ninfer's own template renderer and prompt encoder give the ids the model was trained on."""
-    template = pytest.importorskip("ninfer.api.template")
+    template = pytest.importorskip("ninfer.api.service.template")
+    from ninfer.api.service.prompt_encoding import encode_prompt
+
     art, _, tok = agent
     chat = template.chat_template_for(art.chat_template, tok)
     for p in tiny_agent_prompts:
         options = template.TemplateOptions(enable_thinking=p["enable_thinking"])
         rendered = chat.render(p["messages"], tools=p["tools"] or None, options=options)
         assert rendered.text == p["prompt"], p["name"]
-        ids = template.encode_prompt(tok, rendered.text, rendered.special_spans)
+        ids = encode_prompt(tok, rendered.text, rendered.special_spans)
         assert ids == tok.encode(p["prompt"]).ids, p["name"]
 
 

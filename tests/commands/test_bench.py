@@ -9,10 +9,10 @@ import re
 
 import pytest
 
+from ninfer.bench.limits import Ceilings, WorkModel
+from ninfer.bench.loadgen import RequestTiming, percentiles, summarise
 from ninfer.cli import build_parser
 from ninfer.commands import bench
-from ninfer.runtime.cuda_limits import Ceilings, WorkModel
-from ninfer.runtime.cuda_loadgen import RequestTiming, percentiles, summarise
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -123,7 +123,7 @@ def test_steady_decode_leaves_out_other_requests_prefill() -> None:
     from types import SimpleNamespace
 
     from ninfer.commands.bench import _step_stats
-    from ninfer.runtime.cuda_executor import StepRecord
+    from ninfer.runtime.executors.cuda.executor import StepRecord
 
     def rec(decode: bool, rows: int, t: float) -> StepRecord:
         return StepRecord(decode, decode, rows, rows, 1e-4, None, None, t)

@@ -18,12 +18,12 @@ from collections.abc import Iterator
 import pytest
 import uvicorn
 
-from ninfer.api.app import create_app
+from ninfer.api.server.app import create_app
 from ninfer.artifact import Artifact
+from ninfer.bench.loadgen import server_load, summarise
 from ninfer.cli import build_parser
 from ninfer.commands import bench, serve
 from ninfer.commands.bench_serve import exact_prompt, make_prompts, token_counter
-from ninfer.runtime.cuda_loadgen import server_load, summarise
 from tests.api.live_app import serve_config
 
 MAX_CONTEXT = 256
@@ -118,7 +118,7 @@ def test_a_stream_without_text_is_counted_from_usage_and_timings():
     chunk, only the finish and usage chunks (the server's format, as the real-server tests
     above exercise it). The request counts its usage tokens, placed over the server's decode
     time, instead of failing."""
-    from ninfer.runtime.cuda_loadgen import RequestTiming, _read_stream
+    from ninfer.bench.loadgen import RequestTiming, _read_stream
 
     def sse(obj: dict) -> bytes:
         return b"data: " + json.dumps(obj).encode() + b"\n"

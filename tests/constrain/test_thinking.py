@@ -8,7 +8,7 @@ import json
 import jsonschema
 import pytest
 
-from ninfer.api.toolcalls import parse_tool_calls
+from ninfer.api.service.toolcalls import parse_tool_calls
 from ninfer.constrain import ForcedToolCall, JsonSchema, ToolSpec, compile_constraint
 from tests.constrain.helpers import Vocab, decode_random
 

@@ -9,7 +9,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from ninfer.api.toolcalls import parse_tool_calls
+from ninfer.api.service.toolcalls import parse_tool_calls
 from ninfer.constrain import ForcedToolCall, StrictTools, ToolSpec, compile_constraint
 from tests.constrain.helpers import Vocab, decode_random
 

@@ -45,6 +45,26 @@ class LiveServer:
     def stderr(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def wait_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> LiveServer:
+        """Returns once GET /health answers 200; raises RuntimeError (with the server's log)
+        when the process exits first or `timeout_s` passes (the server is stopped then)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"ninfer serve exited with {self.process.returncode}:\n{self.stderr()[-4000:]}"
+                )
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(
+            f"ninfer serve did not become ready in {timeout_s}s:\n{self.stderr()[-4000:]}"
+        )
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.terminate()
@@ -75,22 +95,7 @@ def start_server(
     server = LiveServer(f"http://127.0.0.1:{port}", proc, log_path)
     if api_key:
         server.headers = {"Authorization": f"Bearer {api_key}"}
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"ninfer serve exited with {proc.returncode}:\n{server.stderr()[-4000:]}"
-            )
-        try:
-            if httpx.get(f"{server.base_url}/health", timeout=1).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    server.stop()
-    raise RuntimeError(
-        f"ninfer serve did not become ready in {STARTUP_TIMEOUT_S}s:\n{server.stderr()[-4000:]}"
-    )
+    return server.wait_ready()
 
 
 @pytest.fixture(scope="module")

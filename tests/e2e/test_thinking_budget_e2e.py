@@ -15,7 +15,7 @@ import openai
 import pytest
 from tokenizers import Tokenizer
 
-from ninfer.api.reasoning import THINKING_BUDGET_GUIDANCE, thinking_budget_suffix_ids
+from ninfer.api.service.reasoning import THINKING_BUDGET_GUIDANCE, thinking_budget_suffix_ids
 from ninfer.artifact.format import Artifact
 from tests.e2e.conftest import TINY_AGENT
 

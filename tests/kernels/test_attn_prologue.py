@@ -59,6 +59,18 @@ def _unfused(
     return qn
 
 
+def _norm_args(D: int, dtype, device: str, seed: int, slots, zero_centered: bool) -> dict:
+    """attention_prologue's keywords with random q/k norm weights (seeded) and `slots`."""
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "q_norm_w": torch.randn(D, generator=g).to(device, dtype),
+        "k_norm_w": torch.randn(D, generator=g).to(device, dtype),
+        "eps": 1e-6,
+        "zero_centered": zero_centered,
+        "slots": slots,
+    }
+
+
 def _assert_kv_close(got: dict, want: dict, tol: float, min_equal: float) -> None:
     """Caches equal up to `tol` (plain; for int8/fp8 relative to the row's amax) plus one
     quantisation step, and at least `min_equal` of the stored bytes identical."""
@@ -167,14 +179,7 @@ def test_realistic_shapes(device, H, Hkv, D, rd):
     """Qwen3-8B (32/8 heads of 128) and Qwen3.5 (16/4 heads of 256, rotary on 64) shapes."""
     T, dtype = 2, torch.bfloat16
     q, k, v = _qkv(T, H, Hkv, D, dtype, device, seed=D)
-    g = torch.Generator().manual_seed(1)
-    args = {
-        "q_norm_w": torch.randn(D, generator=g).to(device, dtype),
-        "k_norm_w": torch.randn(D, generator=g).to(device, dtype),
-        "eps": 1e-6,
-        "zero_centered": rd < D,
-        "slots": torch.tensor([31, 6], device=device),
-    }
+    args = _norm_args(D, dtype, device, 1, torch.tensor([31, 6], device=device), rd < D)
     pos = torch.tensor([9, 40000], device=device)
     inv = rope_inv_freq(rd, 1e6, device)
     fused = _caches(Hkv, D, "fp8", "plain", dtype, device)
@@ -192,14 +197,8 @@ def test_rope_scale(device, dtype, rd, k_fmt):
     """`scale` (YaRN's attention factor) multiplies cos and sin, as in kernels.rotary."""
     T, H, Hkv, D, scale = 4, 4, 2, 32, 1.1386
     q, k, v = _qkv(T, H, Hkv, D, dtype, device, seed=rd)
-    g = torch.Generator().manual_seed(5)
-    args = {
-        "q_norm_w": torch.randn(D, generator=g).to(device, dtype),
-        "k_norm_w": torch.randn(D, generator=g).to(device, dtype),
-        "eps": 1e-6,
-        "zero_centered": False,
-        "slots": torch.tensor([2, 9, 30, 17], dtype=torch.int32, device=device),
-    }
+    slots = torch.tensor([2, 9, 30, 17], dtype=torch.int32, device=device)
+    args = _norm_args(D, dtype, device, 5, slots, zero_centered=False)
     pos = torch.tensor([0, 40, 127, 5000], dtype=torch.int32, device=device)
     inv = rope_inv_freq(rd, 1e6, device)
     fused = _caches(Hkv, D, k_fmt, "plain", dtype, device)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kernels.gated_rmsnorm import gated_rmsnorm, gated_rmsnorm_reference
-from ninfer.runtime import ops_torch
+from ninfer.runtime.executors.cpu import ops as ops_torch
 
 EPS = 1e-6
 

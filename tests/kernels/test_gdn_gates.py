@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kernels.gdn_gates import gdn_gates, gdn_gates_reference
-from ninfer.runtime import ops_torch
+from ninfer.runtime.executors.cpu import ops as ops_torch
 
 
 def _inputs(T: int, H: int, dtype: torch.dtype, device: str, pad: int = 9):

@@ -178,7 +178,7 @@ def test_cuda_weights_keep_a_repacked_copy(device, monkeypatch) -> None:
     """The CUDA runtime's nvfp4 weight: the stored bytes for batches above 1 and prefill, the
     repacked copy for batch 1 (counted in nbytes, not in the bytes a product reads); one row of
     bf16 x runs the tensor-core GEMV, more rows quant_linear, both as the reference."""
-    from ninfer.runtime import cuda_weights
+    from ninfer.runtime.executors.cuda import weights as cuda_weights
 
     N, K = 256, 1024
     q, s, gs = _weight(N, K, device, seed=11)

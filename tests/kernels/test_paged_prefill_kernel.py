@@ -9,15 +9,24 @@ from kernels.paged_decode import paged_attention_decode
 from kernels.paged_prefill import paged_attention_prefill, paged_attention_prefill_reference
 
 
+def _sequences(gen, hkv, D, page, ctx, qlen, pages, fmts, dtype, device, scale_dtype):
+    """Random keys and values of each sequence (its context `ctx[n]` plus a chunk of `qlen[n]`
+    new tokens), their lengths, and the same keys and values written into a paged cache of
+    `pages` pages (build_paged's (k, k_scale, v, v_scale, block tables))."""
+    lens = [c + n for c, n in zip(ctx, qlen)]
+    ks = [torch.randn(n, hkv, D, generator=gen) for n in lens]
+    vs = [torch.randn(n, hkv, D, generator=gen) for n in lens]
+    paged = build_paged(ks, vs, page, pages, *fmts, dtype, device, scale_dtype, gen)
+    return lens, ks, vs, paged
+
+
 def test_reference_matches_sdpa_on_dense_kv() -> None:
     gen = torch.Generator().manual_seed(0)
     hkv, G, D, page = 2, 2, 16, 4
     ctx, qlen = [0, 5, 3], [6, 3, 1]
-    lens = [c + n for c, n in zip(ctx, qlen)]
-    ks = [torch.randn(n, hkv, D, generator=gen) for n in lens]
-    vs = [torch.randn(n, hkv, D, generator=gen) for n in lens]
-    kd, _, vd, _, tables = build_paged(
-        ks, vs, page, 16, "plain", "plain", torch.float32, "cpu", torch.float32, gen
+    plain = ("plain", "plain")
+    lens, ks, vs, (kd, _, vd, _, tables) = _sequences(
+        gen, hkv, D, page, ctx, qlen, 16, plain, torch.float32, "cpu", torch.float32
     )
     q = torch.randn(sum(qlen), hkv * G, D, generator=gen)
     cu = torch.tensor([0, 6, 9, 10], dtype=torch.int32)
@@ -50,11 +59,8 @@ def test_prefill_matches_reference(device, kv_dtype, dtype) -> None:
     k_fmt, v_fmt = KV_DTYPES[kv_dtype]
     hkv, G, D, page = 1, 2, 32, 16
     ctx, qlen = [0, 20, 7], [13, 5, 1]
-    lens = [c + n for c, n in zip(ctx, qlen)]
-    ks = [torch.randn(n, hkv, D, generator=gen) for n in lens]
-    vs = [torch.randn(n, hkv, D, generator=gen) for n in lens]
-    kd, kscale, vd, vscale, tables = build_paged(
-        ks, vs, page, 8, k_fmt, v_fmt, dtype, device, torch.uint8, gen
+    lens, _, _, (kd, kscale, vd, vscale, tables) = _sequences(
+        gen, hkv, D, page, ctx, qlen, 8, (k_fmt, v_fmt), dtype, device, torch.uint8
     )
     q = torch.randn(sum(qlen), hkv * G, D, generator=gen).to(device, dtype)
     cu = torch.tensor([0, 13, 18, 19], dtype=torch.int32, device=device)
@@ -74,11 +80,9 @@ def test_prefill_long_gpu(device) -> None:
     gen = torch.Generator().manual_seed(2)
     hkv, G, D, page = 4, 4, 128, 16
     ctx, qlen = [0, 3000, 100], [2048, 512, 1000]
-    lens = [c + n for c, n in zip(ctx, qlen)]
-    ks = [torch.randn(n, hkv, D, generator=gen) for n in lens]
-    vs = [torch.randn(n, hkv, D, generator=gen) for n in lens]
-    kd, _, vd, _, tables = build_paged(
-        ks, vs, page, 500, "plain", "plain", torch.bfloat16, device, torch.float32, gen
+    plain = ("plain", "plain")
+    lens, _, _, (kd, _, vd, _, tables) = _sequences(
+        gen, hkv, D, page, ctx, qlen, 500, plain, torch.bfloat16, device, torch.float32
     )
     q = torch.randn(sum(qlen), hkv * G, D, generator=gen).to(device, torch.bfloat16)
     cu = torch.tensor([0, 2048, 2560, 3560], dtype=torch.int32, device=device)

@@ -18,12 +18,12 @@ from typing import Any
 import uvicorn
 
 from artifacts.fixture_vision import build_vision_fixture, vision_tokenizer
-from ninfer.api.app import create_app
-from ninfer.api.metrics import route_handlers as metrics_routes
-from ninfer.api.observability import Observability
-from ninfer.api.request_log import RequestLog
-from ninfer.api.server_engine import start_engine
-from ninfer.api.state import ServerState
+from ninfer.api.observability.metrics import route_handlers as metrics_routes
+from ninfer.api.observability.request_log import RequestLog
+from ninfer.api.observability.wiring import Observability
+from ninfer.api.server.app import create_app
+from ninfer.api.server.engine import start_engine
+from ninfer.api.server.state import ServerState
 from ninfer.artifact import Artifact
 from ninfer.media.fetch import FetchLimits
 from tests.api.live_app import serve_config

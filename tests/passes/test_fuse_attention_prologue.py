@@ -14,7 +14,7 @@ from ninfer.passes.fuse_attention_prologue import FUSE_ATTENTION_PROLOGUE
 from ninfer.passes.fuse_qkv import FUSE_QKV
 from ninfer.passes.options import CompileOptions
 from ninfer.passes.pipeline import build_pipeline, compile_artifact, graph_for_artifact
-from ninfer.runtime.executor import Executor
+from ninfer.runtime.executors.cpu.executor import Executor
 from ninfer.runtime.step import SeqChunk, StepBatch
 
 CPU = CompileOptions(device="cpu", max_concurrency=2, kv_capacity=256)

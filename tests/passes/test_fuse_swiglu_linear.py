@@ -18,7 +18,7 @@ from ninfer.passes.fuse_gate_up import FUSE_GATE_UP
 from ninfer.passes.fuse_swiglu_linear import FUSE_SWIGLU_LINEAR
 from ninfer.passes.options import CompileOptions
 from ninfer.passes.pipeline import compile_artifact, graph_for_artifact
-from ninfer.runtime.executor import Executor
+from ninfer.runtime.executors.cpu.executor import Executor
 from ninfer.runtime.step import SeqChunk, StepBatch
 
 CPU = CompileOptions(device="cpu", max_concurrency=2, kv_capacity=256)

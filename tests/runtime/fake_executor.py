@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ninfer.runtime.executors.sampler import Sampler, SampleRow
 from ninfer.runtime.request import SCHEDULING_BOUNDARIES, SamplingParams, SchedulingEvent
-from ninfer.runtime.sampler import Sampler, SampleRow
 from ninfer.runtime.step import FED, StateCopy, StepBatch
 
 _MOD = (1 << 61) - 1
@@ -345,6 +345,17 @@ class SchedulerHarness:
             self.published[seq.seq_id].extend(tokens)
             if finished:
                 self.finished[seq.seq_id] = seq
+
+    def cancel_or_step(self, op: tuple, seqs: list) -> None:
+        """The random tests' shared operations: ("cancel", i) aborts request i (modulo the
+        requests so far, none when there are none); ("step", n) runs n steps. Others are
+        the caller's."""
+        if op[0] == "cancel" and seqs:
+            self.sched.abort(seqs[op[1] % len(seqs)].seq_id, "cancelled", self.now)
+            self.collect()
+        elif op[0] == "step":
+            for _ in range(op[1]):
+                self.step()
 
     def run(self, max_steps: int = 20_000):
         for _ in range(max_steps):

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import functools
+import time
+from typing import Any
 
 import torch
 
 from ninfer import LLM
+from ninfer.runtime.engine import Engine, EngineStats
 from ninfer.runtime.request import SamplingParams
 
 
@@ -36,3 +39,26 @@ def random_prompt(n: int, seed: int, vocab: int) -> tuple[int, ...]:
     """n token ids drawn uniformly from the vocabulary by a generator seeded with `seed`."""
     g = torch.Generator().manual_seed(seed)
     return tuple(torch.randint(0, vocab, (n,), generator=g).tolist())
+
+
+def settled(engine: Engine, timeout_s: float = 60.0) -> EngineStats:
+    """The snapshot once nothing is running, waiting or paused (stats publish just after the
+    last FinishEvent, so poll briefly); fails after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        s = engine.snapshot()
+        if s.running == s.waiting == s.paused == 0:
+            return s
+        assert time.monotonic() < deadline, s
+        time.sleep(0.005)
+
+
+def assert_logits_match(llm: LLM, hf: Any, ids: list[int], what: str) -> None:
+    """`llm.logits(ids)` has transformers' shape and values for the same ids (max abs error
+    under 1e-3); `what` names the case in the failure."""
+    ours = llm.logits(ids)
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    assert ours.shape == ref.shape == (len(ids), llm.executor.vocab_size)
+    err = (ours - ref).abs().max().item()
+    assert err < 1e-3, f"{what}: max abs error {err}"

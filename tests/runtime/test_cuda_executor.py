@@ -26,8 +26,8 @@ import pytest
 from ninfer.artifact import Artifact
 from ninfer.passes.options import CompileOptions
 from ninfer.passes.pipeline import compile_artifact
-from ninfer.runtime.cuda_executor import CudaExecutor, make_executor
-from ninfer.runtime.executor import Executor
+from ninfer.runtime.executors.cpu.executor import Executor
+from ninfer.runtime.executors.cuda.executor import CudaExecutor, make_executor
 from ninfer.runtime.step import FED, SeqChunk, StepBatch
 
 ARCHS = ("llama", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe")
@@ -289,7 +289,7 @@ def test_rmsnorm_folded_into_quantised_projections(
     words (kernels/nvfp4_mma.py)."""
     from kernels import fp8_mma as mma
     from ninfer.artifact.convert_hf import convert_hf
-    from ninfer.runtime import cuda_ops
+    from ninfer.runtime.executors.cuda import ops as cuda_ops
 
     path = convert_hf(fixture_hf_dir(arch), tmp_path / f"{arch}-{weights}.ninfer", weights=weights)
     prompts = _prompts(_reference(path).vocab_size, (13,))

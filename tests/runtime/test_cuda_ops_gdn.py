@@ -1,4 +1,4 @@
-"""The CUDA executor's Gated DeltaNet ops compute the reference ops (ninfer.runtime.ops_torch).
+"""The CUDA executor's Gated DeltaNet ops compute the reference ops (ninfer.runtime.executors.cpu.ops).
 
 One DeltaNet layer's non-GEMM chain, as the plan runs it (split views of the fused in_proj
 output -> causal_conv1d -> split -> gdn_gates -> gated_delta_rule -> gated_rmsnorm), through
@@ -19,11 +19,12 @@ if not torch.cuda.is_available():
 import pytest
 
 from ninfer.passes.assign_kernels import CUDA_KERNELS as NAMES
-from ninfer.runtime import cuda_ops, ops_torch
-from ninfer.runtime.cuda_kv import CudaStateSlots
-from ninfer.runtime.cuda_ops import CUDA_KERNELS, DeviceStep
-from ninfer.runtime.kv_cache import StateSlots
-from ninfer.runtime.ops_torch import ChunkView, StepContext
+from ninfer.runtime.executors.cpu import ops as ops_torch
+from ninfer.runtime.executors.cpu.kv_cache import StateSlots
+from ninfer.runtime.executors.cpu.ops import ChunkView, StepContext
+from ninfer.runtime.executors.cuda import ops as cuda_ops
+from ninfer.runtime.executors.cuda.kv_cache import CudaStateSlots
+from ninfer.runtime.executors.cuda.ops import CUDA_KERNELS, DeviceStep
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 HK, HV, DK, DV, KS = 2, 4, 16, 8, 4  # Hv = 2 Hk: value head h reads key head h // 2

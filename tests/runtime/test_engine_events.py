@@ -10,6 +10,7 @@ from fake_executor import FakeExecutor, SchedulerHarness, check_cycles, referenc
 
 from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.engine import Engine
+from ninfer.runtime.executors.sampler import Sampler
 from ninfer.runtime.request import (
     AdmittedEvent,
     FinishEvent,
@@ -20,7 +21,6 @@ from ninfer.runtime.request import (
     SchedulingEvent,
     TokensEvent,
 )
-from ninfer.runtime.sampler import Sampler
 from ninfer.runtime.sequence import SeqStatus
 
 VOCAB, EOS, T = 32, (0,), 20

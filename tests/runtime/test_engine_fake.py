@@ -11,6 +11,7 @@ from fake_executor import FakeExecutor, reference_tokens
 from ninfer.errors import ConfigError
 from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.engine import Engine
+from ninfer.runtime.executors.sampler import Sampler
 from ninfer.runtime.request import (
     AdmittedEvent,
     EngineError,
@@ -22,7 +23,6 @@ from ninfer.runtime.request import (
     SamplingParams,
     TokensEvent,
 )
-from ninfer.runtime.sampler import Sampler
 
 VOCAB, EOS = 32, (0,)
 T = 20  # seconds: generous bound for any wait in these tests

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 
 import pytest
-from real_engine import alone, greedy, random_prompt
+from real_engine import alone, greedy, random_prompt, settled
 
 from ninfer.runtime.config import EngineOptions
-from ninfer.runtime.engine import Engine, EngineStats
-from ninfer.runtime.executor import Executor, executor_for
+from ninfer.runtime.engine import Engine
+from ninfer.runtime.executors.cpu.executor import Executor, executor_for
+from ninfer.runtime.executors.sampler import Sampler
 from ninfer.runtime.request import (
     FIRST_OUTPUT_PARTS,
     AdmittedEvent,
@@ -26,7 +26,6 @@ from ninfer.runtime.request import (
     RequestOutput,
     TokensEvent,
 )
-from ninfer.runtime.sampler import Sampler
 
 ARCHS = ("qwen3", "qwen3_5")  # attention-only, hybrid
 PAGE = 16
@@ -66,18 +65,6 @@ def _engine(ex: Executor, lanes: int, **options) -> Engine:
     return Engine(config, ex, Sampler(), eos_ids=())
 
 
-def _settled(engine: Engine) -> EngineStats:
-    """The snapshot once nothing is running, waiting or paused (stats publish just after the
-    last FinishEvent, so poll briefly)."""
-    deadline = time.monotonic() + T
-    while True:
-        s = engine.snapshot()
-        if s.running == s.waiting == s.paused == 0:
-            return s
-        assert time.monotonic() < deadline, s
-        time.sleep(0.005)
-
-
 def _run(engine: Engine, requests: list[Request]) -> list[RequestOutput]:
     handles = [engine.submit(r) for r in requests]
     return [h.result(T) for h in handles]
@@ -106,7 +93,7 @@ def test_eight_concurrent_greedy_requests_equal_each_alone(arch, fixture_artifac
     requests = _batch(ex.vocab_size)
     with _engine(ex, lanes=8) as engine:
         outs = _run(engine, requests)
-        stats = _settled(engine)
+        stats = settled(engine)
     for i, (req, out) in enumerate(zip(requests, outs)):
         alone = _alone(path, req.prompt_token_ids, req.sampling.max_tokens)
         assert out.token_ids == alone, f"request {i} ({len(req.prompt_token_ids)} tokens)"
@@ -158,7 +145,7 @@ def test_concurrent_requests_sharing_prefixes_equal_each_alone(arch, fixture_art
     with _engine(ex, lanes=4) as engine:
         first = _run(engine, requests)
         second = _run(engine, requests)
-        stats = _settled(engine)
+        stats = settled(engine)
     for i, (req, a, b) in enumerate(zip(requests, first, second)):
         alone = _alone(path, req.prompt_token_ids, req.sampling.max_tokens)
         assert a.token_ids == alone, f"request {i}, first wave"
@@ -184,7 +171,7 @@ def test_pauses_under_a_small_pool_replay_to_the_same_tokens(arch, prefix_reuse,
         ex, lanes=8, prefix_reuse=prefix_reuse, host_context_mib=0
     ) as engine:  # replay only
         outs = _run(engine, requests)
-        stats = _settled(engine)
+        stats = settled(engine)
     for i, (req, out) in enumerate(zip(requests, outs)):
         alone = _alone(path, req.prompt_token_ids, req.sampling.max_tokens)
         assert out.token_ids == alone, f"request {i} (paused {out.usage.preemptions} times)"
@@ -209,7 +196,7 @@ def test_pauses_restore_from_host_snapshots(arch, fixture_artifacts):
     snapshots = {"host_context_mib": 64} if "host_context_mib" in fields else {}
     with _engine(ex, lanes=8, **snapshots) as engine:
         outs = _run(engine, requests)
-        stats = _settled(engine)
+        stats = settled(engine)
     for req, out in zip(requests, outs):
         assert out.token_ids == _alone(path, req.prompt_token_ids, req.sampling.max_tokens)
     assert stats.preemptions_total > 0, stats
@@ -251,7 +238,7 @@ def test_repeated_long_prompt_reuses_cached_pages_and_skips_its_prefill(fixture_
         before = ex.tokens_computed
         second, events = _submit_collect(engine, request)
         second_computed = ex.tokens_computed - before
-        stats = _settled(engine)
+        stats = settled(engine)
     assert first.usage.cached_tokens == 0 and first.usage.reuse_path == "root"
     assert first_computed == LONG + OUT - 1  # the prompt, then one decode per later token
     # every full page but the last token's: 31 pages of 16
@@ -283,7 +270,7 @@ def test_hybrid_prefix_reuse_resumes_from_the_marked_checkpoint(fixture_artifact
         before = ex.tokens_computed
         third, fork_events = _submit_collect(engine, fork)
         third_computed = ex.tokens_computed - before
-        stats = _settled(engine)
+        stats = settled(engine)
     # three selections, two reused a prefix; the state images the throughput log counts
     assert stats.cache_selections_total == 3 and stats.cache_selection_hits_total == 2
     assert stats.cache_selected_tokens_total == second.usage.cached_tokens + mark
@@ -331,7 +318,7 @@ def test_cancel_mid_decode_frees_lanes_pages_and_slots(arch, fixture_artifacts):
     ]
     with _engine(ex, lanes=4, prefix_reuse=False) as engine:
         outs = _cancel_mid_decode(engine, requests)
-        stats = _settled(engine)
+        stats = settled(engine)
         assert all(o.finish_reason == "cancelled" for o in outs), [o.finish_reason for o in outs]
         assert all(0 < o.usage.completion_tokens < 140 for o in outs)
         assert stats.requests_by_outcome == {"cancelled": 4}
@@ -343,7 +330,7 @@ def test_cancel_mid_decode_frees_lanes_pages_and_slots(arch, fixture_artifacts):
             [Request(random_prompt(8, seed=300 + i, vocab=vocab), greedy(4)) for i in range(4)],
         )
         assert [o.usage.completion_tokens for o in again] == [4] * 4
-        assert _settled(engine).kv_pages_used == 0
+        assert settled(engine).kv_pages_used == 0
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -357,7 +344,7 @@ def test_cancelled_requests_leave_only_reclaimable_prefix_pages(arch, fixture_ar
     with _engine(ex, lanes=4) as engine:
         outs = _cancel_mid_decode(engine, requests)
         assert all(o.finish_reason == "cancelled" for o in outs)
-        stats = _settled(engine)
+        stats = settled(engine)
         assert 0 < stats.kv_pages_used < stats.kv_pages_capacity  # retained prefix pages
         # a request needing every page of the pool still runs to its end without a pause
         whole = Request(random_prompt(150, seed=500, vocab=vocab), greedy(SMALL_POOL - 150))
@@ -366,4 +353,4 @@ def test_cancelled_requests_leave_only_reclaimable_prefix_pages(arch, fixture_ar
         assert out.usage.completion_tokens == SMALL_POOL - 150
         assert out.usage.preemptions == 0
         assert out.token_ids == _alone(path, whole.prompt_token_ids, SMALL_POOL - 150)
-        assert _settled(engine).kv_pages_used <= stats.kv_pages_capacity
+        assert settled(engine).kv_pages_used <= stats.kv_pages_capacity

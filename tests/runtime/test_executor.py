@@ -15,8 +15,8 @@ from ninfer.passes.lower import lower
 from ninfer.passes.options import CompileOptions
 from ninfer.passes.pipeline import compile_artifact, graph_for_artifact
 from ninfer.passes.plan_memory import PLAN_MEMORY
-from ninfer.runtime.executor import Executor
 from ninfer.runtime.executor_api import Executor as ExecutorProtocol
+from ninfer.runtime.executors.cpu.executor import Executor
 from ninfer.runtime.step import SeqChunk, StateCopy, StepBatch
 
 OPTS = CompileOptions(max_concurrency=3, kv_capacity=512)

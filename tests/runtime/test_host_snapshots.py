@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from ninfer.errors import ConfigError
 from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.engine import Engine
+from ninfer.runtime.executors.sampler import Sampler
 from ninfer.runtime.preemption import D2H, H2D, KV, STATE
 from ninfer.runtime.request import (
     EngineError,
@@ -32,7 +33,6 @@ from ninfer.runtime.request import (
     SamplingParams,
     SchedulingEvent,
 )
-from ninfer.runtime.sampler import Sampler
 from ninfer.runtime.sequence import SeqStatus
 from ninfer.runtime.step import StateCopy
 
@@ -153,12 +153,8 @@ def test_random_pressure_restores_the_same_tokens_by_either_route(setup, operati
                 seqs.append(h.add(prompt(min(n, kv_tokens), seed), **params))
             except EngineOverloaded:
                 pass
-        elif op[0] == "cancel" and seqs:
-            h.sched.abort(seqs[op[1] % len(seqs)].seq_id, "cancelled", h.now)
-            h.collect()
-        elif op[0] == "step":
-            for _ in range(op[1]):
-                h.step()
+        else:
+            h.cancel_or_step(op, seqs)
     h.run()
     for seq in seqs:
         assert seq.status is SeqStatus.FINISHED

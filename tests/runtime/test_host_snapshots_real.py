@@ -16,18 +16,17 @@ qwen3 is the attention-only model, qwen3_5 the hybrid one.
 from __future__ import annotations
 
 import functools
-import time
 
 import pytest
 import torch
-from real_engine import alone, greedy, random_prompt
+from real_engine import alone, greedy, random_prompt, settled
 
 from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.engine import Engine, EngineStats
-from ninfer.runtime.executor import Executor, executor_for
+from ninfer.runtime.executors.cpu.executor import Executor, executor_for
+from ninfer.runtime.executors.sampler import Sampler
 from ninfer.runtime.preemption import D2H, H2D, KV, STATE
 from ninfer.runtime.request import Request
-from ninfer.runtime.sampler import Sampler
 from ninfer.runtime.step import SeqChunk, StepBatch
 
 ARCHS = ("qwen3", "qwen3_5")
@@ -89,7 +88,7 @@ def _cuda_executor(path, device: str, **options):
     from ninfer.artifact import Artifact
     from ninfer.passes.options import CompileOptions
     from ninfer.passes.pipeline import compile_artifact
-    from ninfer.runtime.cuda_executor import CudaExecutor
+    from ninfer.runtime.executors.cuda.executor import CudaExecutor
 
     base = {"kv_dtype": "fp8", "max_concurrency": 2, "kv_capacity": POOL, "cuda_graphs": False}
     options = CompileOptions(
@@ -140,16 +139,6 @@ def _requests(vocab: int) -> list[Request]:
     ]
 
 
-def _settled(engine: Engine) -> EngineStats:
-    deadline = time.monotonic() + T
-    while True:
-        s = engine.snapshot()
-        if s.running == s.waiting == s.paused == 0:
-            return s
-        assert time.monotonic() < deadline, s
-        time.sleep(0.005)
-
-
 def _pressured_run(ex: Executor, host_context_mib: int | None) -> tuple[list, EngineStats]:
     config = EngineOptions.of(
         max_concurrency=4,
@@ -163,7 +152,7 @@ def _pressured_run(ex: Executor, host_context_mib: int | None) -> tuple[list, En
     with Engine(config, ex, Sampler(), eos_ids=()) as engine:
         handles = [engine.submit(r) for r in _requests(ex.vocab_size)]
         outs = [h.result(T) for h in handles]
-        return outs, _settled(engine)
+        return outs, settled(engine)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -199,7 +188,7 @@ def test_pauses_restore_by_replay_and_by_snapshot_to_the_solo_tokens(arch, fixtu
 def test_cuda_engine_restores_from_pinned_snapshots_to_the_replay_tokens(arch, fixture_artifacts):
     """On the GPU (decode from CUDA Graphs): the snapshot route gives the replay route's tokens,
     and those equal each request's tokens on a pool large enough for no pause."""
-    from ninfer.runtime.cuda_executor import CudaExecutor
+    from ninfer.runtime.executors.cuda.executor import CudaExecutor
 
     path = fixture_artifacts(arch)
     small = _cuda_executor(path, "cuda", kv_dtype="f32", cuda_graphs=True, max_concurrency=4)

@@ -17,7 +17,7 @@ import pytest
 from ninfer.artifact import Artifact
 from ninfer.passes.options import CompileOptions
 from ninfer.passes.pipeline import compile_artifact
-from ninfer.runtime.executor import CPU_KERNELS, Executor
+from ninfer.runtime.executors.cpu.executor import CPU_KERNELS, Executor
 from ninfer.runtime.step import SeqChunk, StepBatch
 
 OPTS = {"max_context": 64, "max_concurrency": 2, "kv_capacity": 256}
@@ -68,8 +68,8 @@ def _planned(plan, tokens: int, rows: int, decode: bool) -> list[str]:
 def _cuda_traced(path, device: str, dtype: str, disable=(), **kw) -> set[str]:
     """Prefill and decode steps of 2 sequences, then of 1, through the CUDA executor with a
     traced registry; returns the kernels that ran."""
-    from ninfer.runtime.cuda_executor import CudaExecutor
-    from ninfer.runtime.cuda_ops import CUDA_KERNELS
+    from ninfer.runtime.executors.cuda.executor import CudaExecutor
+    from ninfer.runtime.executors.cuda.ops import CUDA_KERNELS
 
     a = Artifact(path)
     opts = CompileOptions(device="cuda", dtype=dtype, **{**OPTS, **kw})

@@ -162,7 +162,7 @@ def test_an_interrupted_call_leaves_nothing_behind(fixture_artifacts, monkeypatc
     left running to max_tokens), and the next seeded call gets what it got before (no
     generator left over)."""
     import ninfer.llm
-    from ninfer.api.output_text import OutputText
+    from ninfer.api.service.output_text import OutputText
 
     llm = _llm(str(fixture_artifacts("llama")))
     seeded = SamplingParams(max_tokens=10, temperature=1.0, seed=42, ignore_eos=True)

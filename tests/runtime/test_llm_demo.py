@@ -18,41 +18,45 @@ QUESTIONS = [
     "What is 12 times 7?",
 ]
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 
-def test_demo_model_matches_transformers_gguf() -> None:
-    from ninfer.artifact.demo import demo_artifact_path, demo_gguf_path
+
+@pytest.fixture
+def demo_gguf():
+    """The demo model's GGUF file (the installed package's); skips where it is not installed."""
+    from ninfer.artifact.demo import demo_gguf_path
 
     try:
-        gguf = demo_gguf_path()
+        return demo_gguf_path()
     except ConvertError as e:
         pytest.skip(str(e))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        # the float32 reference numerics: transformers computes in float32 too
-        llm = LLM(demo_artifact_path(), max_concurrency=5, kv_capacity=2048, cpu_weights="float32")
-        template = jinja2.Environment().from_string(llm.artifact.chat_template)
-        prompts = [
-            template.render(messages=[{"role": "user", "content": q}], add_generation_prompt=True)
-            for q in QUESTIONS
-        ]
-        outs = llm.generate(prompts, SamplingParams(max_tokens=32, temperature=0.0))
-        import transformers
 
-        hf = transformers.AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-        )
-        hf.eval()
-        for prompt, out in zip(prompts, outs):
-            ids = llm.tokenizer.encode(prompt)
-            with torch.no_grad():
-                ref = hf.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False)[
-                    0, len(ids) :
-                ].tolist()
-            assert out.token_ids == ref, prompt
-        assert "Paris" in outs[0].text
-    finally:
-        torch.set_num_threads(threads)
+
+def test_demo_model_matches_transformers_gguf(demo_gguf) -> None:
+    from ninfer.artifact.demo import demo_artifact_path
+
+    # the float32 reference numerics: transformers computes in float32 too
+    llm = LLM(demo_artifact_path(), max_concurrency=5, kv_capacity=2048, cpu_weights="float32")
+    template = jinja2.Environment().from_string(llm.artifact.chat_template)
+    prompts = [
+        template.render(messages=[{"role": "user", "content": q}], add_generation_prompt=True)
+        for q in QUESTIONS
+    ]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=32, temperature=0.0))
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(demo_gguf.parent), gguf_file=demo_gguf.name, dtype=torch.float32
+    )
+    hf.eval()
+    for prompt, out in zip(prompts, outs):
+        ids = llm.tokenizer.encode(prompt)
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False)[
+                0, len(ids) :
+            ].tolist()
+        assert out.token_ids == ref, prompt
+    assert "Paris" in outs[0].text
 
 
 TEXT = (
@@ -65,35 +69,25 @@ TEXT = (
 )
 
 
-def test_fp8_and_nvfp4_weights_agree_with_bf16(tmp_path) -> None:
+def test_fp8_and_nvfp4_weights_agree_with_bf16(tmp_path, demo_gguf) -> None:
     """Top-1 agreement with bf16 weights over a fixed 2,000-token text, bounded."""
     from ninfer.artifact.convert_gguf import convert_gguf
-    from ninfer.artifact.demo import demo_gguf_path
 
-    try:
-        gguf = demo_gguf_path()
-    except ConvertError as e:
-        pytest.skip(str(e))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        top1 = {}
-        ids = None
-        for fmt in ("bf16", "fp8", "nvfp4"):
-            llm = LLM(
-                convert_gguf(gguf, tmp_path / f"demo-{fmt}.ninfer", weights=fmt),
-                max_concurrency=1,
-                kv_capacity=2048,
-            )
-            if ids is None:
-                ids = (llm.tokenizer.encode(TEXT) * 40)[:2000]  # the paragraph, repeated
-                assert len(ids) == 2000
-            top1[fmt] = llm.logits(ids).argmax(dim=-1)
-            del llm
-        agree = {f: (top1[f] == top1["bf16"]).float().mean().item() for f in ("fp8", "nvfp4")}
-        print(f"top-1 agreement with bf16 over 2000 tokens: {agree}")
-        # measured 0.994 (fp8) and 0.960 (nvfp4)
-        assert agree["fp8"] >= 0.97, agree
-        assert agree["nvfp4"] >= 0.90, agree
-    finally:
-        torch.set_num_threads(threads)
+    top1 = {}
+    ids = None
+    for fmt in ("bf16", "fp8", "nvfp4"):
+        llm = LLM(
+            convert_gguf(demo_gguf, tmp_path / f"demo-{fmt}.ninfer", weights=fmt),
+            max_concurrency=1,
+            kv_capacity=2048,
+        )
+        if ids is None:
+            ids = (llm.tokenizer.encode(TEXT) * 40)[:2000]  # the paragraph, repeated
+            assert len(ids) == 2000
+        top1[fmt] = llm.logits(ids).argmax(dim=-1)
+        del llm
+    agree = {f: (top1[f] == top1["bf16"]).float().mean().item() for f in ("fp8", "nvfp4")}
+    print(f"top-1 agreement with bf16 over 2000 tokens: {agree}")
+    # measured 0.994 (fp8) and 0.960 (nvfp4)
+    assert agree["fp8"] >= 0.97, agree
+    assert agree["nvfp4"] >= 0.90, agree

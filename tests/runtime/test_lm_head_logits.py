@@ -12,7 +12,7 @@ from ninfer.artifact import Artifact
 from ninfer.artifact.convert_hf import convert_hf
 from ninfer.passes.options import CompileOptions
 from ninfer.passes.pipeline import compile_artifact
-from ninfer.runtime.executor import Executor
+from ninfer.runtime.executors.cpu.executor import Executor
 from ninfer.runtime.step import SeqChunk, StepBatch
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from ninfer import LLM, SamplingParams
+from ninfer.runtime.executors.sampler import Sampler, SampleRow
 from ninfer.runtime.request import RequestError
-from ninfer.runtime.sampler import Sampler, SampleRow
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

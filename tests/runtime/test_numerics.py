@@ -8,6 +8,7 @@ import functools
 
 import pytest
 import torch
+from real_engine import assert_logits_match
 
 from ninfer import LLM, SamplingParams
 from ninfer.runtime.step import SeqChunk, StepBatch
@@ -39,13 +40,7 @@ def _prompt(n: int, seed: int, vocab: int) -> list[int]:
 def test_logits_match_transformers(arch, fixture_artifacts, fixture_hf_dir) -> None:
     llm, hf = _llm(str(fixture_artifacts(arch))), _hf(str(fixture_hf_dir(arch)))
     for n in (1, 7, 300):
-        ids = _prompt(n, n, llm.executor.vocab_size)
-        ours = llm.logits(ids)
-        with torch.no_grad():
-            ref = hf(torch.tensor([ids])).logits[0]
-        assert ours.shape == ref.shape == (n, llm.executor.vocab_size)
-        err = (ours - ref).abs().max().item()
-        assert err < 1e-3, f"{arch}, {n} tokens: max abs error {err}"
+        assert_logits_match(llm, hf, _prompt(n, n, llm.executor.vocab_size), f"{arch}, {n} tokens")
 
 
 @pytest.mark.parametrize("arch", ARCHS)

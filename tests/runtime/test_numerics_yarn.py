@@ -23,6 +23,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before kernels/ is imported
 
 import pytest
+from real_engine import assert_logits_match
 
 from ninfer import LLM, SamplingParams
 from ninfer.artifact import Artifact
@@ -31,9 +32,9 @@ from ninfer.artifact.model_spec import model_spec
 from ninfer.errors import ArtifactError
 from ninfer.passes.options import CompileOptions
 from ninfer.passes.pipeline import compile_artifact
-from ninfer.runtime.cuda_executor import CudaExecutor
-from ninfer.runtime.executor import Executor
-from ninfer.runtime.ops_torch import _inv_freq, rope_scale
+from ninfer.runtime.executors.cpu.executor import Executor
+from ninfer.runtime.executors.cpu.ops import _inv_freq, rope_scale
+from ninfer.runtime.executors.cuda.executor import CudaExecutor
 from ninfer.runtime.step import SeqChunk, StepBatch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -100,13 +101,7 @@ def test_inv_freq_and_attention_factor_match_transformers(extra) -> None:
 def test_logits_match_transformers_beyond_original_context(models) -> None:
     llm, hf = models
     for n in (100, 7):
-        ids = _prompt(n, n, llm.executor.vocab_size)
-        ours = llm.logits(ids)
-        with torch.no_grad():
-            ref = hf(torch.tensor([ids])).logits[0]
-        assert ours.shape == ref.shape == (n, llm.executor.vocab_size)
-        err = (ours - ref).abs().max().item()
-        assert err < 1e-3, f"{n} tokens: max abs error {err}"
+        assert_logits_match(llm, hf, _prompt(n, n, llm.executor.vocab_size), f"{n} tokens")
 
 
 def test_greedy_continuation_matches_generate(models) -> None:

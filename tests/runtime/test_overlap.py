@@ -11,8 +11,8 @@ from fake_executor import FakeExecutor, SchedulerHarness, reference_tokens
 
 from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.engine import Engine
+from ninfer.runtime.executors.sampler import Sampler
 from ninfer.runtime.request import Request, SamplingParams
-from ninfer.runtime.sampler import Sampler
 from ninfer.runtime.sequence import SeqStatus
 from ninfer.runtime.step import FED
 

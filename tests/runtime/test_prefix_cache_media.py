@@ -13,10 +13,10 @@ from fake_executor import FakeExecutor
 
 from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.engine import Engine
+from ninfer.runtime.executors.sampler import Sampler
 from ninfer.runtime.media_span import MediaSpan
 from ninfer.runtime.prefix_cache import page_key
 from ninfer.runtime.request import Request, SamplingParams
-from ninfer.runtime.sampler import Sampler
 
 VOCAB, EOS, PAD = 32, (0,), 7
 PAGE = 4

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
+from ninfer.runtime.executors.sampler import Sampler, SampleRow
 from ninfer.runtime.request import RequestError, SamplingParams
-from ninfer.runtime.sampler import Sampler, SampleRow
 
 
 def row(seq_id=0, out=(), **params) -> SampleRow:

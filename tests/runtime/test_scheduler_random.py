@@ -99,12 +99,8 @@ def check_interleaving(cfg, operations, overlap=False):
             prev = seqs[op[1] % len(seqs)]
             prompt = (prev.tokens + op[2])[: min(kv_tokens, cfg["config"].max_context - 1)]
             seqs.append(h.add(prompt, max_tokens=4, session_key=f"s{prev.seq_id % 2}"))
-        elif op[0] == "cancel" and seqs:
-            h.sched.abort(seqs[op[1] % len(seqs)].seq_id, "cancelled", h.now)
-            h.collect()
-        elif op[0] == "step":
-            for _ in range(op[1]):
-                h.step()
+        elif op[0] != "continue":
+            h.cancel_or_step(op, seqs)
     h.run()
     assert not h.sched.running and not h.sched.paused and not h.sched.waiting
     assert h.sched.pool.num_used == h.sched.pool.num_reclaimable  # only the cache holds pages

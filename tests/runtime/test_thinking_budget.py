@@ -9,13 +9,13 @@ from fake_executor import FakeExecutor, SchedulerHarness, reference_tokens
 
 from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.engine import Engine
+from ninfer.runtime.executors.sampler import Sampler
 from ninfer.runtime.request import (
     Request,
     RequestError,
     SamplingParams,
     TokensEvent,
 )
-from ninfer.runtime.sampler import Sampler
 
 VOCAB, EOS, T, CTX = 32, (0,), 20, 128
 SUFFIX = (29, 30, 31)  # stands for "guidance ... </think>"; 31 plays </think>

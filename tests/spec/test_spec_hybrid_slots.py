@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ninfer.runtime.config import EngineOptions
-from ninfer.runtime.executor import executor_for
+from ninfer.runtime.executors.cpu.executor import executor_for
 from ninfer.runtime.request import Request, SamplingParams
 from ninfer.runtime.scheduler import Scheduler
 from ninfer.runtime.step import SeqChunk, StateCopy, StepBatch

@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from ninfer.api.config import ServeConfig, check_capabilities
+from ninfer.api.server.config import ServeConfig, check_capabilities
 from ninfer.commands import serve
 from ninfer.errors import ConfigError
 from ninfer.runtime.config import EngineOptions

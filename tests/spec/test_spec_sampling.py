@@ -16,8 +16,8 @@ import torch
 
 from ninfer import LLM
 from ninfer.runtime.config import NO_TIMEOUT_MS
+from ninfer.runtime.executors.sampler import Sampler
 from ninfer.runtime.request import Request, SamplingParams
-from ninfer.runtime.sampler import Sampler
 from ninfer.spec.verify import rejection_sample
 from tests.spec.spec_engine import make_engine, run, settled
 

@@ -24,8 +24,8 @@ from media_prompts import MediaPrompt, PromptBuilder, mp4, png
 from ninfer.artifact import Artifact
 from ninfer.passes.options import CompileOptions
 from ninfer.passes.pipeline import compile_artifact
-from ninfer.runtime.cuda_executor import CudaExecutor
-from ninfer.runtime.executor import Executor
+from ninfer.runtime.executors.cpu.executor import Executor
+from ninfer.runtime.executors.cuda.executor import CudaExecutor
 from ninfer.runtime.step import SeqChunk, StepBatch
 from ninfer.runtime.vision.mrope import MRope
 

@@ -14,9 +14,9 @@ from media_prompts import PromptBuilder, png
 from ninfer import LLM
 from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.engine import Engine
-from ninfer.runtime.executor import executor_for
+from ninfer.runtime.executors.cpu.executor import executor_for
+from ninfer.runtime.executors.sampler import Sampler
 from ninfer.runtime.request import Request, RequestError, SamplingParams
-from ninfer.runtime.sampler import Sampler
 
 ARCH = "qwen3_5_vl"
 PAGE = 16

@@ -15,7 +15,7 @@ from ninfer.ir.plan import Plan
 from ninfer.media.config import VisionPreprocessConfig
 from ninfer.passes.options import CompileOptions
 from ninfer.passes.pipeline import compile_artifact
-from ninfer.runtime.executor import CPU_KERNELS
+from ninfer.runtime.executors.cpu.executor import CPU_KERNELS
 
 VISION_KERNELS = (
     "torch.patch_embed", "torch.pos_embed_interp", "torch.layernorm", "torch.rotary_2d",

@@ -16,7 +16,7 @@ embeddings of the text model's width::
 
 Its inputs (pixel_rows, vision_pos_index / vision_pos_weight: the interpolation taps,
 vision_rope_pos: (row, column) per patch) are computed on the host from the item's grid
-(ninfer/runtime/vision/geometry.py); its ops carry attrs["stage"] = "vision" and run apart from
+(ninfer/runtime/executors/vision/geometry.py); its ops carry attrs["stage"] = "vision" and run apart from
 the step. The text stage then writes those embeddings over the prompt's placeholder rows
 (`media_merge`, step inputs media_embeds / media_rows) and rotates q/k by 3-axis positions
 [3, T] (temporal, height, width): frequency j of the rotary follows axis `mrope_axes[j]`,

@@ -1,0 +1,198 @@
+"""The HTTP/1.1 server under the app: uvicorn's h11 protocol with connection hygiene.
+
+uvicorn closes an idle keep-alive connection only after a response, and re-arms nothing while
+a client trickles header bytes; a connection that never completes a request stays open forever,
+and enough of them exhaust the process's file descriptors, after which `accept()` fails and even
+`/health` goes unanswered. `GuardedH11Protocol` adds two rules:
+
+- header timeout: a connection must complete a request's headers within --client-timeout-s of
+  opening or of its previous response (so idle, never-used and slow-header connections are
+  closed after that long); the body then has its own deadline (ninfer.api.server.app.BodyLimit);
+- connection cap: at most `max_connections` are open (derived from RLIMIT_NOFILE, leaving room
+  for the process's own files and one accept burst, `connection_limits`); a connection beyond it closes the longest-idle connection that
+  has no request in progress (HTTP/1.1 lets a server close an idle connection at any time;
+  clients retry), or is itself closed when every connection is busy. So `accept()` never runs
+  out of descriptors and /health keeps answering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import time
+from collections.abc import Callable
+from typing import Any
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+FD_RESERVE = 32  # descriptors kept free for the process itself (logs, files it opens later)
+MIN_CONNECTIONS = 8
+MAX_BACKLOG = 2048
+
+
+def open_fds() -> int:
+    """Descriptors this process has open now (Linux /proc; 0 where unknown)."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 0
+
+
+def connection_limits(soft_limit: int | None = None, in_use: int | None = None) -> tuple[int, int]:
+    """(listen backlog, connection cap) for the RLIMIT_NOFILE soft limit and the descriptors in
+    use. asyncio accepts up to `backlog` connections in one burst before any of them runs its
+    `connection_made`, so the cap leaves room for one burst: in_use + cap + backlog stays
+    FD_RESERVE below the limit, and accept() never fails for want of a descriptor."""
+    if soft_limit is None:
+        soft_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft_limit == resource.RLIM_INFINITY:
+        soft_limit = 1 << 20
+    free = soft_limit - (open_fds() if in_use is None else in_use) - FD_RESERVE
+    backlog = min(MAX_BACKLOG, max(MIN_CONNECTIONS, free // 4))
+    return backlog, max(MIN_CONNECTIONS, free - backlog)
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's H11Protocol plus the header timeout and the connection cap (module docstring).
+    Configure through `guarded_protocol`, which sets the two class attributes."""
+
+    header_timeout_s: float = 30.0
+    max_connections: int = 1 << 20
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._idle_since = time.monotonic()
+        self._cycle_seen: Any = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+        if len(self.connections) > self.max_connections:
+            self._make_room()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        cycle = self.cycle
+        if cycle is not None and cycle is not self._cycle_seen and not cycle.response_complete:
+            self._cycle_seen = cycle  # a request's headers are complete: it is in progress
+            self._disarm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._idle_since = time.monotonic()
+            self._arm()
+            cycle = self.cycle  # a pipelined request may have started already
+            if cycle is not None and cycle is not self._cycle_seen and not cycle.response_complete:
+                self._cycle_seen = cycle
+                self._disarm()
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def busy(self) -> bool:
+        """Whether a request is in progress on this connection."""
+        return self.cycle is not None and not self.cycle.response_complete
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._header_timer = self.loop.call_later(self.header_timeout_s, self._expire)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _expire(self) -> None:
+        self._header_timer = None
+        if not self.busy():
+            self._close()
+
+    def _close(self) -> None:
+        self._disarm()
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def _make_room(self) -> None:
+        """Close idle connections, longest-idle first, until at most `max_connections` remain
+        open (closing ones still sit in `connections` until their connection_lost runs); this
+        one last, and only if no other is idle."""
+        open_ = [c for c in self.connections if not _closing(c)]
+        excess = len(open_) - self.max_connections
+        if excess <= 0:
+            return
+        idle = sorted(
+            (
+                c
+                for c in open_
+                if isinstance(c, GuardedH11Protocol) and c is not self and not c.busy()
+            ),
+            key=lambda c: c._idle_since,
+        )
+        for c in idle[:excess]:
+            c._close()
+        if len(idle) < excess and not self.busy():
+            self._close()
+
+
+def _closing(protocol: Any) -> bool:
+    transport = getattr(protocol, "transport", None)
+    return transport is None or transport.is_closing()
+
+
+def guarded_protocol(header_timeout_s: float, max_connections: int) -> type[GuardedH11Protocol]:
+    """A GuardedH11Protocol class with these limits (uvicorn instantiates it per connection)."""
+    return type(
+        "GuardedH11Protocol",
+        (GuardedH11Protocol,),
+        {"header_timeout_s": header_timeout_s, "max_connections": max_connections},
+    )
+
+
+STREAM_END_MARGIN_S = 1.0  # before the grace period ends, running requests are ended
+
+
+def graceful_server(config: Any, on_grace_end: Callable[[], object] | None) -> Any:
+    """A uvicorn.Server whose shutdown (SIGTERM) calls `on_grace_end` STREAM_END_MARGIN_S before
+    `timeout_graceful_shutdown` runs out: requests still running are then ended by the app
+    (each stream with its protocol's final error event) and their connections close cleanly,
+    where uvicorn would cancel their tasks, cut the streams and log a traceback."""
+    import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        async def shutdown(self, sockets: Any = None) -> None:
+            grace = self.config.timeout_graceful_shutdown
+            timer = None
+            if on_grace_end is not None and grace is not None:
+                delay = max(0.0, grace - STREAM_END_MARGIN_S)
+                timer = asyncio.get_running_loop().call_later(delay, on_grace_end)
+            try:
+                await super().shutdown(sockets)
+            finally:
+                if timer is not None:
+                    timer.cancel()
+
+    return GracefulServer(config)
+
+
+def uvicorn_config(app: Any, *, client_timeout_s: float, log_level: str, **options: Any) -> Any:
+    """The uvicorn.Config `ninfer serve` runs: the guarded h11 protocol, keep-alive and header
+    timeouts of `client_timeout_s`, access log off, uvicorn's own logging config off."""
+    import uvicorn
+
+    backlog, cap = connection_limits()
+    return uvicorn.Config(
+        app,
+        http=guarded_protocol(client_timeout_s, cap),
+        backlog=backlog,
+        timeout_keep_alive=max(1, round(client_timeout_s)),
+        log_level=log_level,
+        access_log=False,
+        log_config=None,  # ninfer.api.observability.oplog formats uvicorn's records too
+        **options,
+    )

@@ -1,0 +1,471 @@
+"""The CUDA executor: runs a cuda plan with the Triton kernels of kernels/, decode steps
+replayed from CUDA Graphs.
+
+Same protocol and the same function as the reference executor (ninfer/runtime/executors/cpu/executor.py):
+
+    ex = CudaExecutor(plan, artifact)       # or make_executor(plan, artifact, device)
+    ex.num_pages, ex.page_size, ex.num_state_slots, ex.is_hybrid
+    logits = ex.run(batch)                  # [rows with want_logits, vocab] float32, on the GPU
+    ex.copy_state(src_slot, dst_slot)
+    ex.tokens_computed                      # tokens run through the model since construction
+    snap = ex.snapshot(page_ids, slot)      # pinned host copy, async on the current stream
+    ex.restore(snap, page_ids, slot)        # back into other pages / slot, stream-ordered
+
+What happens once, at construction:
+  - weights are uploaded (weights.py: fp8/nvfp4 GEMM weights stay packed, the rest in the
+    compute dtype), the KV pool and state slots are allocated (kv_cache.py); with
+    kv_capacity="auto" the pool takes the free memory left after weights, the planned
+    workspace and state, minus 1 GiB, capped at the plan's pool (what the lanes can use).
+
+Per step:
+  - host metadata (tokens, positions, KV slots, block tables, sequence lengths, chunk
+    boundaries, state slots, logit rows) is packed into one int32 array and copied once;
+  - a decode step (every chunk one token, all wanting logits) of n rows, n in the plan's CUDA
+    Graph buckets, replays graph n: captured on first use against a scratch KV page and state
+    slot, replayed after copying the step's metadata into the graph's input buffer;
+  - any other step (prefill, mixed, `all_logits`, --no-cuda-graph) runs eagerly.
+
+With a vision plan (--vision) positions are 3-axis [3, T] (each chunk's `mrope`, decode rows
+included: their rope delta), rotated by torch.rotary_mrope; a step whose chunks cover image or
+video placeholders runs eagerly, and `ex.media` (ninfer/runtime/executors/vision/encoder.py) runs the
+plan's vision calls once per item on the device and supplies the embeddings `media_merge`
+writes over those rows.
+
+The returned logits are a fresh tensor (a graph's output buffer is copied out), so they stay
+valid after later steps.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from kernels.folded_norm import NORM_STATS
+from ninfer.artifact.format import Artifact
+from ninfer.ir.plan import Plan
+from ninfer.passes.options import HEADROOM
+from ninfer.runtime.executors.base import PlanExecutorBase
+from ninfer.runtime.executors.cpu.weights import TORCH_DTYPES
+from ninfer.runtime.executors.cuda.kv_cache import CudaKVCache, CudaStateSlots
+from ninfer.runtime.executors.cuda.ops import CUDA_KERNELS, DeviceStep
+from ninfer.runtime.executors.cuda.weights import load_device_weights, weight_nbytes
+from ninfer.runtime.executors.kernel_registry import KernelRegistry
+from ninfer.runtime.executors.vision.encoder import MediaEncoder
+from ninfer.runtime.executors.vision.ops import VisionContext
+from ninfer.runtime.step import SeqChunk, StepBatch
+
+
+@dataclass
+class StepRecord:
+    """Timing of one step (kept when `collect_timings`): host seconds from `run` entry until
+    the GPU work was queued, CUDA events around that work (read after a sync), and the
+    perf_counter time of `run` entry (consecutive entries bound one whole engine step)."""
+
+    decode: bool
+    graph: bool
+    rows: int
+    tokens: int
+    host_s: float
+    start: Any  # torch.cuda.Event | None
+    end: Any
+    entered_s: float = 0.0
+
+    def gpu_s(self) -> float | None:
+        return None if self.start is None else self.start.elapsed_time(self.end) / 1e3
+
+
+@dataclass
+class _DecodeGraph:
+    batch: int
+    graph: Any  # torch.cuda.CUDAGraph
+    host: torch.Tensor  # pinned int32 [size]
+    device: torch.Tensor  # int32 [size], the graph's input buffer
+    copied: Any  # torch.cuda.Event: the last host -> device copy finished
+    logits: torch.Tensor  # [batch, vocab] output buffer
+
+
+class _Layout:
+    """Offsets of the packed int32 metadata of a step of T tokens, N chunks, R logit rows and
+    block tables W pages wide; `axes` rows of positions (3 for a vision plan's MRoPE)."""
+
+    def __init__(self, T: int, N: int, R: int, W: int, axes: int = 1):
+        self.T, self.N, self.R, self.W, self.axes = T, N, R, W, axes
+        sizes = [("tokens", T), ("positions", axes * T), ("slots", T), ("seq_lens", N), ("cu", N + 1),
+                 ("state", N), ("rows", R), ("tables", N * W)]  # fmt: skip
+        self.at: dict[str, tuple[int, int]] = {}
+        off = 0
+        for name, n in sizes:
+            self.at[name] = (off, off + n)
+            off += n
+        self.size = off
+
+    def view(self, buf: np.ndarray | torch.Tensor, name: str):
+        a, b = self.at[name]
+        return buf[a:b]
+
+
+class CudaExecutor(PlanExecutorBase):
+    def __init__(
+        self,
+        plan: Plan,
+        artifact: Artifact | Any,
+        device: str | torch.device = "cuda",
+        *,
+        collect_timings: bool = False,
+        kernels: KernelRegistry | None = None,
+    ):
+        self.plan = plan
+        self._resolve(kernels or CUDA_KERNELS)  # every call by the kernel the plan names
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.dtype = TORCH_DTYPES[plan.dtype]
+        self.weights = load_device_weights(plan, artifact, self.device)
+        self.weight_bytes = sum(weight_nbytes(w) for w in self.weights.values())
+        self.is_hybrid = bool(plan.state.layers)
+        self.num_state_slots = plan.state.slots if self.is_hybrid else 0
+        self.page_size = plan.kv.page_size
+        num_pages = plan.kv.num_pages
+        if plan.options.kv_capacity == "auto" and self.device.type == "cuda":
+            num_pages = self._auto_pages()
+        self.kv = CudaKVCache(plan.kv, num_pages, self.device) if plan.kv.layers else None
+        self.num_pages = num_pages
+        self.state = (
+            CudaStateSlots(plan.caches, self.num_state_slots, self.dtype, self.device)
+            if self.is_hybrid
+            else None
+        )
+        self.max_pages = -(-plan.options.max_context // self.page_size)
+        self.graph_buckets = set(plan.cuda_graph_buckets) if self.device.type == "cuda" else set()
+        if not plan.options.cuda_graphs:
+            self.graph_buckets = set()
+        self._graphs: dict[int, _DecodeGraph] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.graph_buckets else None
+        self._inv_freq: dict[str, torch.Tensor] = {}
+        slots = 1 + max((int(c.attrs.get("stats_slot", -1)) for c in plan.calls), default=-1)
+        self._norm_stats = (
+            torch.zeros(slots, NORM_STATS, dtype=torch.float32, device=self.device)
+            if slots
+            else None
+        )
+        self._last_use = self._liveness()
+        # --vision: the plan's vision stage per image / video (eager, outside CUDA Graphs) and
+        # 3-axis positions [3, T] for the text rotary (torch.rotary_mrope)
+        self.media = (
+            None
+            if plan.vision is None
+            else MediaEncoder(
+                self._vision_stage, plan.vision, self.dtype, self.device, plan.outputs[1]
+            )
+        )
+        self._axes = 1 if self.media is None else 3
+        self.collect_timings = collect_timings
+        self.records: list[StepRecord] = []
+        self.last_step_seconds = 0.0
+        self.tokens_computed = 0  # positions run since construction (as the reference executor)
+        self._prefill_events: dict[int, tuple[Any, Any]] = {}  # step index -> CUDA events
+
+    def step_gpu_seconds(self, step_index: int) -> float | None:
+        """Device time of prefill-class step `step_index` (its results were read, so its
+        events completed); None for a decode step or one already asked for. Forgets older
+        steps' events."""
+        events = self._prefill_events.pop(step_index, None)
+        for old in [i for i in self._prefill_events if i < step_index]:
+            del self._prefill_events[old]
+        if events is None:
+            return None
+        start, end = events
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+
+    # -- sizes -------------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return int(self.plan.model["vocab"])
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.plan.kv.bytes_per_token
+
+    def _auto_pages(self) -> int:
+        free, _ = torch.cuda.mem_get_info(self.device)
+        ledger = self.plan.ledger
+        per_page = self.plan.kv.bytes_per_page
+        if per_page == 0:
+            return self.plan.kv.num_pages
+        avail = free - HEADROOM - ledger.bytes_of("workspace") - ledger.bytes_of("state_slots")
+        # one scratch page; never more than the plan's pool, which auto caps at what the lanes
+        # can use (a small model's whole GPU was more tokens than the engine addresses)
+        pages = min(avail // per_page - 1, self.plan.kv.num_pages)
+        if pages < 1:
+            from ninfer.errors import ConfigError
+
+            raise ConfigError(
+                f"--kv-capacity auto: only {free / 2**30:.1f} GiB free on {self.device} after the weights"
+            )
+        return int(pages)
+
+    # -- step --------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def run(
+        self, batch: StepBatch, all_logits: bool = False, fed: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Run one step; float32 logits [rows, vocab] (see the module docstring). `fed`: the
+        previous step's sampled ids on the device, for a batch with `fed_rows`."""
+        t0 = time.perf_counter()
+        for cp in batch.state_copies:
+            self.copy_state(cp.src_slot, cp.dst_slot)
+        chunks = batch.chunks
+        for c in chunks:
+            if len(c.token_ids) < 1:
+                raise ValueError(f"sequence {c.seq_id}: empty chunk")
+            if self.is_hybrid:
+                self._check_slot(c.state_slot)
+            if c.spill_slots:  # the GDN kernels do not write per-position states yet
+                raise ValueError("hybrid verify chunks (spill_slots) run on the CPU executor only")
+        if self.state is not None:
+            self.state.reset([c.state_slot for c in chunks if c.start_pos == 0])  # type: ignore[misc]
+        decode = all(len(c.token_ids) == 1 and c.want_logits for c in chunks) and not all_logits
+        n = len(chunks)
+        use_graph = (
+            decode
+            and n in self.graph_buckets
+            and all(len(c.block_table) <= self.max_pages for c in chunks)
+            and not any(c.media for c in chunks)  # a 1-token chunk on a placeholder: eager
+        )
+        timing = self.collect_timings and self.device.type == "cuda"
+        if use_graph:
+            g = self._graphs.get(n) or self._capture(n)
+            start, end, host_s = self._replay(g, batch, fed, t0, timing)
+            logits = g.logits.clone()
+        else:
+            # a prefill-class step is timed on the device always (step_gpu_seconds)
+            timed = timing or (not decode and self.device.type == "cuda")
+            start = torch.cuda.Event(enable_timing=True) if timed else None
+            end = torch.cuda.Event(enable_timing=True) if timed else None
+            if start is not None:
+                start.record()
+            logits = self._eager(batch, decode, all_logits, fed)
+            if end is not None:
+                end.record()
+                if not decode:
+                    self._prefill_events[batch.step_index] = (start, end)
+            host_s = time.perf_counter() - t0
+        if self.collect_timings:
+            self.records.append(
+                StepRecord(decode, use_graph, n, batch.num_tokens, host_s, start, end, t0)
+            )
+        self.last_step_seconds = time.perf_counter() - t0
+        self.tokens_computed += batch.num_tokens
+        return logits
+
+    def _fill(
+        self, buf: np.ndarray, lay: _Layout, chunks: tuple[SeqChunk, ...], rows: list[int]
+    ) -> None:
+        """Write a step's metadata into `buf` (int32, laid out by `lay`)."""
+        ps = self.page_size
+        scratch = self.kv.scratch_page if self.kv is not None else 0
+        tokens, positions, slots = (
+            lay.view(buf, "tokens"),
+            lay.view(buf, "positions"),
+            lay.view(buf, "slots"),
+        )
+        seq_lens, cu, state = lay.view(buf, "seq_lens"), lay.view(buf, "cu"), lay.view(buf, "state")
+        tables = lay.view(buf, "tables").reshape(lay.N, lay.W)
+        tables.fill(scratch)
+        t = 0
+        cu[0] = 0
+        for i, c in enumerate(chunks):
+            n, end = len(c.token_ids), c.start_pos + len(c.token_ids)
+            need = -(-end // ps)
+            if len(c.block_table) < need:
+                raise ValueError(
+                    f"block table of {len(c.block_table)} pages does not cover position {end - 1}"
+                )
+            bt = np.asarray(c.block_table[:need], dtype=np.int64)
+            tables[i, :need] = bt
+            pos = np.arange(c.start_pos, end)
+            tokens[t : t + n] = c.token_ids
+            if lay.axes == 1:
+                positions[t : t + n] = pos
+            else:  # MRoPE: [3, T] (temporal, height, width); text and decode rows (p, p, p) + delta
+                pos3 = positions.reshape(3, lay.T)
+                if c.mrope is not None:
+                    pos3[:, t : t + n] = c.mrope.positions(c.start_pos, n)
+                else:
+                    pos3[:, t : t + n] = pos
+            slots[t : t + n] = bt[pos // ps] * ps + pos % ps
+            seq_lens[i] = end
+            state[i] = c.state_slot if c.state_slot is not None else 0
+            t += n
+            cu[i + 1] = t
+        lay.view(buf, "rows")[:] = rows
+
+    def _device_step(
+        self, dev: torch.Tensor, lay: _Layout, decode: bool, max_q_len: int
+    ) -> tuple[DeviceStep, dict]:
+        positions = lay.view(dev, "positions")
+        step = DeviceStep(
+            decode=decode,
+            positions=positions if lay.axes == 1 else positions.view(lay.axes, lay.T),
+            slot_mapping=lay.view(dev, "slots"),
+            block_tables=lay.view(dev, "tables").view(lay.N, lay.W),
+            seq_lens=lay.view(dev, "seq_lens"),
+            cu_seqlens=lay.view(dev, "cu"),
+            state_slots=lay.view(dev, "state"),
+            max_q_len=max_q_len,
+            kv=self.kv,
+            state=self.state,
+            inv_freq=self._inv_freq,
+            norm_stats=self._norm_stats,
+        )
+        inputs = {
+            "tokens": lay.view(dev, "tokens"),
+            "positions": step.positions,
+            "logit_rows": lay.view(dev, "rows"),
+        }
+        if self.media is not None:  # no placeholder rows (a decode step); _eager fills a prefill's
+            hidden = int(self.plan.model["hidden"])
+            inputs["media_embeds"] = torch.empty(0, hidden, dtype=self.dtype, device=self.device)
+            inputs["media_rows"] = torch.empty(0, dtype=torch.int32, device=self.device)
+        return step, inputs
+
+    def _forward(self, step: DeviceStep, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        if step.norm_stats is not None:
+            step.norm_stats.zero_()  # the fused RMSNorms' sums of squares (fuse_norm_linear)
+        env = self._interpret(step, {**self.weights, **inputs}, step.decode)
+        return env[self.plan.outputs[0]]
+
+    def _eager(
+        self, batch: StepBatch, decode: bool, all_logits: bool, fed: torch.Tensor | None
+    ) -> torch.Tensor:
+        chunks = batch.chunks
+        rows: list[int] = []
+        t = 0
+        for c in chunks:
+            n = len(c.token_ids)
+            if all_logits:
+                rows.extend(range(t, t + n))
+            elif c.want_logits:  # the last num_logits positions (1, or k + 1 to verify)
+                rows.extend(range(t + n - min(c.num_logits, n), t + n))
+            t += n
+        width = max(-(-(c.start_pos + len(c.token_ids)) // self.page_size) for c in chunks)
+        lay = _Layout(t, len(chunks), len(rows), width, self._axes)
+        host = np.zeros(lay.size, dtype=np.int32)
+        self._fill(host, lay, chunks, rows)
+        dev = torch.from_numpy(host).to(self.device)
+        self._feed(lay.view(dev, "tokens"), batch, fed)
+        step, inputs = self._device_step(dev, lay, decode, max(len(c.token_ids) for c in chunks))
+        if self.media is not None and any(c.media for c in chunks):
+            begins, b = [], 0  # (first step row, chunk): the vision stage runs per item, here
+            for c in chunks:
+                begins.append((b, c))
+                b += len(c.token_ids)
+            hidden = int(self.plan.model["hidden"])
+            inputs["media_embeds"], inputs["media_rows"] = self.media.step_inputs(begins, hidden)
+        return self._forward(step, inputs)
+
+    def _vision_stage(self, ctx: VisionContext, inputs: dict[str, Any]) -> dict[str, Any]:
+        """Run the plan's vision calls once over one item's inputs (MediaEncoder's runner):
+        eager, on the current stream, before the step that reads the embeddings."""
+        return self._interpret(ctx, {**self.weights, **inputs}, False, self.plan.vision_calls)
+
+    # -- CUDA Graphs -------------------------------------------------------------------------
+    def _capture(self, batch: int) -> _DecodeGraph:
+        """Capture the decode step of `batch` rows (warm-up run first, on scratch KV/state)."""
+        lay = _Layout(batch, batch, batch, self.max_pages, self._axes)
+        host = torch.zeros(lay.size, dtype=torch.int32, pin_memory=True)
+        h = host.numpy()
+        scratch_page = self.kv.scratch_page if self.kv is not None else 0
+        lay.view(h, "slots")[:] = scratch_page * self.page_size
+        lay.view(h, "seq_lens")[:] = 1
+        lay.view(h, "cu")[:] = np.arange(batch + 1)
+        lay.view(h, "state")[:] = self.state.scratch_slot if self.state is not None else 0
+        lay.view(h, "rows")[:] = np.arange(batch)
+        lay.view(h, "tables")[:] = scratch_page
+        dev = host.to(self.device)
+        step, inputs = self._device_step(dev, lay, True, 1)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # compile every kernel variant before capture
+                self._forward(step, inputs)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            step, inputs = self._device_step(dev, lay, True, 1)
+            logits = self._forward(step, inputs)
+        g = _DecodeGraph(batch, graph, host, dev, torch.cuda.Event(), logits)
+        g.copied.record()
+        self._graphs[batch] = g
+        return g
+
+    def drop_graphs(self) -> None:
+        """Forget every captured decode graph (each is captured again on its next use), in a
+        fresh memory pool: torch refuses a capture into a pool whose graphs have all been freed
+        while its memory is still held (an internal assert at capture_begin)."""
+        self._graphs.clear()
+        if self.graph_buckets:
+            self._pool = torch.cuda.graph_pool_handle()
+
+    def capture_all(self) -> int:
+        """Capture every bucket now (the engine otherwise captures each on first use);
+        returns how many graphs exist."""
+        with torch.inference_mode():
+            for b in sorted(self.graph_buckets, reverse=True):
+                if b not in self._graphs:
+                    self._capture(b)
+        return len(self._graphs)
+
+    def _replay(
+        self, g: _DecodeGraph, batch: StepBatch, fed: torch.Tensor | None, t0: float, timing: bool
+    ):
+        lay = _Layout(g.batch, g.batch, g.batch, self.max_pages, self._axes)
+        g.copied.synchronize()  # the previous copy has read the pinned buffer
+        h = g.host.numpy()
+        self._fill(h, lay, batch.chunks, list(range(g.batch)))
+        start = end = None
+        if timing:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        g.device.copy_(g.host, non_blocking=True)
+        g.copied.record()
+        self._feed(lay.view(g.device, "tokens"), batch, fed)
+        g.graph.replay()
+        if end is not None:
+            end.record()
+        return start, end, time.perf_counter() - t0
+
+
+def make_executor(
+    plan: Plan, artifact: Artifact | Any, device: str | torch.device | None = None, **kwargs: Any
+):
+    """The executor for `plan` on `device` (default: the plan's device): CudaExecutor on a
+    CUDA device, the reference Executor otherwise."""
+    dev = torch.device(device if device is not None else plan.device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            from ninfer.errors import ConfigError
+
+            raise ConfigError(
+                "--device cuda: no CUDA device is available (torch.cuda.is_available() is False)"
+            )
+        return CudaExecutor(plan, artifact, dev, **kwargs)
+    from ninfer.runtime.executors.cpu.executor import Executor
+
+    return Executor(plan, artifact, dev, kernels=kwargs.get("kernels"))
+
+
+def describe(ex: CudaExecutor) -> dict[str, Any]:
+    """Sizes a report can quote: weight, KV and state bytes on the device, captured graphs."""
+    return {
+        "weight_bytes": ex.weight_bytes,
+        "kv_bytes": ex.kv.nbytes() if ex.kv is not None else 0,
+        "state_bytes": ex.state.nbytes() if ex.state is not None else 0,
+        "num_pages": ex.num_pages,
+        "graphs": sorted(ex._graphs),
+    }
