@@ -27,7 +27,7 @@ from ninfer.constrain.errors import ConstraintFailed
 from ninfer.constrain.state import ConstraintState
 from ninfer.errors import ConfigError, NinferError
 from ninfer.runtime.config import EngineOptions, OutputLimit
-from ninfer.runtime.engine_stats import EngineStats
+from ninfer.runtime.engine_stats import EngineStats, collect_stats
 from ninfer.runtime.executor_api import Executor
 from ninfer.runtime.executors.sampler import SampledTokens, Sampler, SampleRow
 from ninfer.runtime.handle import RequestHandle
@@ -486,54 +486,6 @@ class Engine:
         self._publish()
 
     def _build_stats(self, idle: bool = False) -> EngineStats:
-        s, c = self._sched, self._sched.counters
-        running, host = s.running, s.preemption.budget
-        return EngineStats(
-            ready=self._ready,
-            max_concurrency=self.config.max_concurrency,
-            max_context=self.config.max_context,
-            running=len(running),
-            waiting=len(s.waiting),
-            paused=len(s.paused),
-            prefilling=sum(1 for q in running if q.prefilling),
-            decode_ready=sum(1 for q in running if q.decode_ready),
-            replaying=sum(1 for q in running if q.replaying),
-            kv_pages_used=s.pool.num_used,
-            kv_pages_capacity=s.pool.num_pages,
-            state_slots_used=s.state_slots_used,
-            state_slots_capacity=s.num_state_slots,
-            host_context_used_bytes=host.used,
-            host_context_reserved_bytes=host.reserved,
-            host_context_capacity_bytes=host.capacity,
-            host_context_peak_bytes=host.peak,
-            prompt_tokens_total=c.prompt_tokens,
-            prompt_tokens_cached_total=c.cached_tokens,
-            prefill_tokens_total=c.prefill_tokens,
-            replayed_tokens_total=c.replayed_tokens,
-            generation_tokens_total=c.generation_tokens,
-            decode_tokens_total=c.decode_tokens,
-            preemptions_total=c.preemptions,
-            replay_restores_total=c.replay_restores,
-            snapshot_restores_total=c.snapshot_restores,
-            steps_total=c.steps,
-            decode_rounds_total=c.decode_rounds,
-            decode_rows_total=c.decode_rows,
-            step_failures_total=self._step_failures,
-            **c.spec_totals(),
-            device_wait_seconds_total=self._work.seconds[DEVICE_WAIT],
-            requests_by_outcome=dict(c.outcomes),
-            context_transfer_bytes=dict(s.preemption.transfer_bytes),
-            cache_selections_total=c.cache_selections,
-            cache_selection_hits_total=c.cache_selection_hits,
-            cache_selected_tokens_total=c.cache_selected_tokens,
-            state_captures_total=c.state_captures,
-            state_restores_total=c.state_restores,
-            cache_evicted_pages_total=s.cache.evicted_pages if s.cache is not None else 0,
-            last_cache_selection=c.last_selection,
-            published_s=self._clock(),
-            idle=idle,
-            host_work_seconds=self._work.host_seconds(),
-            work_class_seconds=dict(self._work.class_seconds),
-            stats_publication_seconds=self._work.stats_seconds,
-            stats_publication_invocations=self._work.stats_invocations,
+        return collect_stats(
+            self._sched, self._work, self._ready, self._step_failures, self._clock(), idle
         )

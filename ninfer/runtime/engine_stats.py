@@ -4,6 +4,13 @@ and read by metrics, the throughput report and the request log without touching 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ninfer.runtime.host_work import DEVICE_WAIT
+
+if TYPE_CHECKING:
+    from ninfer.runtime.host_work import HostWork
+    from ninfer.runtime.scheduler import Scheduler
 
 
 @dataclass(frozen=True)
@@ -73,3 +80,61 @@ class EngineStats:
     # run (it sleeps until new work arrives): a busy snapshot's counters stand as of published_s
     published_s: float | None = None
     idle: bool = False
+
+
+def collect_stats(
+    sched: Scheduler, work: HostWork, ready: bool, step_failures: int, now: float, idle: bool
+) -> EngineStats:
+    """The engine's published snapshot, read off its scheduler (gauges, counters) and its
+    host-work account at `now` (the engine's clock)."""
+    s, c = sched, sched.counters
+    running, host = s.running, s.preemption.budget
+    return EngineStats(
+        ready=ready,
+        max_concurrency=sched.config.max_concurrency,
+        max_context=sched.config.max_context,
+        running=len(running),
+        waiting=len(s.waiting),
+        paused=len(s.paused),
+        prefilling=sum(1 for q in running if q.prefilling),
+        decode_ready=sum(1 for q in running if q.decode_ready),
+        replaying=sum(1 for q in running if q.replaying),
+        kv_pages_used=s.pool.num_used,
+        kv_pages_capacity=s.pool.num_pages,
+        state_slots_used=s.state_slots_used,
+        state_slots_capacity=s.num_state_slots,
+        host_context_used_bytes=host.used,
+        host_context_reserved_bytes=host.reserved,
+        host_context_capacity_bytes=host.capacity,
+        host_context_peak_bytes=host.peak,
+        prompt_tokens_total=c.prompt_tokens,
+        prompt_tokens_cached_total=c.cached_tokens,
+        prefill_tokens_total=c.prefill_tokens,
+        replayed_tokens_total=c.replayed_tokens,
+        generation_tokens_total=c.generation_tokens,
+        decode_tokens_total=c.decode_tokens,
+        preemptions_total=c.preemptions,
+        replay_restores_total=c.replay_restores,
+        snapshot_restores_total=c.snapshot_restores,
+        steps_total=c.steps,
+        decode_rounds_total=c.decode_rounds,
+        decode_rows_total=c.decode_rows,
+        step_failures_total=step_failures,
+        **c.spec_totals(),
+        device_wait_seconds_total=work.seconds[DEVICE_WAIT],
+        requests_by_outcome=dict(c.outcomes),
+        context_transfer_bytes=dict(s.preemption.transfer_bytes),
+        cache_selections_total=c.cache_selections,
+        cache_selection_hits_total=c.cache_selection_hits,
+        cache_selected_tokens_total=c.cache_selected_tokens,
+        state_captures_total=c.state_captures,
+        state_restores_total=c.state_restores,
+        cache_evicted_pages_total=s.cache.evicted_pages if s.cache is not None else 0,
+        last_cache_selection=c.last_selection,
+        published_s=now,
+        idle=idle,
+        host_work_seconds=work.host_seconds(),
+        work_class_seconds=dict(work.class_seconds),
+        stats_publication_seconds=work.stats_seconds,
+        stats_publication_invocations=work.stats_invocations,
+    )
