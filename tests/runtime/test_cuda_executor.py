@@ -27,7 +27,7 @@ from ninfer.artifact import Artifact
 from ninfer.passes.options import CompileOptions
 from ninfer.passes.pipeline import compile_artifact
 from ninfer.runtime.executors.cpu.executor import Executor
-from ninfer.runtime.executors.cuda.executor import CudaExecutor, make_executor
+from ninfer.runtime.executors.cuda.executor import CudaExecutor, make_executor, verify_rows
 from ninfer.runtime.step import FED, SeqChunk, StepBatch
 
 ARCHS = ("llama", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe")
@@ -179,6 +179,53 @@ def test_fed_decode_tokens_equal_host_tokens(fixture_artifacts, fed):
     if not torch.cuda.is_available():
         ex = _cuda(path, "float32", "cpu", kv_dtype="f32", max_concurrency=2)
         assert _greedy(ex, prompts, 5, fed) == want
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_verify_chunk_runs_as_decode_rows(fixture_artifacts, arch):
+    """A speculative verify chunk (the fed token and k drafts, every position's logits) beside
+    a plain decode row runs as one decode step of a row per position (the decode kernels, and
+    on a GPU the graph of that many rows), and its logits are those of the same tokens
+    decoded one at a time; a verify step whose rows exceed the largest bucket runs eagerly
+    and agrees too."""
+    path = fixture_artifacts(arch)
+    on_gpu = torch.cuda.is_available()
+    dtype = "float32"
+    ex = (
+        _cuda(path, dtype, max_concurrency=8, kv_dtype="f32")
+        if on_gpu
+        else _cuda(path, dtype, "cpu", kv_dtype="f32", max_concurrency=8)
+    )
+    prompts = _prompts(ex.vocab_size, (9, 6))
+    drafts = [5, 9, 11, 4]
+    pages = [tuple(range(16 * i, 16 * i + 16)) for i in range(2)]
+
+    def prefill():
+        ex.run(StepBatch(tuple(SeqChunk(i, tuple(p), 0, pages[i]) for i, p in enumerate(prompts))))
+
+    prefill()
+    ex.collect_timings = True  # keep a StepRecord per step: how the verify step ran
+    seq0 = (7, *drafts)  # the fed token and four drafts
+    verify = SeqChunk(0, seq0, 9, pages[0], num_logits=len(seq0))
+    plain = SeqChunk(1, (3,), 6, pages[1])
+    together = ex.run(StepBatch((verify, plain))).float().cpu()
+    assert together.shape[0] == len(seq0) + 1
+    ran = ex.records[-1]
+    assert ran.decode and ran.rows == len(seq0) + 1 and ran.graph == on_gpu
+    prefill()
+    alone = [
+        ex.run(StepBatch((SeqChunk(0, (t,), 9 + i, pages[0]),))).float().cpu()
+        for i, t in enumerate(seq0)
+    ]
+    alone.append(ex.run(StepBatch((SeqChunk(1, (3,), 6, pages[1]),))).float().cpu())
+    torch.testing.assert_close(together, torch.cat(alone), rtol=1e-4, atol=1e-4)
+    assert verify_rows((verify, plain), 8) is not None and verify_rows((verify, plain), 5) is None
+    prefill()
+    ex.max_rows = 4  # more rows than an eager decode step takes: the chunk path
+    ex.graph_buckets = set()
+    torch.testing.assert_close(
+        ex.run(StepBatch((verify, plain))).float().cpu(), together, rtol=1e-4, atol=1e-4
+    )
 
 
 def test_make_executor_on_cpu_is_the_reference(fixture_artifacts):

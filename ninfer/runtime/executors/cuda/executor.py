@@ -23,6 +23,11 @@ Per step:
   - a decode step (every chunk one token, all wanting logits) of n rows, n in the plan's CUDA
     Graph buckets, replays graph n: captured on first use against a scratch KV page and state
     slot, replayed after copying the step's metadata into the graph's input buffer;
+  - a speculative verify step (chunks of the fed token and k drafts wanting every position's
+    logits, beside plain decode rows) of an attention-only model runs as a decode step of one
+    row per verified position, when those rows fit a decode bucket: row i of a sequence writes
+    its KV in the layer's prologue before the attention kernel reads positions <= its own, so
+    k + 1 rows compute what the k+1-token chunk would, from the decode kernels and graphs;
   - any other step (prefill, mixed, `all_logits`, --no-cuda-graph) runs eagerly.
 
 With a vision plan (--vision) positions are 3-axis [3, T] (each chunk's `mrope`, decode rows
@@ -37,6 +42,7 @@ valid after later steps.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -140,6 +146,7 @@ class CudaExecutor(PlanExecutorBase):
             else None
         )
         self.max_pages = -(-plan.options.max_context // self.page_size)
+        self.max_rows = plan.options.max_concurrency  # verify rows of an eager decode step
         self.graph_buckets = set(plan.cuda_graph_buckets) if self.device.type == "cuda" else set()
         if not plan.options.cuda_graphs:
             self.graph_buckets = set()
@@ -227,6 +234,11 @@ class CudaExecutor(PlanExecutorBase):
                 self._check_slot(c.state_slot)
             if c.spill_slots:  # the GDN kernels do not write per-position states yet
                 raise ValueError("hybrid verify chunks (spill_slots) run on the CPU executor only")
+        if not all_logits and not self.is_hybrid and any(c.num_logits > 1 for c in chunks):
+            rows = verify_rows(chunks, max(self.graph_buckets, default=self.max_rows))
+            if rows is not None:
+                chunks = rows
+                batch = dataclasses.replace(batch, chunks=rows)
         if self.state is not None:
             self.state.reset([c.state_slot for c in chunks if c.start_pos == 0])  # type: ignore[misc]
         decode = all(len(c.token_ids) == 1 and c.want_logits for c in chunks) and not all_logits
@@ -469,3 +481,22 @@ def describe(ex: CudaExecutor) -> dict[str, Any]:
         "num_pages": ex.num_pages,
         "graphs": sorted(ex._graphs),
     }
+
+
+def verify_rows(chunks: tuple[SeqChunk, ...], limit: int) -> tuple[SeqChunk, ...] | None:
+    """`chunks` as one-token decode rows: each verify chunk (every position's logits wanted)
+    becomes a row per position, in order, the other chunks must already be decode rows; None
+    when a chunk is neither (a prefill) or the rows would be more than `limit`."""
+    rows: list[SeqChunk] = []
+    for c in chunks:
+        n = len(c.token_ids)
+        if not c.want_logits or c.media or c.spill_slots or c.num_logits != n:
+            return None
+        if n == 1:
+            rows.append(c)
+            continue
+        for i, tok in enumerate(c.token_ids):
+            rows.append(
+                dataclasses.replace(c, token_ids=(tok,), start_pos=c.start_pos + i, num_logits=1)
+            )
+    return tuple(rows) if len(rows) <= limit else None
