@@ -135,3 +135,17 @@ class Graph:
     def producer(self) -> dict[str, int]:
         """value name -> index of the op that defines it."""
         return {name: i for i, op in enumerate(self.ops) for name in op.outputs}
+
+    def prune(self) -> Graph:
+        """Drop ops whose outputs nobody reads, and weights no op reads (in place; returns self)."""
+        keep_ops: list[Op] = []
+        live = set(self.outputs)
+        for op in reversed(self.ops):
+            if any(o in live for o in op.outputs) or op.attrs.get("cache"):
+                keep_ops.append(op)
+                live.update(op.inputs)
+        self.ops = keep_ops[::-1]
+        defined = {o for op in self.ops for o in op.outputs}
+        self.values = {k: v for k, v in self.values.items() if k in defined}
+        self.weights = {k: w for k, w in self.weights.items() if k in live}
+        return self

@@ -1,5 +1,7 @@
 """Choose CUDA Graph batch buckets: one graph per exact decode batch size 1..max_concurrency,
-so a decode step of n rows replays graph n with no padding. cpu plans have none."""
+so a decode step of n rows replays graph n with no padding; a speculating engine's verify steps
+are decode steps of up to `verify_rows` rows (a row per verified position), so its buckets go
+up to that. cpu plans have none."""
 
 from __future__ import annotations
 
@@ -11,8 +13,11 @@ from ninfer.passes.options import CompileOptions
 def _run(graph: Graph, options: CompileOptions) -> Graph:
     g = graph.copy()
     use = options.device == "cuda" and options.cuda_graphs
-    g.meta["cuda_graph_buckets"] = list(range(1, options.max_concurrency + 1)) if use else []
+    top = max(options.max_concurrency, options.verify_rows)
+    g.meta["cuda_graph_buckets"] = list(range(1, top + 1)) if use else []
     return g
 
 
-CUDA_GRAPHS = Pass("cuda_graphs", _run, "decode batch buckets 1..max_concurrency (cuda)")
+CUDA_GRAPHS = Pass(
+    "cuda_graphs", _run, "decode batch buckets 1..max(max_concurrency, verify_rows) (cuda)"
+)

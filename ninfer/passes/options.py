@@ -25,6 +25,7 @@ GIB = 1 << 30
 # identical on every machine.
 DEFAULT_DEVICE_MEMORY = {"cuda": 139 * GIB, "cpu": 16 * GIB}
 HEADROOM = GIB  # `--kv-capacity auto` leaves this much free
+MAX_VERIFY_ROWS = 64  # graph buckets past this: a verify step that large runs eagerly
 VISION_TOKENS = 32768  # the vision envelope: merged tokens of one prompt's media, at most
 
 
@@ -45,6 +46,9 @@ class CompileOptions:
     # recurrent-state slots a speculating engine adds (hybrid models): k per lane, so that each
     # lane has k + 1 slots and a verify round's accepted count selects one (no copy back)
     spec_state_slots: int = 0
+    # rows of a speculating engine's verify step (every lane's fed token and k drafts, one decode
+    # row each): CUDA Graph buckets cover decode steps up to this many rows too (0: none)
+    verify_rows: int = 0
     device_memory: int | None = None  # bytes the plan may use; None: DEFAULT_DEVICE_MEMORY
     cpu_weights: str = "packed"  # CPU_WEIGHTS; cuda plans ignore it
     vision: bool = False  # run the vision tower (--vision): its weights, ops and MRoPE positions
@@ -75,6 +79,7 @@ class CompileOptions:
         if self.device_state_slots is not None:
             int_range("device_state_slots", self.device_state_slots, 0, 1024)
         int_range("spec_state_slots", self.spec_state_slots, 0, 1 << 16)
+        int_range("verify_rows", self.verify_rows, 0, MAX_VERIFY_ROWS)
         if self.kv_capacity is not None and self.kv_capacity != "auto":
             int_range("kv_capacity", self.kv_capacity, self.page_size, 1 << 48)
         if not isinstance(self.cuda_graphs, bool):

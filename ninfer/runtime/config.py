@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Self
 
 from ninfer.errors import ConfigError
-from ninfer.passes.options import CompileOptions, int_range
+from ninfer.passes.options import MAX_VERIFY_ROWS, CompileOptions, int_range
 
 MIB = 1 << 20
 DEFAULT_HOST_CONTEXT_MIB = 8192  # --host-context-mib default: 8192 MiB ...
@@ -97,7 +97,10 @@ class EngineOptions:
             )
         if self.spec is not None:  # k more state slots per lane (hybrid models use them)
             spec_slots = self.compile.max_concurrency * self.draft_tokens
-            compile_options = dataclasses.replace(self.compile, spec_state_slots=spec_slots)
+            rows = min(MAX_VERIFY_ROWS, self.compile.max_concurrency * (self.draft_tokens + 1))
+            compile_options = dataclasses.replace(
+                self.compile, spec_state_slots=spec_slots, verify_rows=rows
+            )
             object.__setattr__(self, "compile", compile_options)
         for name in ("prefix_reuse", "overlap", "collect_timings"):
             if not isinstance(getattr(self, name), bool):
