@@ -115,13 +115,15 @@ def run_verify_cost(args: argparse.Namespace) -> dict[str, Any]:
         from ninfer.artifact import Artifact
 
         source = Artifact(args.artifact)
+    from ninfer.passes.options import MAX_VERIFY_ROWS
+
     k, maxb, page = args.draft_tokens, max(args.batch_sizes), args.page_size
     ctx = -(-(args.input_len + k + 2) // page) * page
     engine = build_engine(source, EngineOptions.of(
         device=device, dtype=args.dtype, max_concurrency=maxb, max_context=ctx,
         kv_capacity=maxb * ctx, page_size=page, prefix_reuse=False,
-        cuda_graphs=not args.no_cuda_graph,
-    ))  # fmt: skip
+        cuda_graphs=not args.no_cuda_graph, verify_rows=min(MAX_VERIFY_ROWS, maxb * (k + 1)),
+    ))  # fmt: skip (the verify steps' graph buckets, as a speculating engine's plan has them)
     rows = []
     try:
         ex = engine.executor
