@@ -194,6 +194,74 @@ def test_codex_exec_runs_a_shell_tool_call_and_finishes_the_turn(demo, tmp_path)
     assert done[0]["result"]["tool_calls"] == 1
 
 
+@pytest.fixture(scope="module")
+def tiny_thinker(tmp_path_factory) -> LiveServer:
+    """The trained tiny agent, which opens every answer with reasoning. Codex's prompt is far
+    past the 2048 positions it was trained on, so what it writes is noise, but it is real
+    reasoning output, which is all the round trip needs."""
+    if CODEX is None:
+        pytest.skip("Codex CLI not found (NINFER_CODEX_BIN, PATH, prefix)")
+    tmp = tmp_path_factory.mktemp("agent-cli-tiny")
+    server = start_server(
+        tmp, "--greedy", "--max-context", "8192", "--default-max-tokens", "1024",
+        "--request-log-jsonl", str(tmp / "requests.jsonl"),
+    )  # fmt: skip
+    server.request_log = tmp / "requests.jsonl"  # type: ignore[attr-defined]
+    assert urlsplit(server.base_url).hostname == "127.0.0.1"
+    yield server
+    server.stop()
+
+
+def _codex(server: LiveServer, codex_home: Path, work: Path, *args: str):
+    env = _isolated_env(codex_home.parent / "home", CODEX_HOME=str(codex_home), NINFER_API_KEY="k")
+    return subprocess.run(
+        [CODEX, "exec", "--skip-git-repo-check", *args], cwd=work, env=env,
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
+        timeout=CLI_TIMEOUT_S,
+    )  # fmt: skip
+
+
+def test_codex_sends_its_encrypted_reasoning_back_on_the_next_turn(tiny_thinker, tmp_path):
+    """Turn 1 (`codex exec`, store false) gets a reasoning Item with an `encrypted_content`
+    token; Codex keeps it in its session and sends it back on turn 2 (`codex exec resume`),
+    where the server authenticates it. A token altered in Codex's session file is refused."""
+    codex_home, work = tmp_path / "codex-home", tmp_path / "work"
+    for d in (codex_home, work, tmp_path / "home"):
+        d.mkdir()
+    (codex_home / "instructions.md").write_text("You are a helpful assistant.\n")
+    config = CODEX_CONFIG.format(model=tiny_thinker.model, base_url=tiny_thinker.base_url)
+    # a short base prompt, so that the tiny model's 8k context holds the conversation
+    config = config.replace(
+        "web_search =",
+        f'model_instructions_file = "{codex_home / "instructions.md"}"\nweb_search =',
+    )
+    (codex_home / "config.toml").write_text(config)
+    before = _log_size(tiny_thinker)
+
+    first = _codex(tiny_thinker, codex_home, work, "What is the weather in Paris for the next 3 days?")
+    assert first.returncode == 0, first.stderr[-4000:]
+    [session] = list((codex_home / "sessions").rglob("rollout-*.jsonl"))
+    tokens = [
+        item["encrypted_content"]
+        for line in session.read_text().splitlines()
+        if (item := json.loads(line).get("payload", {})).get("type") == "reasoning"
+    ]
+    assert len(tokens) == 1 and tokens[0].startswith("nrs1.")
+
+    second = _codex(tiny_thinker, codex_home, work, "resume", "--last", "Thanks!")
+    assert second.returncode == 0, second.stderr[-4000:]
+    done = _assert_clean(_records(tiny_thinker, before), "responses")
+    assert len(done) == 2
+
+    # the same resume with one character of the token changed: Codex did send it, and the
+    # server checked it
+    text = session.read_text()
+    forged = tokens[0][:-2] + ("A" if tokens[0][-2] != "A" else "B") + tokens[0][-1]
+    session.write_text(text.replace(tokens[0], forged))
+    third = _codex(tiny_thinker, codex_home, work, "resume", "--last", "Thanks!")
+    assert "invalid_encrypted_content" in third.stdout + third.stderr
+
+
 CLAUDE_PROMPT = "What is the capital of France?"
 
 
