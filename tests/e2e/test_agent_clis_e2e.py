@@ -25,6 +25,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -108,8 +109,17 @@ def _isolated_env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def _records(server: LiveServer, start: int) -> list[dict]:
-    lines = server.request_log.read_text().splitlines()[start:]  # type: ignore[attr-defined]
-    return [json.loads(line) for line in lines]
+    """The request-log records written since line `start`, once every request_start has its
+    terminal record (the log is written off the response path, so wait a little for it)."""
+    deadline = time.monotonic() + 10
+    while True:
+        lines = server.request_log.read_text().splitlines()[start:]  # type: ignore[attr-defined]
+        records = [json.loads(line) for line in lines]
+        events = [r["event"] for r in records]
+        terminal = sum(e in ("request_done", "request_error") for e in events)
+        if terminal >= events.count("request_start") or time.monotonic() > deadline:
+            return records
+        time.sleep(0.1)
 
 
 def _log_size(server: LiveServer) -> int:
@@ -119,7 +129,8 @@ def _log_size(server: LiveServer) -> int:
 
 def _assert_clean(records: list[dict], protocol: str) -> list[dict]:
     """Every generation request the client made finished in the engine: none rejected, none
-    errored; returns the request_done records in order."""
+    errored; returns the request_done records in order. (A request refused by validation is
+    not logged; the client's own exit status and result catch those.)"""
     events = [r["event"] for r in records]
     assert "request_rejected" not in events and "request_error" not in events, events
     starts = [r for r in records if r["event"] == "request_start"]
@@ -238,7 +249,9 @@ def test_codex_sends_its_encrypted_reasoning_back_on_the_next_turn(tiny_thinker,
     (codex_home / "config.toml").write_text(config)
     before = _log_size(tiny_thinker)
 
-    first = _codex(tiny_thinker, codex_home, work, "What is the weather in Paris for the next 3 days?")
+    first = _codex(
+        tiny_thinker, codex_home, work, "What is the weather in Paris for the next 3 days?"
+    )
     assert first.returncode == 0, first.stderr[-4000:]
     [session] = list((codex_home / "sessions").rglob("rollout-*.jsonl"))
     tokens = [
