@@ -22,7 +22,7 @@ from ninfer.api.server.app import create_app
 from ninfer.artifact import Artifact
 from ninfer.bench.loadgen import server_load, summarise
 from ninfer.cli import build_parser
-from ninfer.commands import bench, serve
+from ninfer.commands import bench, bench_report, serve
 from ninfer.commands.bench_serve import exact_prompt, make_prompts, token_counter
 from tests.api.live_app import serve_config
 
@@ -109,7 +109,7 @@ def test_failed_requests_say_why(url):
     assert row["failed"] == 1 and row["output_tokens"] == 4
     (reason,) = row["errors"]
     assert reason.startswith("HTTP 400 context_length_exceeded: the prompt has")
-    printed = bench.format_report({"mode": "serve", "input_len": 20, "results": [row]})
+    printed = bench_report.format_report({"mode": "serve", "input_len": 20, "results": [row]})
     assert f"failed at batch 2: 1 x {reason}" in printed
 
 
@@ -139,7 +139,7 @@ def test_a_stream_without_text_is_counted_from_usage_and_timings():
     assert rec.tpot() == pytest.approx(0.080 / 4)  # the server's decode time over 4 gaps
     row = summarise([rec])
     assert (row["failed"], row["output_tokens"], row["estimated_timings"]) == (0, 5, 1)
-    printed = bench.format_report(
+    printed = bench_report.format_report(
         {"mode": "serve", "input_len": 40, "results": [{"batch": 1, **row}]}
     )
     assert "batch 1: 1 requests streamed no text" in printed
