@@ -31,6 +31,7 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -159,36 +160,17 @@ def generation_config(eos: int, pad: int) -> dict[str, Any]:
     }
 
 
-def build_hf_dir(arch: str, root: str | os.PathLike[str]) -> Path:
-    """`root/<arch>-hf/`: the Hugging Face directory of the fixture (built once, then reused)."""
+def hf_dir_once(arch: str, root: str | os.PathLike[str], write: Callable[[Path], None]) -> Path:
+    """`root/<arch>-hf/`, written by `write(tmp)` into a private temporary directory and then
+    renamed into place, so that concurrent builders (pytest-xdist workers) never see half a
+    directory; built once, then reused."""
     root = Path(root)
     out = root / f"{arch}-hf"
     if (out / "config.json").exists():
         return out
-    model = _model(arch)
     tmp = root / f".{arch}-hf.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    if arch == "qwen3_5_moe":
-        # transformers saves experts per expert; real Qwen3.5-MoE checkpoints keep them fused
-        from safetensors.torch import save_file
-
-        for f in tmp.glob("*.safetensors*"):
-            f.unlink()
-        state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-        if model.config.tie_word_embeddings:
-            state.pop("lm_head.weight", None)
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    if arch == "qwen3_moe":
-        # transformers 5 writes `num_local_experts`; Qwen3-MoE checkpoints on the Hub say `num_experts`
-        cfg = json.loads((tmp / "config.json").read_text(encoding="utf-8"))
-        cfg["num_experts"] = cfg.pop("num_local_experts", cfg.get("num_experts"))
-        (tmp / "config.json").write_text(
-            json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8"
-        )
-    tok = save_tokenizer(tmp, chat_template())
-    gen = generation_config(token_id(tok, EOS_TOKEN), token_id(tok, PAD_TOKEN))
-    (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n", encoding="utf-8")
+    write(tmp)
     try:
         tmp.rename(out)
     except OSError:  # another process finished first
@@ -196,19 +178,62 @@ def build_hf_dir(arch: str, root: str | os.PathLike[str]) -> Path:
     return out
 
 
-def build_fixture(arch: str, root: str | os.PathLike[str]) -> Path:
-    """`root/<arch>.ninfer`, converted from `build_hf_dir(arch, root)` (built once, then reused)."""
+def save_fused_experts(model: Any, tmp: Path, *, drop_tied_head: bool = False) -> None:
+    """Rewrite `tmp`'s weights as one safetensors file of the model's state dict: transformers
+    saves MoE experts one by one, real Qwen3.5-MoE checkpoints keep them fused."""
+    from safetensors.torch import save_file
+
+    for f in tmp.glob("*.safetensors*"):
+        f.unlink()
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    if drop_tied_head and model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+
+
+def convert_once(
+    arch: str, root: str | os.PathLike[str], build_hf: Callable[[str, Path], Path]
+) -> Path:
+    """`root/<arch>.ninfer`, converted from `build_hf(arch, root)` (built once, then reused)."""
     from ninfer.artifact.convert_hf import convert_hf
     from ninfer.ir.models import check_tensors
 
-    if arch not in ARCHS:
-        raise ValueError(f"unknown fixture architecture {arch!r} (choose from {', '.join(ARCHS)})")
-    root = Path(root)
-    out = root / f"{arch}.ninfer"
+    out = Path(root) / f"{arch}.ninfer"
     if out.exists():
         return out
-    hf = build_hf_dir(arch, root)
+    hf = build_hf(arch, Path(root))
     return convert_hf(hf, out, name=f"tiny-{arch}", check_model=check_tensors)
+
+
+def build_hf_dir(arch: str, root: str | os.PathLike[str]) -> Path:
+    """`root/<arch>-hf/`: the Hugging Face directory of the fixture (built once, then reused)."""
+
+    def write(tmp: Path) -> None:
+        model = _model(arch)
+        model.save_pretrained(tmp)
+        if arch == "qwen3_5_moe":
+            save_fused_experts(model, tmp, drop_tied_head=True)
+        if arch == "qwen3_moe":
+            # transformers 5 writes `num_local_experts`; Qwen3-MoE checkpoints on the Hub say `num_experts`
+            cfg = json.loads((tmp / "config.json").read_text(encoding="utf-8"))
+            cfg["num_experts"] = cfg.pop("num_local_experts", cfg.get("num_experts"))
+            (tmp / "config.json").write_text(
+                json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+            )
+        tok = save_tokenizer(tmp, chat_template())
+        gen = generation_config(token_id(tok, EOS_TOKEN), token_id(tok, PAD_TOKEN))
+        (tmp / "generation_config.json").write_text(
+            json.dumps(gen, indent=2) + "\n", encoding="utf-8"
+        )
+
+    return hf_dir_once(arch, root, write)
+
+
+def build_fixture(arch: str, root: str | os.PathLike[str]) -> Path:
+    """`root/<arch>.ninfer`, converted from `build_hf_dir(arch, root)` (built once, then reused)."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown fixture architecture {arch!r} (choose from {', '.join(ARCHS)})")
+    return convert_once(arch, root, build_hf_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
