@@ -4,7 +4,6 @@ draft for another; a model drafting for itself is accepted almost always)."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from ninfer.artifact.format import Artifact
@@ -31,17 +30,6 @@ def make_engine(target: Path, draft: Path | None, k: int = 4, **options) -> Engi
 def run(engine: Engine, requests: list[Request]) -> list[RequestOutput]:
     handles = [engine.submit(r) for r in requests]
     return [h.result(T) for h in handles]
-
-
-def settled(engine: Engine) -> EngineStats:
-    """The snapshot once nothing runs, waits or is paused (published just after the finish)."""
-    deadline = time.monotonic() + T
-    while True:
-        s = engine.snapshot()
-        if s.running == s.waiting == s.paused == 0:
-            return s
-        assert time.monotonic() < deadline, s
-        time.sleep(0.005)
 
 
 def check_counters(outs: list[RequestOutput], stats: EngineStats, k: int) -> None:

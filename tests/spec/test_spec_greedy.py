@@ -16,7 +16,8 @@ from ninfer import LLM, SamplingParams
 from ninfer.artifact.format import Artifact
 from ninfer.errors import ConfigError
 from ninfer.runtime.request import Request
-from tests.spec.spec_engine import check_counters, make_engine, run, settled
+from tests.runtime.real_engine import settled
+from tests.spec.spec_engine import check_counters, make_engine, run
 
 LENGTHS = (3, 9, 17, 32, 47, 64, 85, 120)
 OUTPUTS = (1, 2, 3, 21, 14, 6, 11, 17)  # 1 and 2: never a window; 3: one draft at most
