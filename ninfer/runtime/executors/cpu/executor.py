@@ -138,7 +138,7 @@ class Executor(PlanExecutorBase):
             if self.is_hybrid:
                 self._check_slot(c.state_slot)
                 if c.start_pos == 0:
-                    self.state.reset(c.state_slot)  # type: ignore[union-attr]
+                    self.state.reset([c.state_slot])  # type: ignore[union-attr]
             begin = len(tokens)
             if c.spill_slots:
                 for slot in c.spill_slots:
