@@ -10,21 +10,16 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import socket
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
-import uvicorn
 
-from ninfer.api.server.app import create_app
-from ninfer.artifact import Artifact
 from ninfer.bench.loadgen import server_load, summarise
 from ninfer.cli import build_parser
-from ninfer.commands import bench, bench_report, serve
+from ninfer.commands import bench, bench_report
 from ninfer.commands.bench_serve import exact_prompt, make_prompts, token_counter
-from tests.api.live_app import serve_config
+from tests.api.live_app import live_url
 
 MAX_CONTEXT = 256
 
@@ -36,28 +31,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 @pytest.fixture(scope="module")
 def url(fixture_artifacts) -> Iterator[str]:
     path = fixture_artifacts("llama")
-    config = serve_config(
-        artifact=str(path), max_context=MAX_CONTEXT, max_concurrency=2, log_stats_interval_ms=0
-    )
-    state = serve.build_state(config, Artifact(path))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        state.engine.close()
+    with live_url(path, max_context=MAX_CONTEXT, max_concurrency=2) as url:
+        yield url
 
 
 def test_prompts_are_distinct_and_exactly_the_asked_length(url):
