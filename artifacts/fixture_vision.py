@@ -22,7 +22,6 @@ one computes another function. Command line: `python -m artifacts.fixture_vision
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -32,12 +31,13 @@ from typing import Any
 from artifacts.fixtures import (
     _COMMON,
     _DELTANET,
-    _seed,
     chat_template,
     convert_once,
+    fixture_cli,
     generation_config,
     hf_dir_once,
     save_fused_experts,
+    seeded_model,
 )
 from artifacts.tokenizer import EOS_TOKEN, PAD_TOKEN, build_tokenizer, token_id, tokenizer_config
 
@@ -86,7 +86,6 @@ def vision_tokenizer():  # -> tokenizers.Tokenizer
 
 
 def _model(arch: str):  # -> transformers PreTrainedModel
-    import torch
     import transformers as tf
 
     tok = vision_tokenizer()
@@ -125,17 +124,7 @@ def _model(arch: str):  # -> transformers PreTrainedModel
         cls = tf.Qwen3_5MoeForConditionalGeneration
     else:
         raise ValueError(f"unknown vision fixture {arch!r} (choose from {', '.join(VISION_ARCHS)})")
-    gen = torch.Generator().manual_seed(_seed(arch))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(_seed(arch))
-        model = cls(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name and name.endswith(".weight"):
-                p.add_(0.1 * torch.randn(p.shape, generator=gen))  # [n]: move norms off init
-            elif name.endswith(".bias"):
-                p.add_(0.5 * torch.randn(p.shape, generator=gen))  # [n]: zero at init
-    return model.float().eval()
+    return seeded_model(arch, cls, cfg, lambda name: "norm" in name and name.endswith(".weight"))
 
 
 def build_vision_hf_dir(arch: str, root: str | os.PathLike[str]) -> Path:
@@ -172,16 +161,9 @@ def build_vision_fixture(arch: str, root: str | os.PathLike[str]) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m artifacts.fixture_vision", description=__doc__.splitlines()[0]
+    return fixture_cli(
+        argv, "artifacts.fixture_vision", __doc__, VISION_ARCHS, build_vision_fixture
     )
-    p.add_argument("outdir", type=Path)
-    p.add_argument("archs", nargs="*", metavar="ARCH", help=f"any of {', '.join(VISION_ARCHS)}")
-    args = p.parse_args(argv)
-    args.outdir.mkdir(parents=True, exist_ok=True)
-    for arch in args.archs or VISION_ARCHS:
-        print(build_vision_fixture(arch, args.outdir))
-    return 0
 
 
 if __name__ == "__main__":

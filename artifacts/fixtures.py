@@ -84,7 +84,6 @@ def _seed(arch: str) -> int:
 
 def _model(arch: str):  # -> transformers PreTrainedModel
     """A seeded random transformers model of `arch` (float32, eval mode)."""
-    import torch
     import transformers as tf
 
     tok = build_tokenizer()
@@ -135,13 +134,24 @@ def _model(arch: str):  # -> transformers PreTrainedModel
         cls = tf.Qwen3_5MoeForCausalLM
     else:
         raise ValueError(f"unknown fixture architecture {arch!r} (choose from {', '.join(ARCHS)})")
+    return seeded_model(
+        arch, cls, cfg, lambda name: name.endswith("norm.weight") or "layernorm" in name
+    )
+
+
+def seeded_model(arch: str, cls: Any, cfg: Any, is_norm: Callable[[str], bool]) -> Any:
+    """`cls(cfg)` initialised from `arch`'s seed (the global RNG left as it was), then its norm
+    weights (`is_norm(name)`) and biases moved off their init values (ones and zeros would let
+    a wrong norm or a missing bias pass unseen); float32, eval mode."""
+    import torch
+
     gen = torch.Generator().manual_seed(_seed(arch))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_seed(arch))
         model = cls(cfg)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight") or "layernorm" in name:
+            if is_norm(name):
                 p.add_(0.1 * torch.randn(p.shape, generator=gen))  # [n]: move norms off their init
             elif name.endswith(".bias"):
                 p.add_(0.5 * torch.randn(p.shape, generator=gen))  # [n]: zero at init
@@ -236,22 +246,35 @@ def build_fixture(arch: str, root: str | os.PathLike[str]) -> Path:
     return convert_once(arch, root, build_hf_dir)
 
 
-def main(argv: list[str] | None = None) -> int:
+def fixture_cli(
+    argv: list[str] | None,
+    module: str,
+    doc: str | None,
+    archs: tuple[str, ...],
+    build: Callable[[str, Path], Path],
+) -> int:
+    """`python -m MODULE OUTDIR [ARCH ...]` (described by the first line of `doc`): build each
+    fixture of `archs` named (default: all) into OUTDIR with `build(arch, outdir)` and print its
+    path; an unknown ARCH is a usage error."""
     p = argparse.ArgumentParser(
-        prog="python -m artifacts.fixtures", description=__doc__.splitlines()[0]
+        prog=f"python -m {module}", description=(doc or "").splitlines()[0] if doc else None
     )
     p.add_argument("outdir", type=Path)
     p.add_argument(
-        "archs", nargs="*", metavar="ARCH", help=f"any of {', '.join(ARCHS)} (default: all)"
+        "archs", nargs="*", metavar="ARCH", help=f"any of {', '.join(archs)} (default: all)"
     )
     args = p.parse_args(argv)
     for arch in args.archs:
-        if arch not in ARCHS:
-            p.error(f"unknown architecture {arch!r} (choose from {', '.join(ARCHS)})")
+        if arch not in archs:
+            p.error(f"unknown architecture {arch!r} (choose from {', '.join(archs)})")
     args.outdir.mkdir(parents=True, exist_ok=True)
-    for arch in args.archs or ARCHS:
-        print(build_fixture(arch, args.outdir))
+    for arch in args.archs or archs:
+        print(build(arch, args.outdir))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return fixture_cli(argv, "artifacts.fixtures", __doc__, ARCHS, build_fixture)
 
 
 if __name__ == "__main__":
