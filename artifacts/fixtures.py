@@ -158,6 +158,16 @@ def seeded_model(arch: str, cls: Any, cfg: Any, is_norm: Callable[[str], bool]) 
     return model.float().eval()
 
 
+def save_text_files(hf_dir: Path) -> None:
+    """The text side of a fixture's Hugging Face directory beside its weights: the tokenizer
+    (tokenizer.json, tokenizer_config.json, chat_template.jinja) and generation_config.json."""
+    tok = save_tokenizer(hf_dir, chat_template())
+    gen = generation_config(token_id(tok, EOS_TOKEN), token_id(tok, PAD_TOKEN))
+    (hf_dir / "generation_config.json").write_text(
+        json.dumps(gen, indent=2) + "\n", encoding="utf-8"
+    )
+
+
 def generation_config(eos: int, pad: int) -> dict[str, Any]:
     return {
         "bos_token_id": None,
@@ -230,11 +240,7 @@ def build_hf_dir(arch: str, root: str | os.PathLike[str]) -> Path:
             (tmp / "config.json").write_text(
                 json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8"
             )
-        tok = save_tokenizer(tmp, chat_template())
-        gen = generation_config(token_id(tok, EOS_TOKEN), token_id(tok, PAD_TOKEN))
-        (tmp / "generation_config.json").write_text(
-            json.dumps(gen, indent=2) + "\n", encoding="utf-8"
-        )
+        save_text_files(tmp)
 
     return hf_dir_once(arch, root, write)
 
