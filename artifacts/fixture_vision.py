@@ -22,15 +22,23 @@ one computes another function. Command line: `python -m artifacts.fixture_vision
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
-from artifacts.fixtures import _COMMON, _DELTANET, _seed, chat_template, generation_config
+from artifacts.fixtures import (
+    _COMMON,
+    _DELTANET,
+    chat_template,
+    convert_once,
+    fixture_cli,
+    generation_config,
+    hf_dir_once,
+    save_fused_experts,
+    seeded_model,
+)
 from artifacts.tokenizer import EOS_TOKEN, PAD_TOKEN, build_tokenizer, token_id, tokenizer_config
 
 VISION_ARCHS = ("qwen3_5_vl", "qwen3_5_moe_vl")
@@ -78,7 +86,6 @@ def vision_tokenizer():  # -> tokenizers.Tokenizer
 
 
 def _model(arch: str):  # -> transformers PreTrainedModel
-    import torch
     import transformers as tf
 
     tok = vision_tokenizer()
@@ -117,83 +124,46 @@ def _model(arch: str):  # -> transformers PreTrainedModel
         cls = tf.Qwen3_5MoeForConditionalGeneration
     else:
         raise ValueError(f"unknown vision fixture {arch!r} (choose from {', '.join(VISION_ARCHS)})")
-    gen = torch.Generator().manual_seed(_seed(arch))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(_seed(arch))
-        model = cls(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name and name.endswith(".weight"):
-                p.add_(0.1 * torch.randn(p.shape, generator=gen))  # [n]: move norms off init
-            elif name.endswith(".bias"):
-                p.add_(0.5 * torch.randn(p.shape, generator=gen))  # [n]: zero at init
-    return model.float().eval()
+    return seeded_model(arch, cls, cfg, lambda name: "norm" in name and name.endswith(".weight"))
 
 
 def build_vision_hf_dir(arch: str, root: str | os.PathLike[str]) -> Path:
     """`root/<arch>-hf/`: the Hugging Face directory (built once, then reused)."""
-    root = Path(root)
-    out = root / f"{arch}-hf"
-    if (out / "config.json").exists():
-        return out
-    model = _model(arch)
-    tmp = root / f".{arch}-hf.{os.getpid()}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    if arch == "qwen3_5_moe_vl":  # real Qwen3.5-MoE checkpoints keep the experts fused
-        from safetensors.torch import save_file
 
-        for f in tmp.glob("*.safetensors*"):
-            f.unlink()
-        state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    tok = vision_tokenizer()
-    tok.save(str(tmp / "tokenizer.json"))
-    template = chat_template()
-    (tmp / "tokenizer_config.json").write_text(
-        json.dumps(tokenizer_config(template), indent=2) + "\n", encoding="utf-8"
-    )
-    (tmp / "chat_template.jinja").write_text(template, encoding="utf-8")
-    gen = generation_config(token_id(tok, EOS_TOKEN), token_id(tok, PAD_TOKEN))
-    for name, data in (
-        ("generation_config.json", gen),
-        ("preprocessor_config.json", PREPROCESSOR),
-        ("video_preprocessor_config.json", VIDEO_PREPROCESSOR),
-    ):
-        (tmp / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    try:
-        tmp.rename(out)
-    except OSError:  # another process finished first
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    def write(tmp: Path) -> None:
+        model = _model(arch)
+        model.save_pretrained(tmp)
+        if arch == "qwen3_5_moe_vl":  # real Qwen3.5-MoE checkpoints keep the experts fused
+            save_fused_experts(model, tmp)
+        tok = vision_tokenizer()
+        tok.save(str(tmp / "tokenizer.json"))
+        template = chat_template()
+        (tmp / "tokenizer_config.json").write_text(
+            json.dumps(tokenizer_config(template), indent=2) + "\n", encoding="utf-8"
+        )
+        (tmp / "chat_template.jinja").write_text(template, encoding="utf-8")
+        gen = generation_config(token_id(tok, EOS_TOKEN), token_id(tok, PAD_TOKEN))
+        for name, data in (
+            ("generation_config.json", gen),
+            ("preprocessor_config.json", PREPROCESSOR),
+            ("video_preprocessor_config.json", VIDEO_PREPROCESSOR),
+        ):
+            (tmp / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+    return hf_dir_once(arch, root, write)
 
 
 def build_vision_fixture(arch: str, root: str | os.PathLike[str]) -> Path:
     """`root/<arch>.ninfer`, converted from `build_vision_hf_dir(arch, root)`."""
-    from ninfer.artifact.convert_hf import convert_hf
-    from ninfer.ir.models import check_tensors
-
     if arch not in VISION_ARCHS:
         raise ValueError(f"unknown vision fixture {arch!r} (choose from {', '.join(VISION_ARCHS)})")
-    root = Path(root)
-    out = root / f"{arch}.ninfer"
-    if out.exists():
-        return out
-    hf = build_vision_hf_dir(arch, root)
-    return convert_hf(hf, out, name=f"tiny-{arch}", check_model=check_tensors)
+    return convert_once(arch, root, build_vision_hf_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m artifacts.fixture_vision", description=__doc__.splitlines()[0]
+    return fixture_cli(
+        argv, "artifacts.fixture_vision", __doc__, VISION_ARCHS, build_vision_fixture
     )
-    p.add_argument("outdir", type=Path)
-    p.add_argument("archs", nargs="*", metavar="ARCH", help=f"any of {', '.join(VISION_ARCHS)}")
-    args = p.parse_args(argv)
-    args.outdir.mkdir(parents=True, exist_ok=True)
-    for arch in args.archs or VISION_ARCHS:
-        print(build_vision_fixture(arch, args.outdir))
-    return 0
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,6 @@ def _seed(arch: str) -> int:
 
 def _model(arch: str):  # -> transformers PreTrainedModel
     """A seeded random transformers model of `arch` (float32, eval mode)."""
-    import torch
     import transformers as tf
 
     tok = build_tokenizer()
@@ -134,17 +134,38 @@ def _model(arch: str):  # -> transformers PreTrainedModel
         cls = tf.Qwen3_5MoeForCausalLM
     else:
         raise ValueError(f"unknown fixture architecture {arch!r} (choose from {', '.join(ARCHS)})")
+    return seeded_model(
+        arch, cls, cfg, lambda name: name.endswith("norm.weight") or "layernorm" in name
+    )
+
+
+def seeded_model(arch: str, cls: Any, cfg: Any, is_norm: Callable[[str], bool]) -> Any:
+    """`cls(cfg)` initialised from `arch`'s seed (the global RNG left as it was), then its norm
+    weights (`is_norm(name)`) and biases moved off their init values (ones and zeros would let
+    a wrong norm or a missing bias pass unseen); float32, eval mode."""
+    import torch
+
     gen = torch.Generator().manual_seed(_seed(arch))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_seed(arch))
         model = cls(cfg)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight") or "layernorm" in name:
+            if is_norm(name):
                 p.add_(0.1 * torch.randn(p.shape, generator=gen))  # [n]: move norms off their init
             elif name.endswith(".bias"):
                 p.add_(0.5 * torch.randn(p.shape, generator=gen))  # [n]: zero at init
     return model.float().eval()
+
+
+def save_text_files(hf_dir: Path) -> None:
+    """The text side of a fixture's Hugging Face directory beside its weights: the tokenizer
+    (tokenizer.json, tokenizer_config.json, chat_template.jinja) and generation_config.json."""
+    tok = save_tokenizer(hf_dir, chat_template())
+    gen = generation_config(token_id(tok, EOS_TOKEN), token_id(tok, PAD_TOKEN))
+    (hf_dir / "generation_config.json").write_text(
+        json.dumps(gen, indent=2) + "\n", encoding="utf-8"
+    )
 
 
 def generation_config(eos: int, pad: int) -> dict[str, Any]:
@@ -159,36 +180,17 @@ def generation_config(eos: int, pad: int) -> dict[str, Any]:
     }
 
 
-def build_hf_dir(arch: str, root: str | os.PathLike[str]) -> Path:
-    """`root/<arch>-hf/`: the Hugging Face directory of the fixture (built once, then reused)."""
+def hf_dir_once(arch: str, root: str | os.PathLike[str], write: Callable[[Path], None]) -> Path:
+    """`root/<arch>-hf/`, written by `write(tmp)` into a private temporary directory and then
+    renamed into place, so that concurrent builders (pytest-xdist workers) never see half a
+    directory; built once, then reused."""
     root = Path(root)
     out = root / f"{arch}-hf"
     if (out / "config.json").exists():
         return out
-    model = _model(arch)
     tmp = root / f".{arch}-hf.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    if arch == "qwen3_5_moe":
-        # transformers saves experts per expert; real Qwen3.5-MoE checkpoints keep them fused
-        from safetensors.torch import save_file
-
-        for f in tmp.glob("*.safetensors*"):
-            f.unlink()
-        state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-        if model.config.tie_word_embeddings:
-            state.pop("lm_head.weight", None)
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    if arch == "qwen3_moe":
-        # transformers 5 writes `num_local_experts`; Qwen3-MoE checkpoints on the Hub say `num_experts`
-        cfg = json.loads((tmp / "config.json").read_text(encoding="utf-8"))
-        cfg["num_experts"] = cfg.pop("num_local_experts", cfg.get("num_experts"))
-        (tmp / "config.json").write_text(
-            json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8"
-        )
-    tok = save_tokenizer(tmp, chat_template())
-    gen = generation_config(token_id(tok, EOS_TOKEN), token_id(tok, PAD_TOKEN))
-    (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n", encoding="utf-8")
+    write(tmp)
     try:
         tmp.rename(out)
     except OSError:  # another process finished first
@@ -196,37 +198,89 @@ def build_hf_dir(arch: str, root: str | os.PathLike[str]) -> Path:
     return out
 
 
-def build_fixture(arch: str, root: str | os.PathLike[str]) -> Path:
-    """`root/<arch>.ninfer`, converted from `build_hf_dir(arch, root)` (built once, then reused)."""
+def save_fused_experts(model: Any, tmp: Path, *, drop_tied_head: bool = False) -> None:
+    """Rewrite `tmp`'s weights as one safetensors file of the model's state dict: transformers
+    saves MoE experts one by one, real Qwen3.5-MoE checkpoints keep them fused."""
+    from safetensors.torch import save_file
+
+    for f in tmp.glob("*.safetensors*"):
+        f.unlink()
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    if drop_tied_head and model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+
+
+def convert_once(
+    arch: str, root: str | os.PathLike[str], build_hf: Callable[[str, Path], Path]
+) -> Path:
+    """`root/<arch>.ninfer`, converted from `build_hf(arch, root)` (built once, then reused)."""
     from ninfer.artifact.convert_hf import convert_hf
     from ninfer.ir.models import check_tensors
 
-    if arch not in ARCHS:
-        raise ValueError(f"unknown fixture architecture {arch!r} (choose from {', '.join(ARCHS)})")
-    root = Path(root)
-    out = root / f"{arch}.ninfer"
+    out = Path(root) / f"{arch}.ninfer"
     if out.exists():
         return out
-    hf = build_hf_dir(arch, root)
+    hf = build_hf(arch, Path(root))
     return convert_hf(hf, out, name=f"tiny-{arch}", check_model=check_tensors)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_hf_dir(arch: str, root: str | os.PathLike[str]) -> Path:
+    """`root/<arch>-hf/`: the Hugging Face directory of the fixture (built once, then reused)."""
+
+    def write(tmp: Path) -> None:
+        model = _model(arch)
+        model.save_pretrained(tmp)
+        if arch == "qwen3_5_moe":
+            save_fused_experts(model, tmp, drop_tied_head=True)
+        if arch == "qwen3_moe":
+            # transformers 5 writes `num_local_experts`; Qwen3-MoE checkpoints on the Hub say `num_experts`
+            cfg = json.loads((tmp / "config.json").read_text(encoding="utf-8"))
+            cfg["num_experts"] = cfg.pop("num_local_experts", cfg.get("num_experts"))
+            (tmp / "config.json").write_text(
+                json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+            )
+        save_text_files(tmp)
+
+    return hf_dir_once(arch, root, write)
+
+
+def build_fixture(arch: str, root: str | os.PathLike[str]) -> Path:
+    """`root/<arch>.ninfer`, converted from `build_hf_dir(arch, root)` (built once, then reused)."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown fixture architecture {arch!r} (choose from {', '.join(ARCHS)})")
+    return convert_once(arch, root, build_hf_dir)
+
+
+def fixture_cli(
+    argv: list[str] | None,
+    module: str,
+    doc: str | None,
+    archs: tuple[str, ...],
+    build: Callable[[str, Path], Path],
+) -> int:
+    """`python -m MODULE OUTDIR [ARCH ...]` (described by the first line of `doc`): build each
+    fixture of `archs` named (default: all) into OUTDIR with `build(arch, outdir)` and print its
+    path; an unknown ARCH is a usage error."""
     p = argparse.ArgumentParser(
-        prog="python -m artifacts.fixtures", description=__doc__.splitlines()[0]
+        prog=f"python -m {module}", description=(doc or "").splitlines()[0] if doc else None
     )
     p.add_argument("outdir", type=Path)
     p.add_argument(
-        "archs", nargs="*", metavar="ARCH", help=f"any of {', '.join(ARCHS)} (default: all)"
+        "archs", nargs="*", metavar="ARCH", help=f"any of {', '.join(archs)} (default: all)"
     )
     args = p.parse_args(argv)
     for arch in args.archs:
-        if arch not in ARCHS:
-            p.error(f"unknown architecture {arch!r} (choose from {', '.join(ARCHS)})")
+        if arch not in archs:
+            p.error(f"unknown architecture {arch!r} (choose from {', '.join(archs)})")
     args.outdir.mkdir(parents=True, exist_ok=True)
-    for arch in args.archs or ARCHS:
-        print(build_fixture(arch, args.outdir))
+    for arch in args.archs or archs:
+        print(build(arch, args.outdir))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return fixture_cli(argv, "artifacts.fixtures", __doc__, ARCHS, build_fixture)
 
 
 if __name__ == "__main__":

@@ -33,13 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from artifacts.agent_corpus import Example, examples
-from artifacts.fixtures import HERE, chat_template, generation_config
+from artifacts.fixtures import HERE, chat_template, save_text_files
 from artifacts.tokenizer import (
     EOS_TOKEN,
     PAD_TOKEN,
     VOCAB_SIZE,
     build_tokenizer,
-    save_tokenizer,
     token_id,
 )
 
@@ -258,16 +257,11 @@ def expected(t: Turn) -> dict[str, Any]:
 def write_outputs(model: Any, turns: list[Turn], out_dir: Path) -> Path:
     from ninfer.artifact.convert_hf import convert_hf
 
-    tok = build_tokenizer()
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         hf = Path(tmp) / f"{NAME}-hf"
         model.save_pretrained(hf)
-        save_tokenizer(hf, chat_template())
-        gen = generation_config(token_id(tok, EOS_TOKEN), token_id(tok, PAD_TOKEN))
-        (hf / "generation_config.json").write_text(
-            json.dumps(gen, indent=2) + "\n", encoding="utf-8"
-        )
+        save_text_files(hf)
         path = convert_hf(hf, out_dir / f"{NAME}.ninfer", name=NAME)
         shutil.rmtree(hf)
     prompts = {

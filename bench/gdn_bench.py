@@ -10,7 +10,7 @@ Prints, per T, both kernels' median times (triton.testing.do_bench) and the larg
 of their outputs and final states. The executor switches to fla for chunks of at least
 ninfer.runtime.executors.cuda.ops.GDN_CHUNKED_MIN_TOKENS tokens when it is installed; this run is where
 that number comes from. (A chunked kernel of our own, WY form in three Triton kernels, measured
-10x slower than the recurrent one here and was removed: bench/results/h200/gdn_bench.txt.)
+10x slower than the recurrent one here and was removed: bench/results/HISTORY.md, `h200/gdn_bench.txt`.)
 """
 
 from __future__ import annotations

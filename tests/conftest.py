@@ -48,6 +48,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors: intra-op threads only contend on the shared 2-core CI machine. Modules
+    opt in with `pytestmark = pytest.mark.usefixtures("one_thread")`; tests/spec and
+    tests/vision use it for every module."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def fixture_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("fixtures")

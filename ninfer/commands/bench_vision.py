@@ -89,21 +89,14 @@ def _request(text: list[int], images: list[Any], ids: dict[str, int]) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """`ninfer bench engine --images N`: run the load, print the report, write --json / --md."""
-    import json
-    import shlex
-    import sys
+    from ninfer.commands.bench_report import command_line, write_report
 
     if getattr(args, "spec", None):
         raise ConfigError("--images: not with --spec (one load per run)")
     report = run_images(args)
-    report["command"] = "ninfer bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    report["command"] = command_line()
     print(format_images(report))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=2)
-    if args.md:
-        with open(args.md, "w", encoding="utf-8") as f:
-            f.write(format_images_markdown(report))
+    write_report(report, args, format_images_markdown)
     return 0
 
 

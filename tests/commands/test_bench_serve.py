@@ -10,21 +10,16 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import socket
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
-import uvicorn
 
-from ninfer.api.server.app import create_app
-from ninfer.artifact import Artifact
 from ninfer.bench.loadgen import server_load, summarise
 from ninfer.cli import build_parser
-from ninfer.commands import bench, serve
+from ninfer.commands import bench, bench_report
 from ninfer.commands.bench_serve import exact_prompt, make_prompts, token_counter
-from tests.api.live_app import serve_config
+from tests.api.live_app import live_url
 
 MAX_CONTEXT = 256
 
@@ -36,28 +31,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 @pytest.fixture(scope="module")
 def url(fixture_artifacts) -> Iterator[str]:
     path = fixture_artifacts("llama")
-    config = serve_config(
-        artifact=str(path), max_context=MAX_CONTEXT, max_concurrency=2, log_stats_interval_ms=0
-    )
-    state = serve.build_state(config, Artifact(path))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        state.engine.close()
+    with live_url(path, max_context=MAX_CONTEXT, max_concurrency=2) as url:
+        yield url
 
 
 def test_prompts_are_distinct_and_exactly_the_asked_length(url):
@@ -109,7 +84,7 @@ def test_failed_requests_say_why(url):
     assert row["failed"] == 1 and row["output_tokens"] == 4
     (reason,) = row["errors"]
     assert reason.startswith("HTTP 400 context_length_exceeded: the prompt has")
-    printed = bench.format_report({"mode": "serve", "input_len": 20, "results": [row]})
+    printed = bench_report.format_report({"mode": "serve", "input_len": 20, "results": [row]})
     assert f"failed at batch 2: 1 x {reason}" in printed
 
 
@@ -139,7 +114,7 @@ def test_a_stream_without_text_is_counted_from_usage_and_timings():
     assert rec.tpot() == pytest.approx(0.080 / 4)  # the server's decode time over 4 gaps
     row = summarise([rec])
     assert (row["failed"], row["output_tokens"], row["estimated_timings"]) == (0, 5, 1)
-    printed = bench.format_report(
+    printed = bench_report.format_report(
         {"mode": "serve", "input_len": 40, "results": [{"batch": 1, **row}]}
     )
     assert "batch 1: 1 requests streamed no text" in printed

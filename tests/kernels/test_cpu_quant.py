@@ -8,6 +8,8 @@ so |y - x W^T| <= 3 * 2^-9 * (|x| |W|^T) elementwise (fp32 sums add far less).
 
 from __future__ import annotations
 
+from typing import Any
+
 import gguf.quants
 import numpy as np
 import pytest
@@ -28,6 +30,16 @@ def _raw(qtype: str, n: int, k: int, rng: np.random.Generator, offset: float) ->
     return gguf.quants.quantize(w.astype(np.float32), T[qtype])
 
 
+def _packed(
+    qtype: str, n: int, k: int, seed: int, offset: float, **layout: bool
+) -> tuple[np.random.Generator, np.ndarray, Any]:
+    """(the generator, raw GGUF blocks [n, k], their packing with `layout`): random blocks of
+    `qtype` from a generator seeded with `seed`, which the caller keeps drawing from."""
+    rng = np.random.default_rng(seed)
+    raw = _raw(qtype, n, k, rng, offset=offset)
+    return rng, raw, pack_gguf(f"gguf:{qtype}", [raw], k, **layout)
+
+
 def _dense(qtype: str, raw: np.ndarray, n: int, k: int) -> torch.Tensor:
     return torch.from_numpy(dequantize(StoredTensor(f"gguf:{qtype}", (n, k), {"data": raw})))
 
@@ -42,9 +54,7 @@ def _within_bound(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
 @pytest.mark.parametrize("qtype", FORMATS)
 @pytest.mark.parametrize(("n", "k", "t"), [(16, 32, 1), (40, 64, 3), (17, 96, 5), (960, 576, 1)])
 def test_packed_gemm_matches_dequantised_weights(qtype, n, k, t):
-    rng = np.random.default_rng(n * k + t)
-    raw = _raw(qtype, n, k, rng, offset=0.03)
-    w = pack_gguf(f"gguf:{qtype}", [raw], k)
+    rng, raw, w = _packed(qtype, n, k, n * k + t, 0.03)
     x = torch.from_numpy(rng.standard_normal((t, k)).astype(np.float32))
     y = int4pack_linear(x, w)
     assert y.shape == (t, n) and y.dtype == torch.float32
@@ -82,10 +92,8 @@ def test_arbitrary_block_bytes(qtype):
 
 @pytest.mark.parametrize("qtype", FORMATS)
 def test_rows_equal_the_dequantised_table(qtype):
-    rng = np.random.default_rng(3)
     n, k = 50, 64
-    raw = _raw(qtype, n, k, rng, offset=0.2)
-    w = pack_gguf(f"gguf:{qtype}", [raw], k, gemm=False, rows=True)
+    _, raw, w = _packed(qtype, n, k, 3, 0.2, gemm=False, rows=True)
     ids = torch.tensor([0, 49, 7, 7], dtype=torch.int32)
     got = gguf_rows(ids, w, torch.float32)
     assert torch.equal(got, _dense(qtype, raw, n, k)[ids.long()])
@@ -105,10 +113,8 @@ def test_bad_input_is_named():
 @pytest.mark.parametrize("qtype", FORMATS)
 def test_half_logits_within_the_f16_bound(qtype):
     """The lm_head path: |y - x W^T| <= 3 * 2^-11 * (|x| |W|^T), float32 out."""
-    rng = np.random.default_rng(5)
     n, k = 300, 64
-    raw = _raw(qtype, n, k, rng, offset=0.1)
-    w = pack_gguf(f"gguf:{qtype}", [raw], k, gemm=False, half=True)
+    rng, raw, w = _packed(qtype, n, k, 5, 0.1, gemm=False, half=True)
     x = torch.from_numpy(rng.standard_normal((2, k)).astype(np.float32))
     y = half_logits(x, w)
     dense = _dense(qtype, raw, n, k).double()
@@ -118,9 +124,7 @@ def test_half_logits_within_the_f16_bound(qtype):
 
 
 def test_half_logits_survive_an_x_beyond_f16_range():
-    rng = np.random.default_rng(6)
-    raw = _raw("Q8_0", 16, 32, rng, offset=0.0)
-    w = pack_gguf("gguf:Q8_0", [raw], 32, gemm=False, half=True)
+    _, raw, w = _packed("Q8_0", 16, 32, 6, 0.0, gemm=False, half=True)
     x = torch.full((1, 32), 1.0e5)
     ref = x.double() @ _dense("Q8_0", raw, 16, 32).double().T
     y = half_logits(x, w)

@@ -75,6 +75,21 @@ def server(artifact: Path, log_path: Path) -> Iterator[tuple[Any, Any, list[Requ
         yield client, state, seen
 
 
+def text_part(text: str) -> dict[str, Any]:
+    """A Chat Completions text content part."""
+    return {"type": "text", "text": text}
+
+
+def image_part(url: str) -> dict[str, Any]:
+    """A Chat Completions image_url content part."""
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def chat_user(*parts: dict[str, Any]) -> dict[str, Any]:
+    """A Chat Completions user message of `parts`."""
+    return {"role": "user", "content": list(parts)}
+
+
 def clients(base: str) -> tuple[openai.OpenAI, anthropic.Anthropic]:
     oa = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
     an = anthropic.Anthropic(base_url=base, api_key="x", max_retries=0)
@@ -89,15 +104,7 @@ def test_an_image_gives_the_same_prompt_through_the_three_protocols(server: Any)
     seen.clear()
     oa.chat.completions.create(
         model="tiny-vision-text",
-        messages=[
-            {
-                "role": "user",
-                "content": [
-                    {"type": "text", "text": "What is this?"},
-                    {"type": "image_url", "image_url": {"url": uri}},
-                ],
-            }
-        ],
+        messages=[chat_user(text_part("What is this?"), image_part(uri))],
         max_completion_tokens=1,
         reasoning_effort="none",
     )
@@ -144,15 +151,7 @@ def test_an_image_gives_the_same_prompt_through_the_three_protocols(server: Any)
     tokenized = httpx.post(
         server[0] + "/tokenize",
         json={
-            "messages": [
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "text", "text": "What is this?"},
-                        {"type": "image_url", "image_url": {"url": uri}},
-                    ],
-                }
-            ],
+            "messages": [chat_user(text_part("What is this?"), image_part(uri))],
             "chat_template_kwargs": {"enable_thinking": False},
         },
     ).json()
@@ -197,17 +196,13 @@ def test_the_same_image_sent_twice_is_prepared_once(server: Any) -> None:
         return oa.chat.completions.create(
             model="tiny-vision-text",
             messages=[
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "image_url", "image_url": {"url": image}},
-                        {
-                            "type": "text",
-                            "text": "Describe this picture: its colours, shapes, "
-                            "and anything written in it, in a few plain words.",
-                        },
-                    ],
-                }
+                chat_user(
+                    image_part(image),
+                    text_part(
+                        "Describe this picture: its colours, shapes, "
+                        "and anything written in it, in a few plain words."
+                    ),
+                )
             ],
             max_completion_tokens=1,
         )
@@ -270,7 +265,7 @@ def test_the_request_log_records_each_request_s_own_media(server: Any, log_path:
     client, _, _ = server
     oa, _ = clients(client)
     image = png(32, 32, seed=11)
-    content = [{"type": "image_url", "image_url": {"url": data_uri(image)}}] * 2
+    content = [image_part(data_uri(image))] * 2
     oa.chat.completions.create(
         model="tiny-vision-text",
         messages=[{"role": "user", "content": content}],
@@ -282,7 +277,7 @@ def test_the_request_log_records_each_request_s_own_media(server: Any, log_path:
             messages=[
                 {
                     "role": "user",
-                    "content": [{"type": "image_url", "image_url": {"url": data_uri(b"nope")}}],
+                    "content": [image_part(data_uri(b"nope"))],
                 }
             ],
             max_completion_tokens=1,
@@ -313,13 +308,7 @@ def test_images_in_tool_results_keep_their_order_through_the_three_protocols(ser
     oa.chat.completions.create(
         model="tiny-vision-text",
         messages=[
-            {
-                "role": "user",
-                "content": [
-                    {"type": "text", "text": "Compare"},
-                    {"type": "image_url", "image_url": {"url": data_uri(photo)}},
-                ],
-            },
+            chat_user(text_part("Compare"), image_part(data_uri(photo))),
             {
                 "role": "assistant",
                 "content": None,
@@ -334,7 +323,7 @@ def test_images_in_tool_results_keep_their_order_through_the_three_protocols(ser
             {
                 "role": "tool",
                 "tool_call_id": "c1",
-                "content": [{"type": "image_url", "image_url": {"url": data_uri(shot)}}],
+                "content": [image_part(data_uri(shot))],
             },
         ],
         tools=[

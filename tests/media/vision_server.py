@@ -8,14 +8,10 @@ engine Request, and the vision tower and MRoPE of the CPU executor.
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-import uvicorn
 
 from artifacts.fixture_vision import build_vision_fixture, vision_tokenizer
 from ninfer.api.observability.metrics import route_handlers as metrics_routes
@@ -26,7 +22,7 @@ from ninfer.api.server.engine import start_engine
 from ninfer.api.server.state import ServerState
 from ninfer.artifact import Artifact
 from ninfer.media.fetch import FetchLimits
-from tests.api.live_app import serve_config
+from tests.api.live_app import serve_config, uvicorn_url
 
 __all__ = ["build_vision_artifact", "vision_server", "vision_tokenizer"]
 
@@ -59,21 +55,10 @@ def vision_server(
     log = RequestLog.open(str(request_log), artifact) if request_log is not None else None
     observability = Observability.start(state, Artifact(artifact), request_log=log, argv=[])
     app = create_app(state, extra_handlers=metrics_routes(state))
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error", lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
     try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.02)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        yield f"http://127.0.0.1:{port}", state
+        with uvicorn_url(app, log_level="error", lifespan="on") as url:
+            yield url, state
     finally:
-        server.should_exit = True
-        thread.join(30)
         state.engine.close()
         state.extra["media"].close()
         observability.close()

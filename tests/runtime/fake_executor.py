@@ -213,6 +213,11 @@ def reference_tokens(
             return out
 
 
+def prompt(n: int, seed: int = 1) -> list[int]:
+    """A deterministic prompt of `n` ids in 1..31 (never 0, the harnesses' EOS id)."""
+    return [(seed * 7 + i * 13) % 31 + 1 for i in range(n)]
+
+
 def greedy_sample(logits: torch.Tensor) -> list[int]:
     return logits.argmax(dim=-1).tolist()
 

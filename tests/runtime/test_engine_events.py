@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from fake_executor import FakeExecutor, SchedulerHarness, check_cycles, reference_tokens
+from fake_executor import FakeExecutor, SchedulerHarness, check_cycles, prompt, reference_tokens
 
 from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.engine import Engine
@@ -24,10 +24,6 @@ from ninfer.runtime.request import (
 from ninfer.runtime.sequence import SeqStatus
 
 VOCAB, EOS, T = 32, (0,), 20
-
-
-def prompt(n: int, seed: int = 1) -> list[int]:
-    return [(seed * 7 + i * 13) % 31 + 1 for i in range(n)]  # never 0 (the EOS id)
 
 
 def harness(hybrid: bool = False, **cfg) -> SchedulerHarness:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import pytest
 from real_engine import alone, greedy, random_prompt, settled
@@ -216,6 +217,13 @@ def _submit_collect(engine: Engine, request: Request) -> tuple[RequestOutput, li
     return handle.result(T), events
 
 
+def _computed(engine: Engine, ex: Any, request: Request) -> tuple[RequestOutput, list, int]:
+    """`_submit_collect` of `request`, with the tokens the executor computed for it."""
+    before = ex.tokens_computed
+    out, events = _submit_collect(engine, request)
+    return out, events, ex.tokens_computed - before
+
+
 def _check_events(events: list, out: RequestOutput) -> None:
     """The stream announces the same reuse as the final usage, and carries every token."""
     admitted = [e for e in events if isinstance(e, AdmittedEvent)]
@@ -232,12 +240,8 @@ def test_repeated_long_prompt_reuses_cached_pages_and_skips_its_prefill(fixture_
     ex = _executor(path, 2048)
     request = Request(random_prompt(LONG, seed=7, vocab=ex.vocab_size), greedy(OUT))
     with _engine(ex, lanes=2) as engine:
-        before = ex.tokens_computed
-        first, _ = _submit_collect(engine, request)
-        first_computed = ex.tokens_computed - before
-        before = ex.tokens_computed
-        second, events = _submit_collect(engine, request)
-        second_computed = ex.tokens_computed - before
+        first, _, first_computed = _computed(engine, ex, request)
+        second, events, second_computed = _computed(engine, ex, request)
         stats = settled(engine)
     assert first.usage.cached_tokens == 0 and first.usage.reuse_path == "root"
     assert first_computed == LONG + OUT - 1  # the prompt, then one decode per later token
@@ -264,12 +268,8 @@ def test_hybrid_prefix_reuse_resumes_from_the_marked_checkpoint(fixture_artifact
     fork = Request(forked, greedy(OUT))
     with _engine(ex, lanes=2) as engine:
         first, _ = _submit_collect(engine, request)
-        before = ex.tokens_computed
-        second, events = _submit_collect(engine, request)
-        second_computed = ex.tokens_computed - before
-        before = ex.tokens_computed
-        third, fork_events = _submit_collect(engine, fork)
-        third_computed = ex.tokens_computed - before
+        second, events, second_computed = _computed(engine, ex, request)
+        third, fork_events, third_computed = _computed(engine, ex, fork)
         stats = settled(engine)
     # three selections, two reused a prefix; the state images the throughput log counts
     assert stats.cache_selections_total == 3 and stats.cache_selection_hits_total == 2
@@ -296,6 +296,14 @@ def test_hybrid_prefix_reuse_resumes_from_the_marked_checkpoint(fixture_artifact
 # -- cancellation ----------------------------------------------------------------------------
 
 
+def _four_requests(vocab: int, first_len: int, seed: int, max_tokens: int) -> list[Request]:
+    """Four greedy requests of `max_tokens` on random prompts 9 tokens apart in length."""
+    return [
+        Request(random_prompt(first_len + 9 * i, seed=seed + i, vocab=vocab), greedy(max_tokens))
+        for i in range(4)
+    ]
+
+
 def _cancel_mid_decode(engine: Engine, requests: list[Request]) -> list[RequestOutput]:
     """Submit all, and cancel each once its first output tokens have been read."""
     handles = [engine.submit(r) for r in requests]
@@ -313,9 +321,7 @@ def test_cancel_mid_decode_frees_lanes_pages_and_slots(arch, fixture_artifacts):
     ex = _executor(path, SMALL_POOL)
     vocab = ex.vocab_size
     # each fits the pool alone (47 + 140 <= 192), so none can end by itself before its cancel
-    requests = [
-        Request(random_prompt(20 + 9 * i, seed=200 + i, vocab=vocab), greedy(140)) for i in range(4)
-    ]
+    requests = _four_requests(vocab, first_len=20, seed=200, max_tokens=140)
     with _engine(ex, lanes=4, prefix_reuse=False) as engine:
         outs = _cancel_mid_decode(engine, requests)
         stats = settled(engine)
@@ -338,9 +344,7 @@ def test_cancelled_requests_leave_only_reclaimable_prefix_pages(arch, fixture_ar
     path = str(fixture_artifacts(arch))
     ex = _executor(path, SMALL_POOL)
     vocab = ex.vocab_size
-    requests = [
-        Request(random_prompt(40 + 9 * i, seed=400 + i, vocab=vocab), greedy(120)) for i in range(4)
-    ]
+    requests = _four_requests(vocab, first_len=40, seed=400, max_tokens=120)
     with _engine(ex, lanes=4) as engine:
         outs = _cancel_mid_decode(engine, requests)
         assert all(o.finish_reason == "cancelled" for o in outs)

@@ -17,7 +17,7 @@ import itertools
 import logging
 
 import pytest
-from fake_executor import FakeExecutor, SchedulerHarness, check_cycles
+from fake_executor import FakeExecutor, SchedulerHarness, check_cycles, prompt
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -39,10 +39,6 @@ from ninfer.runtime.step import StateCopy
 PAGE_BYTES, STATE_BYTES = 256 << 10, 128 << 10
 MIB = 1 << 20
 T = 20  # seconds: generous bound for any wait
-
-
-def prompt(n: int, seed: int = 1) -> list[int]:
-    return [(seed * 7 + i * 13) % 31 + 1 for i in range(n)]  # never 0 (the EOS id)
 
 
 def harness(hybrid: bool = False, snapshots: bool = True, **cfg) -> SchedulerHarness:

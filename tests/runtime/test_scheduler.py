@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from fake_executor import SchedulerHarness, reference_tokens
+from fake_executor import SchedulerHarness, prompt, reference_tokens
 
 from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.request import (
@@ -19,10 +19,6 @@ from ninfer.runtime.request import (
     SamplingParams,
 )
 from ninfer.runtime.sequence import SeqStatus
-
-
-def prompt(n: int, seed: int = 1) -> list[int]:
-    return [(seed * 7 + i * 13) % 31 + 1 for i in range(n)]  # never 0 (the EOS id)
 
 
 def harness(**cfg) -> SchedulerHarness:

@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: intra-op threads only contend on the shared 2-core CI machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _single_threaded(one_thread):
+    """Every module here runs with one intra-op thread (tests/conftest.py, one_thread)."""

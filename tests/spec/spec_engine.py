@@ -4,14 +4,16 @@ draft for another; a model drafting for itself is accepted almost always)."""
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ninfer.artifact.format import Artifact
 from ninfer.runtime.build import build_engine
 from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.engine import Engine, EngineStats
 from ninfer.runtime.request import Request, RequestOutput
+from tests.runtime.real_engine import settled
 
 T = 60.0  # seconds: a generous bound for any wait
 
@@ -28,20 +30,27 @@ def make_engine(target: Path, draft: Path | None, k: int = 4, **options) -> Engi
     return build_engine(Artifact(target), EngineOptions.of(**options))
 
 
+def plain_and_spec(
+    target: Path,
+    draft: Path,
+    requests: Callable[[], list[Request]],
+    k: int = 4,
+    **options: Any,
+) -> tuple[list[RequestOutput], list[RequestOutput], EngineStats]:
+    """`requests()` on a plain engine on `target`, then on one speculating with `draft` (the
+    same `options`): (plain outputs, speculative outputs, the speculative engine's settled
+    stats)."""
+    with make_engine(target, None, **options) as plain:
+        want = run(plain, requests())
+    with make_engine(target, draft, k=k, **options) as spec:
+        outs = run(spec, requests())
+        stats = settled(spec)
+    return want, outs, stats
+
+
 def run(engine: Engine, requests: list[Request]) -> list[RequestOutput]:
     handles = [engine.submit(r) for r in requests]
     return [h.result(T) for h in handles]
-
-
-def settled(engine: Engine) -> EngineStats:
-    """The snapshot once nothing runs, waits or is paused (published just after the finish)."""
-    deadline = time.monotonic() + T
-    while True:
-        s = engine.snapshot()
-        if s.running == s.waiting == s.paused == 0:
-            return s
-        assert time.monotonic() < deadline, s
-        time.sleep(0.005)
 
 
 def check_counters(outs: list[RequestOutput], stats: EngineStats, k: int) -> None:

@@ -16,7 +16,7 @@ from ninfer import LLM, SamplingParams
 from ninfer.artifact.format import Artifact
 from ninfer.errors import ConfigError
 from ninfer.runtime.request import Request
-from tests.spec.spec_engine import check_counters, make_engine, run, settled
+from tests.spec.spec_engine import check_counters, make_engine, plain_and_spec, run
 
 LENGTHS = (3, 9, 17, 32, 47, 64, 85, 120)
 OUTPUTS = (1, 2, 3, 21, 14, 6, 11, 17)  # 1 and 2: never a window; 3: one draft at most
@@ -43,11 +43,8 @@ def test_greedy_speculation_equals_plain_decoding(arch, drafter, fixture_artifac
     target = fixture_artifacts(arch)
     draft = target if drafter == "self" else fixture_artifacts(drafter)
     requests = _requests()
-    with make_engine(target, None, max_concurrency=8) as plain:
-        want = [o.token_ids for o in run(plain, requests)]
-    with make_engine(target, draft, k=4, max_concurrency=8) as spec:
-        outs = run(spec, requests)
-        stats = settled(spec)
+    want, outs, stats = plain_and_spec(target, draft, lambda: requests, max_concurrency=8)
+    want = [o.token_ids for o in want]
     assert [o.token_ids for o in outs] == want
     assert [o.usage.completion_tokens for o in outs] == list(OUTPUTS)
     check_counters(outs, stats, 4)
@@ -68,11 +65,8 @@ def test_greedy_speculation_equals_plain_decoding(arch, drafter, fixture_artifac
 def test_one_lane_and_other_windows(k, fixture_artifacts):
     target = fixture_artifacts("qwen3")
     requests = _requests(5)[3:5]
-    with make_engine(target, None, max_concurrency=1) as plain:
-        want = [o.token_ids for o in run(plain, requests)]
-    with make_engine(target, target, k=k, max_concurrency=1) as spec:
-        outs = run(spec, requests)
-        stats = settled(spec)
+    want, outs, stats = plain_and_spec(target, target, lambda: requests, k=k, max_concurrency=1)
+    want = [o.token_ids for o in want]
     assert [o.token_ids for o in outs] == want
     check_counters(outs, stats, k)
 
@@ -90,11 +84,8 @@ def test_pauses_under_a_tiny_pool_change_nothing(arch, route, fixture_artifacts)
         for r in _requests()
     ]
     pool = {"kv_capacity": 192, "host_context_mib": 0 if route == "replay" else 64}
-    with make_engine(target, None, max_concurrency=8, **pool) as plain:
-        want = [o.token_ids for o in run(plain, requests)]
-    with make_engine(target, draft, k=4, max_concurrency=8, **pool) as spec:
-        outs = run(spec, requests)
-        stats = settled(spec)
+    want, outs, stats = plain_and_spec(target, draft, lambda: requests, max_concurrency=8, **pool)
+    want = [o.token_ids for o in want]
     assert [o.token_ids for o in outs] == want
     assert stats.preemptions_total > 0, stats
     check_counters(outs, stats, 4)
@@ -124,11 +115,7 @@ def test_eos_stops_and_thinking_budget_on_the_trained_model(
         return out
 
     draft = tiny_agent if drafter == "self" else fixture_artifacts(drafter)
-    with make_engine(tiny_agent, None, max_concurrency=8) as plain:
-        want = run(plain, requests())
-    with make_engine(tiny_agent, draft, k=4, max_concurrency=8) as spec:
-        outs = run(spec, requests())
-        stats = settled(spec)
+    want, outs, stats = plain_and_spec(tiny_agent, draft, requests, max_concurrency=8)
     assert [o.token_ids for o in outs] == [o.token_ids for o in want]
     assert [o.finish_reason for o in outs] == [o.finish_reason for o in want]
     assert [o.usage.thinking_forced_tokens for o in outs] == [
@@ -184,11 +171,8 @@ def test_penalties_count_the_drafts_before_each_position(fixture_artifacts):
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True,
                             presence_penalty=1.5, frequency_penalty=1.0)  # fmt: skip
     requests = [Request(r.prompt_token_ids, params) for r in _requests(3)]
-    with make_engine(target, None, max_concurrency=4) as plain:
-        want = [o.token_ids for o in run(plain, requests)]
-    with make_engine(target, draft, k=4, max_concurrency=4) as spec:
-        outs = run(spec, requests)
-        stats = settled(spec)
+    want, outs, stats = plain_and_spec(target, draft, lambda: requests, max_concurrency=4)
+    want = [o.token_ids for o in want]
     assert [o.token_ids for o in outs] == want
     assert stats.spec_decode_accepted_tokens_total > 0
 

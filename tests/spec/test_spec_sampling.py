@@ -19,7 +19,8 @@ from ninfer.runtime.config import NO_TIMEOUT_MS
 from ninfer.runtime.executors.sampler import Sampler
 from ninfer.runtime.request import Request, SamplingParams
 from ninfer.spec.verify import rejection_sample
-from tests.spec.spec_engine import make_engine, run, settled
+from tests.runtime.real_engine import settled
+from tests.spec.spec_engine import make_engine, run
 
 PARAMS = SamplingParams(temperature=0.7, top_p=0.9)
 PROMPT = (5, 6, 7, 8, 9)

@@ -8,19 +8,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
 from media_prompts import PromptBuilder
 
 from artifacts.fixture_vision import build_vision_fixture, build_vision_hf_dir
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: intra-op threads only contend on the shared 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _single_threaded(one_thread):
+    """Every module here runs with one intra-op thread (tests/conftest.py, one_thread)."""
 
 
 @pytest.fixture(scope="session")

@@ -50,6 +50,7 @@ from ninfer.api.service.output_constraints import (
     tool_constraint,
     vllm_fields,
 )
+from ninfer.api.service.prompt_cache import MAX_CACHE_WRITES
 from ninfer.api.service.stops import validate_stops
 from ninfer.api.service.template_options import REASONING_EFFORTS
 from ninfer.api.service.tool_fields import (
@@ -79,7 +80,6 @@ __all__ = [
 ]  # fmt: skip
 
 TOP_K_MAX = 20
-MAX_CACHE_WRITES = 4  # prompt-cache write candidates per request
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from ninfer.api.service.media_path import MediaPath
 
 FETCH_OUTCOMES = ("ok", "failure", "timeout")
 LOOKUP_RESULTS = ("hit", "miss", "join")
+COUNTER, GAUGE = "counter", "gauge"
 
 
 def media_families(media: MediaPath | None) -> Iterator[Metric]:
@@ -59,14 +60,12 @@ def media_families(media: MediaPath | None) -> Iterator[Metric]:
     for outcome in FETCH_OUTCOMES:
         fetches.add_metric([outcome], outcomes[outcome])
     yield fetches
-    yield CounterMetricFamily(
-        "ninfer_media_fetch_refused",
-        "Media URLs refused for an address the fetch policy forbids, before any connection",
-        value=fetch.get("refused", 0),
-    )
-    yield CounterMetricFamily(
-        "ninfer_media_fetch_bytes", "Media body bytes received", value=fetch.get("bytes", 0)
-    )
+    yield from _scalars(
+        (COUNTER, "ninfer_media_fetch_refused",
+         "Media URLs refused for an address the fetch policy forbids, before any connection",
+         fetch.get("refused", 0)),
+        (COUNTER, "ninfer_media_fetch_bytes", "Media body bytes received", fetch.get("bytes", 0)),
+    )  # fmt: skip
     lookups = CounterMetricFamily(
         "ninfer_media_cache_lookups",
         "Prepared-media cache lookups: hit, miss (a new build) or join (single flight)",
@@ -75,46 +74,32 @@ def media_families(media: MediaPath | None) -> Iterator[Metric]:
     for result, key in zip(LOOKUP_RESULTS, ("hits", "misses", "joins"), strict=True):
         lookups.add_metric([result], cache.get(key, 0))
     yield lookups
-    yield CounterMetricFamily(
-        "ninfer_media_cache_evictions",
-        "Retained prepared payloads dropped by LRU (--media-cache-mib)",
-        value=cache.get("evictions", 0),
-    )
-    yield CounterMetricFamily(
-        "ninfer_media_budget_rejections",
-        "Media builds refused by the live budget (--media-live-mib)",
-        value=cache.get("rejections", 0),
-    )
-    yield GaugeMetricFamily(
-        "ninfer_media_cache_retained_bytes",
-        "Prepared payload bytes retained for later requests",
-        value=cache.get("retained_bytes", 0),
-    )
-    yield GaugeMetricFamily(
-        "ninfer_media_live_bytes",
-        "Prepared payload bytes referenced by the cache, requests or the runtime",
-        value=cache.get("live_bytes", 0),
-    )
-    yield CounterMetricFamily(
-        "ninfer_media_preprocess_tasks",
-        "Media decode/resize/pack tasks run by the preprocessing workers",
-        value=pool.get("tasks", 0),
-    )
-    yield CounterMetricFamily(
-        "ninfer_media_preprocess_seconds",
-        "Worker wall time of media preprocessing (--media-preprocess-threads)",
-        value=pool.get("work_seconds", 0.0),
-    )
-    yield CounterMetricFamily(
-        "ninfer_media_gate_waits",
-        "Requests that waited for a media preparation permit",
-        value=gate_waits,
-    )
-    yield CounterMetricFamily(
-        "ninfer_media_prompts", "Generation prompts that carried images or videos", value=prompts
-    )
-    yield CounterMetricFamily(
-        "ninfer_media_vision_tokens",
-        "Merged vision tokens placed in generation prompts",
-        value=vision_tokens,
-    )
+    yield from _scalars(
+        (COUNTER, "ninfer_media_cache_evictions",
+         "Retained prepared payloads dropped by LRU (--media-cache-mib)", cache.get("evictions", 0)),
+        (COUNTER, "ninfer_media_budget_rejections",
+         "Media builds refused by the live budget (--media-live-mib)", cache.get("rejections", 0)),
+        (GAUGE, "ninfer_media_cache_retained_bytes",
+         "Prepared payload bytes retained for later requests", cache.get("retained_bytes", 0)),
+        (GAUGE, "ninfer_media_live_bytes",
+         "Prepared payload bytes referenced by the cache, requests or the runtime",
+         cache.get("live_bytes", 0)),
+        (COUNTER, "ninfer_media_preprocess_tasks",
+         "Media decode/resize/pack tasks run by the preprocessing workers", pool.get("tasks", 0)),
+        (COUNTER, "ninfer_media_preprocess_seconds",
+         "Worker wall time of media preprocessing (--media-preprocess-threads)",
+         pool.get("work_seconds", 0.0)),
+        (COUNTER, "ninfer_media_gate_waits", "Requests that waited for a media preparation permit",
+         gate_waits),
+        (COUNTER, "ninfer_media_prompts", "Generation prompts that carried images or videos",
+         prompts),
+        (COUNTER, "ninfer_media_vision_tokens", "Merged vision tokens placed in generation prompts",
+         vision_tokens),
+    )  # fmt: skip
+
+
+def _scalars(*rows: tuple[str, str, str, float]) -> Iterator[Metric]:
+    """One unlabelled family per (kind, name, help, value) row, in order."""
+    for kind, name, text, value in rows:
+        family = CounterMetricFamily if kind == COUNTER else GaugeMetricFamily
+        yield family(name, text, value=value)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from litestar import Request, Response, delete, get, post
@@ -229,18 +229,23 @@ async def _chain(
 # -----------------------------------------------------------------------------------------------
 
 
+async def _decode(
+    state: ServerState, request: Request[Any, Any, Any], parse: Callable[..., Any]
+) -> Any:
+    """The request body decoded and parsed by `parse` (a Responses request parser) for this
+    server's model, --vision setting and reasoning seal."""
+    return await decode_body(
+        request,
+        lambda body: parse(
+            body, model_id=state.model_id, vision=state.config.vision, seal=reasoning_seal(state)
+        ),
+    )
+
+
 def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
     @post("/v1/responses", status_code=200)
     async def create(request: Request[Any, Any, Any]) -> Response[Any]:
-        req = await decode_body(
-            request,
-            lambda body: parse_create_request(
-                body,
-                model_id=state.model_id,
-                vision=state.config.vision,
-                seal=reasoning_seal(state),
-            ),
-        )
+        req = await _decode(state, request, parse_create_request)
         p = prepare(state, req)
         _precheck_store(state, p, state.model_id)
         if req.store:
@@ -281,15 +286,7 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
 
     @post("/v1/responses/input_tokens", status_code=200)
     async def input_tokens(request: Request[Any, Any, Any]) -> dict[str, Any]:
-        req = await decode_body(
-            request,
-            lambda body: parse_count_request(
-                body,
-                model_id=state.model_id,
-                vision=state.config.vision,
-                seal=reasoning_seal(state),
-            ),
-        )
+        req = await _decode(state, request, parse_count_request)
         p = prepare(state, req)
         # rendering and tokenising run in a thread: on the event loop they stalled every
         # connection for seconds on a large input

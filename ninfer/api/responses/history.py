@@ -24,9 +24,8 @@ from typing import Any
 
 from ninfer.api.responses.tools import ToolSet
 from ninfer.api.service.generation import CachePoint, content_units
+from ninfer.api.service.prompt_cache import MAX_CACHE_WRITES
 from ninfer.api.wire.errors import ApiError, invalid_tool_history
-
-MAX_CACHE_WRITES = 4
 
 
 def invalid_assistant_history(param: str | None, message: str) -> ApiError:

@@ -18,8 +18,8 @@ from tokenizers import Tokenizer
 from ninfer.api.server.config import check_vision_plan, kv_pool_warning
 from ninfer.api.server.state import ServerState
 from ninfer.api.service.media_path import build_media_path
-from ninfer.api.service.model_service import ModelService, SamplerDefaults
-from ninfer.api.service.sampling import SamplerPolicy
+from ninfer.api.service.model_service import ModelService
+from ninfer.api.service.sampling import SamplerDefaults, SamplerPolicy
 from ninfer.api.service.template import artifact_template
 from ninfer.artifact import Artifact
 from ninfer.constrain import TokenizerInfo

@@ -18,7 +18,6 @@ import secrets
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from tokenizers import Tokenizer
@@ -36,20 +35,18 @@ from ninfer.api.service.media_prompt import split_media
 from ninfer.api.service.observe import NO_TRACK, Observer, RequestTrack
 from ninfer.api.service.output_constraints import constraint_error
 from ninfer.api.service.postprocess import PostProcessor
-from ninfer.api.service.prompt_cache import prompt_checkpoints
 from ninfer.api.service.prompt_encoding import PromptEncoder
+from ninfer.api.service.prompt_prep import Prepared, prepare_prompt
 from ninfer.api.service.reasoning import (
     THINK_CLOSE,
-    prompt_starts_in_thinking,
     resolve_thinking_budget,
     thinking_budget_suffix_ids,
 )
-from ninfer.api.service.sampling import FIELDS, SamplerPolicy
-from ninfer.api.service.template import ChatTemplate, RenderedPrompt
+from ninfer.api.service.sampling import FIELDS, SamplerDefaults, SamplerPolicy
+from ninfer.api.service.template import ChatTemplate
 from ninfer.api.wire import errors
 from ninfer.api.wire.errors import ApiError
 from ninfer.api.wire.offload import gc_paused
-from ninfer.artifact.generation import effective_defaults
 from ninfer.constrain import (
     Constraint,
     ConstraintError,
@@ -57,8 +54,7 @@ from ninfer.constrain import (
     TokenizerInfo,
     compile_constraint,
 )
-from ninfer.media.preparer import PreparedItem, request_log_fields
-from ninfer.runtime.media_span import MediaSpan
+from ninfer.media.preparer import PreparedItem
 from ninfer.runtime.request import (
     AdmittedEvent,
     EngineError,
@@ -72,41 +68,6 @@ from ninfer.runtime.request import (
     SchedulingEvent,
     TokensEvent,
 )
-
-MAX_CACHE_WRITES = 4  # prompt-cache write candidates one request may carry
-
-
-@dataclass(frozen=True)
-class SamplerDefaults:
-    """Process-level sampling: artifact generation defaults overlaid by --temperature etc."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int | None = None
-    greedy: bool = False
-
-    @classmethod
-    def resolve(cls, generation: dict[str, Any], overrides: dict[str, Any]) -> SamplerDefaults:
-        base: dict[str, Any] = dict(effective_defaults(generation))
-        base.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**base)
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A prepared prompt. `media`: its MediaSpans (empty without images/videos); `media_log`:
-    the request's media fields for the request log (None without media)."""
-
-    prompt_ids: list[int]
-    prompt_text: str
-    starts_in_thinking: bool
-    checkpoint_positions: tuple[int, ...]
-    media: tuple[MediaSpan, ...] = ()
-    media_log: dict[str, Any] | None = None
 
 
 class ModelService:
@@ -127,7 +88,7 @@ class ModelService:
         template: ChatTemplate,
         eos_ids: tuple[int, ...],
         max_context: int,
-        sampler_defaults: SamplerDefaults = SamplerDefaults(),
+        sampler_defaults: SamplerDefaults | None = None,
         sampler_policy: SamplerPolicy | None = None,
         default_thinking_budget: int | None = None,
         observer: Observer | None = None,
@@ -145,6 +106,7 @@ class ModelService:
         self.encoder = PromptEncoder(tokenizer, template.control_tokens)
         self.eos_ids = frozenset(eos_ids)
         self.max_context = max_context
+        sampler_defaults = sampler_defaults or SamplerDefaults()
         self.sampler_defaults = sampler_defaults
         self.sampler_policy = sampler_policy or SamplerPolicy(
             "",
@@ -169,58 +131,15 @@ class ModelService:
     def prepare(self, req: GenerationRequest, media: Sequence[PreparedItem] = ()) -> Prepared:
         """Render and encode the prompt, with `media` (the request's images and videos, from
         `prepare_media`) placed in it; raises ApiError (invalid_prompt, context_length_exceeded,
-        media_budget_exceeded) when it cannot be served."""
-        param = "input" if req.protocol == "responses" else "messages"  # the conversation's field
-        messages, inputs = split_media(req.messages, param)
-        if len(inputs) != len(media):
-            raise ValueError(f"{len(inputs)} media items in the prompt, {len(media)} prepared")
-        if inputs:  # the template sees the items' types, not their sources
-            req = dataclasses.replace(req, messages=messages)
-        rendered = self.template.render(
-            req.messages,
-            tools=req.tools,
-            add_generation_prompt=not req.continue_final_message,
-            continue_final_message=req.continue_final_message,
-            options=req.template_options,
+        media_budget_exceeded) when it cannot be served (ninfer.api.service.prompt_prep)."""
+        return prepare_prompt(
+            req,
+            media,
+            template=self.template,
+            encoder=self.encoder,
+            max_context=self.max_context,
+            media_path=self.media,
         )
-        # a long prompt is counted chunk by chunk first: one tokenizer call on megabytes holds
-        # the GIL (and so the event loop) for seconds, to find what a partial count shows
-        at_least = self.encoder.count_at_least(
-            rendered.text, rendered.special_spans, stop_at=self.max_context
-        )
-        if at_least >= self.max_context:
-            raise ApiError(
-                400,
-                f"the prompt has at least {at_least} tokens but the context ceiling is"
-                f" {self.max_context} (--max-context, or the KV pool of --kv-capacity when"
-                " smaller), leaving no room for output",
-                code="context_length_exceeded",
-                param=param,
-            )
-        text_ids = self.encoder.encode(rendered.text, rendered.special_spans)
-        if not text_ids:
-            raise ApiError(400, "the rendered prompt is empty", code="invalid_prompt", param=param)
-        place = self.media.place if self.media is not None and media else None
-        expansion = place(text_ids, media, self.encoder.encode_text, param) if place else None
-        ids = expansion.ids if expansion is not None else text_ids
-        if len(ids) >= self.max_context:
-            raise ApiError(
-                400,
-                f"the prompt has {len(ids)} tokens but the context ceiling is {self.max_context}"
-                " (--max-context, or the KV pool of --kv-capacity when smaller), leaving no room"
-                " for output",
-                code="context_length_exceeded",
-                param=param,
-            )
-        checkpoints = self._checkpoints(req, rendered, text_ids)
-        starts = prompt_starts_in_thinking(rendered.text, rendered.special_spans)
-        if expansion is None:
-            return Prepared(ids, rendered.text, starts, checkpoints)
-        checkpoints = tuple(expansion.position(p) for p in checkpoints)
-        log = dict(
-            request_log_fields([m.stats for m in media]), vision_tokens=expansion.vision_tokens
-        )
-        return Prepared(ids, rendered.text, starts, checkpoints, expansion.spans, log)
 
     async def prepare_media(self, req: GenerationRequest) -> list[PreparedItem]:
         """The request's images and videos prepared off the event loop, in prompt order ([]
@@ -245,26 +164,6 @@ class ModelService:
         finally:
             release(media)
         return len(prepared.prompt_ids)
-
-    def _checkpoints(
-        self, req: GenerationRequest, rendered: RenderedPrompt, ids: list[int]
-    ) -> tuple[int, ...]:
-        """Prefix checkpoints at semantic boundaries: the end of the conversation before the
-        generation prompt, the end of each part a cache hint marks and, when a write slot is
-        left, the implicit candidate (ninfer.api.service.prompt_cache).
-        A boundary counts only where it is an exact token frontier of the prompt."""
-
-        def render(messages: list[dict[str, Any]], generation_prompt: bool) -> RenderedPrompt:
-            return self.template.render(
-                messages,
-                tools=req.tools,
-                add_generation_prompt=generation_prompt,
-                continue_final_message=req.continue_final_message,
-                options=req.template_options,
-            )
-
-        implicit = req.implicit_cache_point and len(req.cache_points) < MAX_CACHE_WRITES
-        return prompt_checkpoints(req, rendered, ids, self.encoder, render, implicit)
 
     def _prepare_quietly(
         self, req: GenerationRequest, media: Sequence[PreparedItem] = ()

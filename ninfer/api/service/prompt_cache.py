@@ -37,6 +37,7 @@ from ninfer.api.service.prompt_encoding import PromptEncoder
 from ninfer.api.service.template import RenderedPrompt
 from ninfer.api.wire.errors import ApiError
 
+MAX_CACHE_WRITES = 4  # prompt-cache write candidates one request may carry
 _MARK_BASE = 0x100000  # plane-16 private use: one marker character per breakpoint
 
 Render = Callable[[list[dict[str, Any]], bool], RenderedPrompt]  # (messages, gen. prompt)

@@ -61,3 +61,23 @@ class SamplerPolicy:
         k = int(out["top_k"] or 0)
         out["top_k"] = TOP_K_CAP if k <= 0 else min(k, TOP_K_CAP)
         return out
+
+
+@dataclass(frozen=True)
+class SamplerDefaults:
+    """Process-level sampling: artifact generation defaults overlaid by --temperature etc."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    greedy: bool = False
+
+    @classmethod
+    def resolve(cls, generation: dict[str, Any], overrides: dict[str, Any]) -> SamplerDefaults:
+        base: dict[str, Any] = dict(effective_defaults(generation))
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**base)

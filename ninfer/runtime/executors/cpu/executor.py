@@ -90,13 +90,7 @@ class Executor(PlanExecutorBase):
         )
         self._rope: dict[str, torch.Tensor] = {}
         self._last_use = self._liveness()
-        self.media = (
-            None
-            if plan.vision is None
-            else MediaEncoder(
-                self._vision_stage, plan.vision, self.dtype, self.device, plan.outputs[1]
-            )
-        )
+        self.media = MediaEncoder.for_plan(plan, self._vision_stage, self.dtype, self.device)
         self.last_step_seconds = 0.0
         # positions computed by `run` since construction (every chunk token, prefill or decode;
         # state copies excluded): tests read deltas of it to prove prefix reuse skipped work
@@ -138,7 +132,7 @@ class Executor(PlanExecutorBase):
             if self.is_hybrid:
                 self._check_slot(c.state_slot)
                 if c.start_pos == 0:
-                    self.state.reset(c.state_slot)  # type: ignore[union-attr]
+                    self.state.reset([c.state_slot])  # type: ignore[union-attr]
             begin = len(tokens)
             if c.spill_slots:
                 for slot in c.spill_slots:

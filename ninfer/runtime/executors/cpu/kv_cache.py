@@ -17,6 +17,7 @@ State slots, per Gated DeltaNet layer::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -144,6 +145,12 @@ def alloc_state(
 
 
 class StateSlots:
+    """Recurrent state per Gated DeltaNet layer: conv tails [rows, conv_dim, kernel - 1]
+    (compute dtype) and f32 delta-rule states [rows, v_heads, k_dim, v_dim], one row per slot
+    (plus `extra_rows` an executor keeps for itself)."""
+
+    extra_rows = 0
+
     def __init__(
         self,
         caches: dict[str, dict[str, Any]],
@@ -152,16 +159,23 @@ class StateSlots:
         device: torch.device,
     ):
         self.num_slots = num_slots
-        self.conv, self.ssm = alloc_state(caches, num_slots, dtype, device)
+        self.conv, self.ssm = alloc_state(caches, num_slots + self.extra_rows, dtype, device)
 
     def copy(self, src: int, dst: int) -> None:
         for t in (*self.conv.values(), *self.ssm.values()):
-            t[dst] = t[src]
+            t[dst].copy_(t[src])
 
     def tensors(self) -> list[torch.Tensor]:
-        """Every state tensor [num_slots, ...] in a fixed order (conv tails, then S, by layer)."""
+        """Every state tensor [rows, ...] in a fixed order (conv tails, then S, by layer)."""
         return [self.conv[i] for i in sorted(self.conv)] + [self.ssm[i] for i in sorted(self.ssm)]
 
-    def reset(self, slot: int) -> None:
+    def reset(self, slots: Sequence[int]) -> None:
+        """Zero the state of `slots` (sequences that start from position 0)."""
+        if not slots:
+            return
+        idx = torch.tensor(list(slots), dtype=torch.long).to(next(iter(self.ssm.values())).device)
         for t in (*self.conv.values(), *self.ssm.values()):
-            t[slot].zero_()
+            t.index_fill_(0, idx, 0)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.conv.values(), *self.ssm.values()))

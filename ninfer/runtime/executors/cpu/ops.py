@@ -184,18 +184,23 @@ def _cos_sin(ctx: StepContext, a: dict, pos: torch.Tensor, dtype: torch.dtype):
     return out
 
 
+def rotate_half(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int, rotary_dim: int
+) -> torch.Tensor:
+    """Rotate-half rotary of `x` [T, heads * head_dim] on the first `rotary_dim` dims of each
+    head (the rest pass through), by `cos`/`sin` [T, 1, rotary_dim] in `x`'s dtype."""
+    d, rd = head_dim, rotary_dim
+    x = x.unflatten(-1, (-1, d))  # [T, heads, d]
+    xr, xp = x[..., :rd], x[..., rd:]
+    x1, x2 = xr[..., : rd // 2], xr[..., rd // 2 :]
+    out = xr * cos + torch.cat([-x2, x1], dim=-1) * sin
+    return torch.cat([out, xp], dim=-1).flatten(-2) if rd < d else out.flatten(-2)
+
+
 def rotary(ctx: StepContext, a: dict, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor):
     d, rd = a["head_dim"], a["rotary_dim"]
     cos, sin = _cos_sin(ctx, a, pos, q.dtype)
-
-    def rot(x: torch.Tensor) -> torch.Tensor:
-        x = x.unflatten(-1, (-1, d))  # [T, heads, d]
-        xr, xp = x[..., :rd], x[..., rd:]
-        x1, x2 = xr[..., : rd // 2], xr[..., rd // 2 :]
-        out = xr * cos + torch.cat([-x2, x1], dim=-1) * sin
-        return torch.cat([out, xp], dim=-1).flatten(-2) if rd < d else out.flatten(-2)
-
-    qk = rot(torch.cat([q, k], dim=-1))  # q's heads then k's, one pass of elementwise ops
+    qk = rotate_half(torch.cat([q, k], dim=-1), cos, sin, d, rd)  # q's heads then k's: one pass
     return qk[:, : q.shape[-1]], qk[:, q.shape[-1] :]
 
 

@@ -162,13 +162,7 @@ class CudaExecutor(PlanExecutorBase):
         self._last_use = self._liveness()
         # --vision: the plan's vision stage per image / video (eager, outside CUDA Graphs) and
         # 3-axis positions [3, T] for the text rotary (torch.rotary_mrope)
-        self.media = (
-            None
-            if plan.vision is None
-            else MediaEncoder(
-                self._vision_stage, plan.vision, self.dtype, self.device, plan.outputs[1]
-            )
-        )
+        self.media = MediaEncoder.for_plan(plan, self._vision_stage, self.dtype, self.device)
         self._axes = 1 if self.media is None else 3
         self.collect_timings = collect_timings
         self.records: list[StepRecord] = []

@@ -25,7 +25,7 @@ from kernels.kv_cache import alloc_kv_cache, quantize_kv
 from kernels.quant_decode import E2M1_MAX, decode_fp8, encode_fp8
 from ninfer.ir.kv_formats import split_kv
 from ninfer.ir.plan import KVLayout
-from ninfer.runtime.executors.cpu.kv_cache import alloc_state
+from ninfer.runtime.executors.cpu.kv_cache import StateSlots
 
 # the plan's KV storage names -> kernels.kv_cache formats
 _KERNEL_FMT = {
@@ -126,35 +126,12 @@ class CudaKVCache:
         }
 
 
-class CudaStateSlots:
-    """Recurrent state per Gated DeltaNet layer: conv tails [slots + 1, conv_dim, kernel - 1]
-    (compute dtype) and f32 delta-rule states [slots + 1, v_heads, k_dim, v_dim]."""
+class CudaStateSlots(StateSlots):
+    """The reference StateSlots with one more row, `scratch_slot` (= num_slots): the state
+    rows of a CUDA Graph's padding sequences, which never touch a live slot."""
 
-    def __init__(
-        self,
-        caches: dict[str, dict[str, Any]],
-        num_slots: int,
-        dtype: torch.dtype,
-        device: torch.device,
-    ):
-        self.num_slots = num_slots
-        self.scratch_slot = num_slots
-        self.conv, self.ssm = alloc_state(caches, num_slots + 1, dtype, device)
+    extra_rows = 1
 
-    def copy(self, src: int, dst: int) -> None:
-        for t in (*self.conv.values(), *self.ssm.values()):
-            t[dst].copy_(t[src])
-
-    def tensors(self) -> list[torch.Tensor]:
-        """Every state tensor [num_slots + 1, ...] in a fixed order (conv tails, then S)."""
-        return [self.conv[i] for i in sorted(self.conv)] + [self.ssm[i] for i in sorted(self.ssm)]
-
-    def reset(self, slots: list[int]) -> None:
-        if not slots:
-            return
-        idx = torch.tensor(slots, dtype=torch.long).to(next(iter(self.ssm.values())).device)
-        for t in (*self.conv.values(), *self.ssm.values()):
-            t.index_fill_(0, idx, 0)
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.conv.values(), *self.ssm.values()))
+    @property
+    def scratch_slot(self) -> int:
+        return self.num_slots

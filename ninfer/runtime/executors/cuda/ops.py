@@ -49,8 +49,9 @@ GEMMS = (CUBLAS_GEMM, *CUDA_GEMMS.values())
 # Opt-in (NINFER_GDN_PREFILL=fla, package `fla-core`): the chunked Gated DeltaNet rule of fla for
 # prefill chunks of GDN_CHUNKED_MIN_TOKENS or more. On the H200 at Qwen3.5-9B shapes the recurrent
 # kernel takes 0.48 ms at T=256, 1.9 ms at 1024 and 7.8 ms at 4096, fla's chunked one ~1.2 ms up
-# to 1024 (bench/results/h200/gdn_bench.txt). Opt-in until the executor's fla path has been
-# validated on the GPU (its GPU test ran past a 60 s limit in fla's first-call compilation).
+# to 1024 (bench/results/HISTORY.md, h200/gdn_bench.txt). Opt-in until the executor's fla path
+# has been validated on the GPU (its GPU test ran past a 60 s limit in fla's first-call
+# compilation).
 fla_chunk_gated_delta_rule = None
 if os.environ.get("NINFER_GDN_PREFILL", "recurrent") == "fla":
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk_gated_delta_rule

@@ -69,14 +69,7 @@ def rotary_mrope(s: Any, a: dict, q: torch.Tensor, k: torch.Tensor, pos: torch.T
     cos, sin = emb.cos() * scale, emb.sin() * scale
     cos, sin = cos.to(q.dtype)[:, None, :], sin.to(q.dtype)[:, None, :]  # [T, 1, rd]
 
-    def rot(x: torch.Tensor) -> torch.Tensor:
-        x = x.unflatten(-1, (-1, d))  # [T, heads, d]
-        xr, xp = x[..., :rd], x[..., rd:]
-        x1, x2 = xr[..., : rd // 2], xr[..., rd // 2 :]
-        out = xr * cos + torch.cat([-x2, x1], dim=-1) * sin
-        return torch.cat([out, xp], dim=-1).flatten(-2) if rd < d else out.flatten(-2)
-
-    return rot(q), rot(k)
+    return ops_torch.rotate_half(q, cos, sin, d, rd), ops_torch.rotate_half(k, cos, sin, d, rd)
 
 
 def cuda_vision_kernels() -> dict[tuple[str, str], Callable[..., Any]]:

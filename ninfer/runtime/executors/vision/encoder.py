@@ -1,7 +1,7 @@
 """The executor's media path: encode each image / video once with the plan's vision stage and
 hand every step the embeddings of the placeholder rows it computes.
 
-    MediaEncoder(run_stage, plan.vision, dtype, device)
+    MediaEncoder.for_plan(plan, run_stage, dtype, device)   # None: the plan runs no vision
     enc.step_inputs(rows)   # rows: (first step row, chunk) per chunk of the step
       -> media_embeds [M, hidden], media_rows i32[M]   (the text stage's media_merge inputs)
 
@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ninfer.ir.plan import Plan
 from ninfer.ir.plan_sections import VisionLayout
 from ninfer.runtime.executors.vision.geometry import vision_inputs
 from ninfer.runtime.executors.vision.ops import VisionContext
@@ -57,6 +58,16 @@ class MediaEncoder:
         self.timing = False  # CUDA: record events around each run (encode_seconds)
         self._seconds = 0.0
         self._events: list[tuple[Any, Any]] = []
+
+    @classmethod
+    def for_plan(
+        cls, plan: Plan, run_stage: StageRunner, dtype: torch.dtype, device: torch.device
+    ) -> MediaEncoder | None:
+        """The encoder of `plan`'s vision stage (its embeddings are the plan's second output);
+        None when the plan runs no vision stage."""
+        if plan.vision is None:
+            return None
+        return cls(run_stage, plan.vision, dtype, device, plan.outputs[1])
 
     def _key(self, span: MediaSpan) -> tuple:
         if not span.digest:  # the key that tells two items apart
