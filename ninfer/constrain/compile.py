@@ -14,18 +14,10 @@ from typing import Any
 import llguidance
 from llguidance.gbnf_to_lark import any_to_lark
 
+from ninfer.constrain import spec as kinds
 from ninfer.constrain.errors import ConstraintError
 from ninfer.constrain.matcher import Matcher
 from ninfer.constrain.schema import json_schema_grammar
-from ninfer.constrain.spec import (
-    ConstraintSpec,
-    ForcedToolCall,
-    Grammar,
-    JsonObject,
-    JsonSchema,
-    Regex,
-    StrictTools,
-)
 from ninfer.constrain.tokenizer_info import TokenizerInfo
 from ninfer.constrain.tools import forced_calls_lark, strict_tools_lark
 
@@ -36,7 +28,7 @@ class Constraint:
     `thinking`: the output starts inside a thinking block, and the constraint applies from the
     token after `</think>` (`after_thinking()` sets it; the engine's matchers follow it)."""
 
-    spec: ConstraintSpec
+    spec: kinds.ConstraintSpec
     grammar: str = field(repr=False)
     info: TokenizerInfo = field(repr=False)
     thinking: bool = False
@@ -64,14 +56,14 @@ class Constraint:
         return Matcher(engine, self.info, self.info.think_end_id if thinking else None)
 
 
-def compile_constraint(spec: ConstraintSpec, info: TokenizerInfo) -> Constraint:
+def compile_constraint(spec: kinds.ConstraintSpec, info: TokenizerInfo) -> Constraint:
     """Check `spec` and compile it for `info`'s vocabulary. Raises ConstraintError (naming the
     request field and schema path) for anything invalid or not enforceable."""
-    if isinstance(spec, JsonObject):
+    if isinstance(spec, kinds.JsonObject):
         grammar = json_schema_grammar({"type": "object"}, info, strict=True, path=spec.path)
-    elif isinstance(spec, JsonSchema):
+    elif isinstance(spec, kinds.JsonSchema):
         grammar = json_schema_grammar(spec.schema, info, strict=spec.strict, path=spec.path)
-    elif isinstance(spec, Grammar):
+    elif isinstance(spec, kinds.Grammar):
         text = spec.text
         if spec.syntax == "gbnf":
             try:
@@ -79,13 +71,13 @@ def compile_constraint(spec: ConstraintSpec, info: TokenizerInfo) -> Constraint:
             except Exception as e:  # noqa: BLE001  (the converter raises plain exceptions)
                 raise ConstraintError(spec.path, f"invalid GBNF grammar: {e}") from None
         grammar = _checked(llguidance.LLMatcher.grammar_from_lark(text), info, spec.path)
-    elif isinstance(spec, Regex):
+    elif isinstance(spec, kinds.Regex):
         grammar = _checked(llguidance.LLMatcher.grammar_from_regex(spec.pattern), info, spec.path)
-    elif isinstance(spec, (ForcedToolCall, StrictTools)):
+    elif isinstance(spec, (kinds.ForcedToolCall, kinds.StrictTools)):
         for tool in spec.tools:  # each schema's own errors first, with their paths
             if tool.strict:
                 json_schema_grammar(tool.parameters, info, strict=True, path=tool.path)
-        if isinstance(spec, ForcedToolCall):
+        if isinstance(spec, kinds.ForcedToolCall):
             lark = forced_calls_lark(spec.tools, info, spec.parallel)
         else:
             answer = None
@@ -101,16 +93,16 @@ def compile_constraint(spec: ConstraintSpec, info: TokenizerInfo) -> Constraint:
     return Constraint(spec, grammar, info)
 
 
-def _answer_schema(answer: JsonObject | JsonSchema) -> Mapping[str, Any] | bool:
-    return {"type": "object"} if isinstance(answer, JsonObject) else answer.schema
+def _answer_schema(answer: kinds.JsonObject | kinds.JsonSchema) -> Mapping[str, Any] | bool:
+    return {"type": "object"} if isinstance(answer, kinds.JsonObject) else answer.schema
 
 
-def _strict(answer: JsonObject | JsonSchema | None) -> bool:
-    return not isinstance(answer, JsonSchema) or answer.strict
+def _strict(answer: kinds.JsonObject | kinds.JsonSchema | None) -> bool:
+    return not isinstance(answer, kinds.JsonSchema) or answer.strict
 
 
-def _spec_path(spec: ConstraintSpec) -> str:
-    return "tools" if isinstance(spec, (ForcedToolCall, StrictTools)) else spec.path
+def _spec_path(spec: kinds.ConstraintSpec) -> str:
+    return "tools" if isinstance(spec, (kinds.ForcedToolCall, kinds.StrictTools)) else spec.path
 
 
 def _checked(grammar: str, info: TokenizerInfo, path: str) -> str:

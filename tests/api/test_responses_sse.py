@@ -10,18 +10,7 @@ from typing import Any
 
 from ninfer.api.responses.sse import OutputBuilder, SseFramer
 from ninfer.api.responses.tools import parse_tools
-from ninfer.api.service.generation import (
-    Admitted,
-    ContentText,
-    Finished,
-    GenerationEvent,
-    ReasoningText,
-    Timings,
-    ToolCallArgs,
-    ToolCallDone,
-    ToolCallStart,
-    Usage,
-)
+from ninfer.api.service import generation as gen
 from ninfer.api.service.toolcalls import ToolCall
 
 TOOLS = parse_tools({"tools": [
@@ -32,36 +21,36 @@ TOOLS = parse_tools({"tools": [
 
 def finished(
     reason: str, content: str = "", reasoning: str = "", calls: tuple[ToolCall, ...] = ()
-) -> Finished:
-    return Finished(
-        reason, content, reasoning, calls, Usage(10, 5, 0, 2), Timings(0, 10, 1.0, 5, 1.0)
+) -> gen.Finished:
+    return gen.Finished(
+        reason, content, reasoning, calls, gen.Usage(10, 5, 0, 2), gen.Timings(0, 10, 1.0, 5, 1.0)
     )  # type: ignore[arg-type]
 
 
-def run(events: list[GenerationEvent]) -> tuple[OutputBuilder, list[dict[str, Any]]]:
+def run(events: list[gen.GenerationEvent]) -> tuple[OutputBuilder, list[dict[str, Any]]]:
     counter = itertools.count()
     builder = OutputBuilder(TOOLS, make_id=lambda prefix: f"{prefix}{next(counter)}")
     out: list[dict[str, Any]] = []
     for ev in events:
-        out += builder.finish(ev) if isinstance(ev, Finished) else builder.feed(ev)
+        out += builder.finish(ev) if isinstance(ev, gen.Finished) else builder.feed(ev)
     return builder, out
 
 
 CALL = ToolCall("call_1", "mcp__web__search", '{"q": "x"}')
 CALL2 = ToolCall("call_2", "search", '{"q": "y"}')
-STREAM: list[GenerationEvent] = [
-    Admitted(10, 0, "root"),
-    ReasoningText("thin"),
-    ReasoningText("king"),
-    ContentText("Let me "),
-    ContentText("look."),
-    ToolCallStart(0, "call_1", "mcp__web__search"),
-    ToolCallArgs(0, '{"q": '),
-    ToolCallArgs(0, '"x"}'),
-    ToolCallDone(0, CALL),
-    ToolCallStart(1, "call_2", "search"),
-    ToolCallArgs(1, '{"q": "y"}'),
-    ToolCallDone(1, CALL2),
+STREAM: list[gen.GenerationEvent] = [
+    gen.Admitted(10, 0, "root"),
+    gen.ReasoningText("thin"),
+    gen.ReasoningText("king"),
+    gen.ContentText("Let me "),
+    gen.ContentText("look."),
+    gen.ToolCallStart(0, "call_1", "mcp__web__search"),
+    gen.ToolCallArgs(0, '{"q": '),
+    gen.ToolCallArgs(0, '"x"}'),
+    gen.ToolCallDone(0, CALL),
+    gen.ToolCallStart(1, "call_2", "search"),
+    gen.ToolCallArgs(1, '{"q": "y"}'),
+    gen.ToolCallDone(1, CALL2),
     finished("tool_calls", "Let me look.", "thinking", (CALL, CALL2)),
 ]
 
@@ -113,7 +102,7 @@ def test_deltas_concatenate_to_the_terminal_items_and_indexes_are_stable():
 
 def test_length_marks_the_open_item_incomplete_and_invents_no_message():
     builder, events = run(
-        [ReasoningText("still thinking"), finished("length", reasoning="still thinking")]
+        [gen.ReasoningText("still thinking"), finished("length", reasoning="still thinking")]
     )
     assert [it["type"] for it in builder.output] == ["reasoning"]
     assert builder.output[0]["status"] == "incomplete"
@@ -124,7 +113,7 @@ def test_length_marks_the_open_item_incomplete_and_invents_no_message():
 
 
 def test_finished_text_and_calls_beyond_the_deltas_are_emitted():
-    builder, events = run([ContentText("Hel"), finished("tool_calls", "Hello", calls=(CALL2,))])
+    builder, events = run([gen.ContentText("Hel"), finished("tool_calls", "Hello", calls=(CALL2,))])
     assert builder.output[0]["content"][0]["text"] == "Hello"
     assert (
         "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == "Hello"
@@ -139,7 +128,7 @@ def test_finished_text_and_calls_beyond_the_deltas_are_emitted():
 
 
 def test_empty_generation_has_no_items():
-    builder, events = run([Admitted(3, 0, "root"), finished("stop")])
+    builder, events = run([gen.Admitted(3, 0, "root"), finished("stop")])
     assert builder.output == [] and events == []
 
 

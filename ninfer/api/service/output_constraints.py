@@ -27,26 +27,17 @@ from typing import Any, Literal
 from ninfer.api.wire import errors
 from ninfer.api.wire.errors import ApiError
 from ninfer.api.wire.fields import get_bool, get_object, get_str
-from ninfer.constrain import (
-    ConstraintError,
-    ConstraintSpec,
-    ForcedToolCall,
-    Grammar,
-    JsonObject,
-    JsonSchema,
-    Regex,
-    StrictTools,
-    ToolSpec,
-)
+from ninfer.constrain import ConstraintError
+from ninfer.constrain import spec as kinds
 
 ToolMode = Literal["auto", "none", "required"]
 
 
 def json_format(
     fmt: Mapping[str, Any] | None, param: str, *, nested: bool
-) -> ConstraintSpec | None:
-    """A response format object at `param`: None for {"type": "text"}, else JsonObject or
-    JsonSchema. `nested`: the schema sits under `json_schema` (Chat), else beside `type`
+) -> kinds.ConstraintSpec | None:
+    """A response format object at `param`: None for {"type": "text"}, else kinds.JsonObject or
+    kinds.JsonSchema. `nested`: the schema sits under `json_schema` (Chat), else beside `type`
     (Responses' text.format). `strict` defaults to false, as OpenAI's: a keyword the engine
     cannot enforce is then ignored rather than refused."""
     if fmt is None:
@@ -55,7 +46,7 @@ def json_format(
     if kind == "text":
         return None
     if kind == "json_object":
-        return JsonObject(path=param)
+        return kinds.JsonObject(path=param)
     if kind != "json_schema":
         raise errors.invalid_value(
             f"{param}.type", f"must be 'text', 'json_object' or 'json_schema', got {kind!r}"
@@ -72,10 +63,10 @@ def json_format(
         schema = {}
     if not isinstance(schema, (Mapping, bool)):
         raise errors.invalid_type(f"{where}.schema", "an object", schema)
-    return JsonSchema(schema, strict=strict, path=f"{where}.schema")
+    return kinds.JsonSchema(schema, strict=strict, path=f"{where}.schema")
 
 
-def anthropic_format(body: Mapping[str, Any]) -> ConstraintSpec | None:
+def anthropic_format(body: Mapping[str, Any]) -> kinds.ConstraintSpec | None:
     """Anthropic structured outputs: `output_config.format` (and the beta spelling
     `output_format`), {"type": "json_schema", "schema": {...}}; schemas are strict there."""
     cfg = get_object(body, "output_config")
@@ -98,40 +89,40 @@ def anthropic_format(body: Mapping[str, Any]) -> ConstraintSpec | None:
     schema = fmt.get("schema")
     if not isinstance(schema, Mapping):
         raise errors.invalid_type(f"{param}.schema", "an object", schema)
-    return JsonSchema(schema, strict=True, path=f"{param}.schema")
+    return kinds.JsonSchema(schema, strict=True, path=f"{param}.schema")
 
 
-def llama_fields(body: Mapping[str, Any]) -> ConstraintSpec | None:
+def llama_fields(body: Mapping[str, Any]) -> kinds.ConstraintSpec | None:
     """llama.cpp's top-level `json_schema` (a schema, enforced best effort as llama.cpp does)
     and `grammar` (GBNF text); at most one of them."""
-    specs: list[tuple[str, ConstraintSpec]] = []
+    specs: list[tuple[str, kinds.ConstraintSpec]] = []
     schema = body.get("json_schema")
     if schema is not None:
         if not isinstance(schema, (Mapping, bool)):
             raise errors.invalid_type("json_schema", "an object", schema)
-        specs.append(("json_schema", JsonSchema(schema, strict=False, path="json_schema")))
+        specs.append(("json_schema", kinds.JsonSchema(schema, strict=False, path="json_schema")))
     grammar = get_str(body, "grammar")
     if grammar:  # an empty grammar means none, as in llama.cpp
-        specs.append(("grammar", Grammar(grammar, "gbnf", path="grammar")))
+        specs.append(("grammar", kinds.Grammar(grammar, "gbnf", path="grammar")))
     return one_of(specs)
 
 
 VLLM_KINDS = ("json", "regex", "choice", "grammar")
 
 
-def vllm_fields(body: Mapping[str, Any]) -> ConstraintSpec | None:
+def vllm_fields(body: Mapping[str, Any]) -> kinds.ConstraintSpec | None:
     """vLLM's `structured_outputs` object (one of json, regex, choice, grammar, json_object) and
     its older top-level spellings guided_json / guided_regex / guided_choice / guided_grammar;
     at most one constraint among them. A JSON schema may be sent as a JSON string, as vLLM
     accepts; its other members (backend options) have no effect."""
-    specs: list[tuple[str, ConstraintSpec]] = []
+    specs: list[tuple[str, kinds.ConstraintSpec]] = []
     so = get_object(body, "structured_outputs")
     if so is not None and so.get("structural_tag") is not None:
         raise errors.unsupported_parameter(
             "structured_outputs.structural_tag", "structural tags (use json, regex or grammar)"
         )
     if so is not None and get_bool(so, "json_object", "structured_outputs.json_object"):
-        specs.append(("structured_outputs.json_object", JsonObject("structured_outputs")))
+        specs.append(("structured_outputs.json_object", kinds.JsonObject("structured_outputs")))
     for kind in VLLM_KINDS:
         for param, holder, key in (
             (f"structured_outputs.{kind}", so, kind),
@@ -143,7 +134,7 @@ def vllm_fields(body: Mapping[str, Any]) -> ConstraintSpec | None:
     return one_of(specs)
 
 
-def _vllm_spec(kind: str, value: Any, param: str) -> ConstraintSpec:
+def _vllm_spec(kind: str, value: Any, param: str) -> kinds.ConstraintSpec:
     if kind == "json":
         if isinstance(value, str):
             try:
@@ -152,27 +143,27 @@ def _vllm_spec(kind: str, value: Any, param: str) -> ConstraintSpec:
                 raise errors.invalid_value(param, f"is not a JSON schema: {e}") from None
         if not isinstance(value, (Mapping, bool)):
             raise errors.invalid_type(param, "an object", value)
-        return JsonSchema(value, strict=False, path=param)
+        return kinds.JsonSchema(value, strict=False, path=param)
     if kind == "choice":
         if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
             raise errors.invalid_value(param, "must be a non-empty array of strings")
         lark = "start: " + " | ".join(json.dumps(v) for v in value)
-        return Grammar(lark, "lark", path=param)
+        return kinds.Grammar(lark, "lark", path=param)
     if not isinstance(value, str) or not value:
         raise errors.invalid_type(param, "a non-empty string", value)
     if kind == "regex":
-        return Regex(value, path=param)
-    return Grammar(value, "gbnf", path=param)  # GBNF, or Lark (EBNF) as vLLM also takes
+        return kinds.Regex(value, path=param)
+    return kinds.Grammar(value, "gbnf", path=param)  # GBNF, or Lark (EBNF) as vLLM also takes
 
 
 def tool_constraint(
     mode: ToolMode,
-    tools: Sequence[ToolSpec],
+    tools: Sequence[kinds.ToolSpec],
     *,
     parallel: bool,
     single: bool = False,
-    answer: ConstraintSpec | None = None,
-) -> ConstraintSpec | None:
+    answer: kinds.ConstraintSpec | None = None,
+) -> kinds.ConstraintSpec | None:
     """The constraint the tool choice asks for over the callable `tools`: "required" forces
     one or more valid calls (exactly one when `single` or not `parallel`), every argument
     valid against its schema; "auto" with a strict tool, or with a JSON `answer` format, lets
@@ -181,31 +172,31 @@ def tool_constraint(
     if mode == "none" or not tools:
         return None
     if mode == "required":
-        forced = tuple(ToolSpec(t.name, t.parameters, True, t.path) for t in tools)
-        return ForcedToolCall(forced, parallel=parallel and not single)
-    if isinstance(answer, (JsonObject, JsonSchema)):
-        return StrictTools(tuple(tools), parallel=parallel, answer=answer)
+        forced = tuple(kinds.ToolSpec(t.name, t.parameters, True, t.path) for t in tools)
+        return kinds.ForcedToolCall(forced, parallel=parallel and not single)
+    if isinstance(answer, (kinds.JsonObject, kinds.JsonSchema)):
+        return kinds.StrictTools(tuple(tools), parallel=parallel, answer=answer)
     if any(t.strict for t in tools):
-        return StrictTools(tuple(tools), parallel=parallel)
+        return kinds.StrictTools(tuple(tools), parallel=parallel)
     return None
 
 
 def combine(
-    answer: tuple[str, ConstraintSpec | None], tools: ConstraintSpec | None
-) -> ConstraintSpec | None:
+    answer: tuple[str, kinds.ConstraintSpec | None], tools: kinds.ConstraintSpec | None
+) -> kinds.ConstraintSpec | None:
     """The request's one constraint from its answer format (param, spec) and the tool
     constraint `tool_constraint` built with that answer (see the module docstring)."""
     param, spec = answer
     if tools is None or spec is None:
         return spec if tools is None else tools
-    if isinstance(tools, ForcedToolCall) or (
-        isinstance(tools, StrictTools) and tools.answer is spec
+    if isinstance(tools, kinds.ForcedToolCall) or (
+        isinstance(tools, kinds.StrictTools) and tools.answer is spec
     ):
         return tools
     raise conflict(param, f"{param} cannot be combined with tool calls")
 
 
-def one_of(specs: Sequence[tuple[str, ConstraintSpec | None]]) -> ConstraintSpec | None:
+def one_of(specs: Sequence[tuple[str, kinds.ConstraintSpec | None]]) -> kinds.ConstraintSpec | None:
     """The one constraint among (param, spec) pairs (None entries ignored), None when there is
     none; 400 conflicting_constraints naming the second when there are several."""
     given = [(p, s) for p, s in specs if s is not None]
