@@ -2,15 +2,19 @@
 image (digest) at the same grid; pages before the image are shared whatever it is.
 
 The engine runs with the fake executor (the reuse decision is torch-free; the vision tower is the
-subject of the executor's own tests): what is checked is what the engine reports as reused.
+subject of the executor's own tests), under a plan that declares a vision tower whose image
+placeholder is PAD (the engine admits media only then): what is checked is what the engine
+reports as reused.
 """
 
 from __future__ import annotations
 
 import hashlib
+from types import SimpleNamespace
 
 from fake_executor import FakeExecutor
 
+from ninfer.ir.plan_sections import VisionLayout
 from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.engine import Engine
 from ninfer.runtime.executors.sampler import Sampler
@@ -29,7 +33,11 @@ def make_engine(hybrid: bool = False) -> Engine:
     ex = FakeExecutor(
         config.num_pages, config.page_size, VOCAB, is_hybrid=hybrid, num_state_slots=slots
     )
-    return Engine(config, ex, Sampler(), EOS)
+    tower = VisionLayout(
+        blocks=1, hidden=8, heads=1, patch_size=2, temporal_patch_size=2, merge_size=2,
+        in_channels=3, out_hidden=8, grid_side=2, image_token_id=PAD, video_token_id=PAD + 1,
+    )  # fmt: skip
+    return Engine(config, ex, Sampler(), EOS, plan=SimpleNamespace(vision=tower))
 
 
 def digest(name: str) -> bytes:
