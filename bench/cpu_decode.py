@@ -31,9 +31,11 @@ import platform
 import shlex
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -54,6 +56,7 @@ def _ninfer(path: str, mode: str, threads: int) -> Callable[[int], list[int]]:
         params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
         return llm.generate([ids], params)[0].token_ids
 
+    run.close = llm.close  # type: ignore[attr-defined]
     return run
 
 
@@ -97,12 +100,33 @@ def _llama_cpp(gguf: Path, threads: int) -> Callable[[int], list[int]]:
     return run
 
 
+def _on_thread(fn: Callable[[], Any]) -> Any:
+    """`fn()` on a short-lived thread. Every engine here computes with OpenMP, which keeps a
+    team of worker threads for each thread that opened a parallel region; one engine's idle
+    team left on the main thread slows the next engine's own (ninfer's engine thread most of
+    all), so each load and each timed call runs on a thread that exits, taking its team."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except Exception as e:  # noqa: BLE001 - re-raised on the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 def _decode_rate(run: Callable[[int], list[int]], n: int) -> float:
-    """Decode tokens per second: (n - 1) / (t(n) - t(1))."""
+    """Decode tokens per second: (n - 1) / (t(n) - t(1)), each call on its own thread."""
     t0 = time.perf_counter()
-    one = run(1)
+    one = _on_thread(lambda: run(1))
     t1 = time.perf_counter()
-    many = run(n)
+    many = _on_thread(lambda: run(n))
     t2 = time.perf_counter()
     if len(one) != 1 or len(many) != n:
         raise RuntimeError(f"asked for 1 and {n} tokens, got {len(one)} and {len(many)}")
@@ -144,28 +168,33 @@ def main(argv: list[str] | None = None) -> int:
     gguf = demo_gguf_path()
     artifact = str(demo_artifact_path())
     torch.set_num_threads(args.threads)
-    engines: dict[str, Callable[[int], list[int]]] = {}
+    # each engine is loaded, measured and closed in turn, every round: an engine left loaded
+    # keeps its OpenMP team, which slows the one being measured (see _on_thread)
+    engines: dict[str, Callable[[], Any]] = {
+        "ninfer packed": lambda: _ninfer(artifact, "packed", args.threads),
+        "ninfer float32": lambda: _ninfer(artifact, "float32", args.threads),
+        "transformers float32": lambda: _transformers(gguf, args.threads),
+    }
     notes: list[str] = []
-    print("loading ninfer (packed, float32), transformers ...", file=sys.stderr)
-    engines["ninfer packed"] = _ninfer(artifact, "packed", args.threads)
-    engines["ninfer float32"] = _ninfer(artifact, "float32", args.threads)
-    engines["transformers float32"] = _transformers(gguf, args.threads)
     if args.no_llama_cpp:
         notes.append("llama.cpp: left out (--no-llama-cpp)")
     else:
         try:
-            engines["llama.cpp"] = _llama_cpp(gguf, args.threads)
+            import llama_cpp  # noqa: F401
+
+            engines["llama.cpp"] = lambda: _llama_cpp(gguf, args.threads)
         except ImportError as e:
             notes.append(f"llama.cpp: skipped, llama-cpp-python is not importable ({e})")
     for note in notes:
         print(note, file=sys.stderr)
     load_start = _load()
-    for run in engines.values():  # warm-up: first-call allocations, thread pools
-        run(4)
     rates: dict[str, list[float]] = {name: [] for name in engines}
     for r in range(args.rounds):
-        for name, run in engines.items():
+        for name, load in engines.items():
+            run = _on_thread(load)
+            _on_thread(lambda run=run: run(4))  # warm-up: first-call allocations, thread pools
             rates[name].append(_decode_rate(run, args.tokens))
+            getattr(run, "close", lambda: None)()
         line = "  ".join(f"{n} {v[-1]:.1f}" for n, v in rates.items())
         print(f"round {r + 1}/{args.rounds}: {line} tok/s", file=sys.stderr)
     report = _report(args, argv, engines, rates, notes, gguf, load_start, _load())
