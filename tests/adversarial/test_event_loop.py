@@ -69,7 +69,7 @@ def test_preparing_a_maximal_body_never_stalls_the_event_loop(tiny_agent):
     count), run as the server runs it, while this thread measures how late 1 ms sleeps wake.
     A regression guard against GIL holds of a large fraction of a second: alone it measures
     well under 100 ms (the target), but in full suite runs on the shared 2-core machine it
-    measured 111-148 ms on both of two tries in three runs out of four, so the bound here is
+    measured 111-148 ms in three full runs out of four (each try of the run), so the bound is
     250 ms and the 100 ms target stays open in the hostile-input issue."""
     from ninfer.api.chat.endpoints import to_generation_request
     from ninfer.api.chat.request import parse_chat_request
