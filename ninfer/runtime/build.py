@@ -17,6 +17,7 @@ step to them; the engine, scheduler and sampler are the same.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -62,7 +63,8 @@ def build_engine(
     else:
         plan = compile_artifact(artifact, options.compile)
         extra = {"collect_timings": True} if options.collect_timings else {}
-        executor = make_executor(plan, artifact, options.device, **extra)
+        load = lambda: make_executor(plan, artifact, options.device, **extra)
+        executor = _off_caller_thread(load) if options.device == "cpu" else load()
     if hasattr(executor, "capture_all"):  # CUDA: capture every decode bucket before serving
         t_graphs = time.monotonic()
         graphs = executor.capture_all()
@@ -74,5 +76,31 @@ def build_engine(
     eos: tuple[int, ...] = ()
     if tokenizer_json:
         eos = eos_token_ids(artifact.special_tokens, _HFTokenizer.from_str(tokenizer_json))
-    speculator = build_speculator(artifact, options, executor)  # --spec: its drafter, or None
+    draft = lambda: build_speculator(artifact, options, executor)
+    # --spec: its drafter (loaded like the executor), or None
+    speculator = _off_caller_thread(draft) if options.device == "cpu" else draft()
     return Engine(options, executor, Sampler(), eos, plan=plan, speculator=speculator)
+
+
+def _off_caller_thread(load: Callable[[], Any]) -> Any:
+    """`load()` run on a short-lived thread (its exception re-raised here).
+
+    On CPU, loading weights runs torch ops in OpenMP parallel regions, and OpenMP keeps a team
+    of worker threads for every thread that opened one. The engine computes on its own
+    thread; on a small machine a second, idle team of the caller's slows every step of the
+    engine's team (2 cores, the demo model: 35 decode steps/s instead of 93). Loading on a
+    thread that exits afterwards leaves the caller without a team of its own."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = load()
+        except Exception as e:  # noqa: BLE001 - re-raised on the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=run, name="ninfer-load")
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
