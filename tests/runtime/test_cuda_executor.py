@@ -27,7 +27,8 @@ from ninfer.artifact import Artifact
 from ninfer.passes.options import CompileOptions
 from ninfer.passes.pipeline import compile_artifact
 from ninfer.runtime.executors.cpu.executor import Executor
-from ninfer.runtime.executors.cuda.executor import CudaExecutor, make_executor, verify_rows
+from ninfer.runtime.executors.cuda.executor import CudaExecutor, make_executor
+from ninfer.runtime.executors.cuda.step_layout import verify_rows
 from ninfer.runtime.step import FED, SeqChunk, StepBatch
 
 ARCHS = ("llama", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe")

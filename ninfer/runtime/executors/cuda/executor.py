@@ -6,6 +6,7 @@ Same protocol and the same function as the reference executor (ninfer/runtime/ex
     ex = CudaExecutor(plan, artifact)       # or make_executor(plan, artifact, device)
     ex.num_pages, ex.page_size, ex.num_state_slots, ex.is_hybrid
     logits = ex.run(batch)                  # [rows with want_logits, vocab] float32, on the GPU
+    ex.hidden                               # captured hidden states of the last run (capture)
     ex.copy_state(src_slot, dst_slot)
     ex.tokens_computed                      # tokens run through the model since construction
     snap = ex.snapshot(page_ids, slot)      # pinned host copy, async on the current stream
@@ -58,6 +59,7 @@ from ninfer.runtime.executors.base import PlanExecutorBase
 from ninfer.runtime.executors.cpu.weights import TORCH_DTYPES
 from ninfer.runtime.executors.cuda.kv_cache import CudaKVCache, CudaStateSlots
 from ninfer.runtime.executors.cuda.ops import CUDA_KERNELS, DeviceStep
+from ninfer.runtime.executors.cuda.step_layout import StepLayout, verify_rows
 from ninfer.runtime.executors.cuda.weights import load_device_weights, weight_nbytes
 from ninfer.runtime.executors.kernel_registry import KernelRegistry
 from ninfer.runtime.executors.vision.encoder import MediaEncoder
@@ -92,26 +94,7 @@ class _DecodeGraph:
     device: torch.Tensor  # int32 [size], the graph's input buffer
     copied: Any  # torch.cuda.Event: the last host -> device copy finished
     logits: torch.Tensor  # [batch, vocab] output buffer
-
-
-class _Layout:
-    """Offsets of the packed int32 metadata of a step of T tokens, N chunks, R logit rows and
-    block tables W pages wide; `axes` rows of positions (3 for a vision plan's MRoPE)."""
-
-    def __init__(self, T: int, N: int, R: int, W: int, axes: int = 1):
-        self.T, self.N, self.R, self.W, self.axes = T, N, R, W, axes
-        sizes = [("tokens", T), ("positions", axes * T), ("slots", T), ("seq_lens", N), ("cu", N + 1),
-                 ("state", N), ("rows", R), ("tables", N * W)]  # fmt: skip
-        self.at: dict[str, tuple[int, int]] = {}
-        off = 0
-        for name, n in sizes:
-            self.at[name] = (off, off + n)
-            off += n
-        self.size = off
-
-    def view(self, buf: np.ndarray | torch.Tensor, name: str):
-        a, b = self.at[name]
-        return buf[a:b]
+    hidden: dict[str, torch.Tensor]  # captured hidden states (plan capture), [batch, hidden]
 
 
 class CudaExecutor(PlanExecutorBase):
@@ -168,6 +151,11 @@ class CudaExecutor(PlanExecutorBase):
         self.records: list[StepRecord] = []
         self.last_step_seconds = 0.0
         self.tokens_computed = 0  # positions run since construction (as the reference executor)
+        # hidden states the plan captures (CompileOptions.capture), as the reference executor:
+        # after each `run`, [T, hidden] per name, one row per token of the step in chunk order
+        # (a verify step's rows keep that order); fresh tensors, valid after later steps
+        self._capture: dict[str, str] = dict(plan.model.get("capture") or {})
+        self.hidden: dict[str, torch.Tensor] = {}
         self._prefill_events: dict[int, tuple[Any, Any]] = {}  # step index -> CUDA events
 
     def step_gpu_seconds(self, step_index: int) -> float | None:
@@ -248,6 +236,7 @@ class CudaExecutor(PlanExecutorBase):
             g = self._graphs.get(n) or self._capture(n)
             start, end, host_s = self._replay(g, batch, fed, t0, timing)
             logits = g.logits.clone()
+            self.hidden = {name: t.clone() for name, t in g.hidden.items()}
         else:
             # a prefill-class step is timed on the device always (step_gpu_seconds)
             timed = timing or (not decode and self.device.type == "cuda")
@@ -270,7 +259,7 @@ class CudaExecutor(PlanExecutorBase):
         return logits
 
     def _fill(
-        self, buf: np.ndarray, lay: _Layout, chunks: tuple[SeqChunk, ...], rows: list[int]
+        self, buf: np.ndarray, lay: StepLayout, chunks: tuple[SeqChunk, ...], rows: list[int]
     ) -> None:
         """Write a step's metadata into `buf` (int32, laid out by `lay`)."""
         ps = self.page_size
@@ -312,7 +301,7 @@ class CudaExecutor(PlanExecutorBase):
         lay.view(buf, "rows")[:] = rows
 
     def _device_step(
-        self, dev: torch.Tensor, lay: _Layout, decode: bool, max_q_len: int
+        self, dev: torch.Tensor, lay: StepLayout, decode: bool, max_q_len: int
     ) -> tuple[DeviceStep, dict]:
         positions = lay.view(dev, "positions")
         step = DeviceStep(
@@ -341,9 +330,11 @@ class CudaExecutor(PlanExecutorBase):
         return step, inputs
 
     def _forward(self, step: DeviceStep, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The step's logits; the captured hidden states go to `self.hidden`."""
         if step.norm_stats is not None:
             step.norm_stats.zero_()  # the fused RMSNorms' sums of squares (fuse_norm_linear)
         env = self._interpret(step, {**self.weights, **inputs}, step.decode)
+        self.hidden = {name: env[out] for name, out in self._capture.items()}
         return env[self.plan.outputs[0]]
 
     def _eager(
@@ -360,7 +351,7 @@ class CudaExecutor(PlanExecutorBase):
                 rows.extend(range(t + n - min(c.num_logits, n), t + n))
             t += n
         width = max(-(-(c.start_pos + len(c.token_ids)) // self.page_size) for c in chunks)
-        lay = _Layout(t, len(chunks), len(rows), width, self._axes)
+        lay = StepLayout(t, len(chunks), len(rows), width, self._axes)
         host = np.zeros(lay.size, dtype=np.int32)
         self._fill(host, lay, chunks, rows)
         dev = torch.from_numpy(host).to(self.device)
@@ -383,7 +374,7 @@ class CudaExecutor(PlanExecutorBase):
     # -- CUDA Graphs -------------------------------------------------------------------------
     def _capture(self, batch: int) -> _DecodeGraph:
         """Capture the decode step of `batch` rows (warm-up run first, on scratch KV/state)."""
-        lay = _Layout(batch, batch, batch, self.max_pages, self._axes)
+        lay = StepLayout(batch, batch, batch, self.max_pages, self._axes)
         host = torch.zeros(lay.size, dtype=torch.int32, pin_memory=True)
         h = host.numpy()
         scratch_page = self.kv.scratch_page if self.kv is not None else 0
@@ -405,7 +396,7 @@ class CudaExecutor(PlanExecutorBase):
         with torch.cuda.graph(graph, pool=self._pool):
             step, inputs = self._device_step(dev, lay, True, 1)
             logits = self._forward(step, inputs)
-        g = _DecodeGraph(batch, graph, host, dev, torch.cuda.Event(), logits)
+        g = _DecodeGraph(batch, graph, host, dev, torch.cuda.Event(), logits, self.hidden)
         g.copied.record()
         self._graphs[batch] = g
         return g
@@ -430,7 +421,7 @@ class CudaExecutor(PlanExecutorBase):
     def _replay(
         self, g: _DecodeGraph, batch: StepBatch, fed: torch.Tensor | None, t0: float, timing: bool
     ):
-        lay = _Layout(g.batch, g.batch, g.batch, self.max_pages, self._axes)
+        lay = StepLayout(g.batch, g.batch, g.batch, self.max_pages, self._axes)
         g.copied.synchronize()  # the previous copy has read the pinned buffer
         h = g.host.numpy()
         self._fill(h, lay, batch.chunks, list(range(g.batch)))
@@ -475,22 +466,3 @@ def describe(ex: CudaExecutor) -> dict[str, Any]:
         "num_pages": ex.num_pages,
         "graphs": sorted(ex._graphs),
     }
-
-
-def verify_rows(chunks: tuple[SeqChunk, ...], limit: int) -> tuple[SeqChunk, ...] | None:
-    """`chunks` as one-token decode rows: each verify chunk (every position's logits wanted)
-    becomes a row per position, in order, the other chunks must already be decode rows; None
-    when a chunk is neither (a prefill) or the rows would be more than `limit`."""
-    rows: list[SeqChunk] = []
-    for c in chunks:
-        n = len(c.token_ids)
-        if not c.want_logits or c.media or c.spill_slots or c.num_logits != n:
-            return None
-        if n == 1:
-            rows.append(c)
-            continue
-        for i, tok in enumerate(c.token_ids):
-            rows.append(
-                dataclasses.replace(c, token_ids=(tok,), start_pos=c.start_pos + i, num_logits=1)
-            )
-    return tuple(rows) if len(rows) <= limit else None
