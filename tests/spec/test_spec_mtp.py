@@ -1,7 +1,7 @@
 """Greedy output with `--spec mtp` is token-for-token the output without it: the qwen3 and
 qwen3_5 (hybrid) fixtures with a random MTP head, batches shrinking from 8 rows to 1 with
 different windows, one lane, pauses under a tiny KV pool, a follow-up turn whose prefix is
-reused (the head has no target rows there: those rows decode plainly), and penalties; the
+reused (no target rows there: the head's KV starts after it), and penalties; the
 artifact's component is shown by `compile`, listed by `inspect`, and required at startup."""
 
 from __future__ import annotations
@@ -71,8 +71,7 @@ def test_pauses_under_a_tiny_pool_change_nothing(arch, route, mtp_artifacts):
 
 def test_penalties_and_a_reused_prefix(mtp_artifacts):
     """Penalties count the drafts before each position on both sides; a follow-up turn reuses
-    the pages the first left (no target rows for the head there: it decodes plainly, same
-    tokens)."""
+    the pages the first left (no target rows there: the head starts after them), same tokens."""
     target = mtp_artifacts("qwen3")
     want, outs, _ = plain_and_mtp(
         target, lambda: _requests(3, presence_penalty=1.5, frequency_penalty=1.0),
@@ -87,9 +86,10 @@ def test_penalties_and_a_reused_prefix(mtp_artifacts):
             (a,) = run(engine, [first])
             history = first.prompt_token_ids + a.token_ids + (5, 6, 7)
             (b,) = run(engine, [Request(history, params)])
-            got[name] = (a.token_ids, b.token_ids, b.usage.cached_tokens)
+            got[name] = (a.token_ids, b.token_ids, b.usage.cached_tokens, b.timings.speculative)
     assert got["mtp"][:2] == got["plain"][:2]
     assert got["mtp"][2] >= 48
+    assert got["mtp"][3]["rounds"] > 0  # the head drafts from the first computed position on
 
 
 def test_the_component_is_required_shown_and_listed(mtp_artifacts, fixture_artifacts, capsys):

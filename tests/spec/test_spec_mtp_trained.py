@@ -1,0 +1,83 @@
+"""The trained MTP head of the tiny-agent fixture (artifacts/train_mtp.py): it drafts well
+(tau >= 2 with k = 3 on the fixture's prompts, tau as `ninfer bench` reports it: committed
+tokens per round), with and without --lm-head-draft; output stays the plain output through EOS
+stops, a thinking budget forcing its suffix mid-round, and stop strings."""
+
+from __future__ import annotations
+
+import pytest
+from tokenizers import Tokenizer
+
+from ninfer import LLM, SamplingParams
+from ninfer.artifact.format import Artifact
+from ninfer.runtime.request import Request
+from tests.runtime.real_engine import settled
+from tests.spec.spec_engine import check_counters, make_engine, run
+
+K = 3
+
+
+def _prompts(path, prompts) -> tuple[Tokenizer, list[tuple[int, ...]]]:
+    tok = Tokenizer.from_str(Artifact(path).tokenizer_json)
+    return tok, [tuple(tok.encode(p["prompt"], add_special_tokens=False).ids) for p in prompts]
+
+
+def _run(path, requests, **spec):
+    with make_engine(
+        path, None, max_concurrency=8, max_context=1024, kv_capacity=8192, **spec
+    ) as engine:
+        outs = run(engine, requests())
+        return outs, settled(engine)
+
+
+@pytest.mark.parametrize("lm_head_draft", [False, True])
+def test_the_trained_head_reaches_tau_2_and_changes_no_token(
+    lm_head_draft, tiny_agent_mtp, tiny_agent_prompts
+):
+    _, prompts = _prompts(tiny_agent_mtp, tiny_agent_prompts)
+
+    def requests():
+        return [Request(p, SamplingParams(max_tokens=200, temperature=0.0)) for p in prompts]
+
+    want, _ = _run(tiny_agent_mtp, requests)
+    spec = {"spec": "mtp", "draft_tokens": K, "lm_head_draft": lm_head_draft}
+    outs, stats = _run(tiny_agent_mtp, requests, **spec)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in want]
+    assert {o.finish_reason for o in outs} == {"stop"}  # every reply ends on its own EOS
+    check_counters(outs, stats, K, "mtp")
+    rounds = stats.spec_decode_rounds_total
+    tau = (stats.spec_decode_accepted_tokens_total + rounds) / rounds
+    assert tau >= 2.0, (tau, stats)
+
+
+def test_thinking_budget_and_stop_strings(tiny_agent_mtp, tiny_agent_prompts):
+    """A thinking budget of 5 forces the close suffix mid-round; stop strings truncate a
+    round as plain decoding does."""
+    tok, prompts = _prompts(tiny_agent_mtp, tiny_agent_prompts[:8])
+    close = tuple(tok.encode("</think>", add_special_tokens=False).ids)
+    suffix = tuple(tok.encode("\nOK.\n</think>\n\n", add_special_tokens=False).ids)
+
+    def requests():
+        out = []
+        for i, p in enumerate(prompts):
+            budget = {"thinking_budget": 5, "thinking_close_ids": close,
+                      "thinking_suffix_ids": suffix} if i % 2 else {}  # fmt: skip
+            out.append(Request(p, SamplingParams(max_tokens=40, temperature=0.0), **budget))
+        return out
+
+    want, _ = _run(tiny_agent_mtp, requests)
+    outs, stats = _run(tiny_agent_mtp, requests, spec="mtp", draft_tokens=K)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in want]
+    assert [o.usage.thinking_forced_tokens for o in outs] == [
+        o.usage.thinking_forced_tokens for o in want
+    ]
+    assert any(o.usage.thinking_forced_tokens for o in outs)
+    check_counters(outs, stats, K, "mtp")
+
+    params = SamplingParams(max_tokens=40, temperature=0.0, stop=["e"])
+    opts = {"max_concurrency": 4, "kv_capacity": 2048, "max_context": 512}
+    ids = [list(p) for p in prompts[:4]]
+    plain = LLM(str(tiny_agent_mtp), **opts).generate(ids, params)
+    got = LLM(str(tiny_agent_mtp), spec="mtp", draft_tokens=K, **opts).generate(ids, params)
+    assert [o.text for o in got] == [o.text for o in plain]
+    assert any(o.finish_reason == "stop" for o in got)
