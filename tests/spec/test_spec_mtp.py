@@ -28,19 +28,23 @@ def _requests(n: int = 8, **params) -> list[Request]:
     ]  # fmt: skip
 
 
-def plain_and_mtp(target, requests, k: int = K, **options):
+def plain_and_mtp(target, requests, k: int = K, lm_head_draft: bool = False, **options):
     """(plain outputs, --spec mtp outputs, the speculating engine's settled stats)."""
     with make_engine(target, None, **options) as plain:
         want = run(plain, requests())
-    with make_engine(target, None, spec="mtp", draft_tokens=k, **options) as spec:
+    mtp = {"spec": "mtp", "draft_tokens": k, "lm_head_draft": lm_head_draft}
+    with make_engine(target, None, **mtp, **options) as spec:
         outs = run(spec, requests())
         stats = settled(spec)
     return want, outs, stats
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
-def test_greedy_mtp_equals_plain_decoding(arch, mtp_artifacts):
-    want, outs, stats = plain_and_mtp(mtp_artifacts(arch), _requests, max_concurrency=8)
+@pytest.mark.parametrize(("arch", "lm_head_draft"), [("qwen3", False), ("qwen3_5", False),
+                                                      ("qwen3_5", True)])  # fmt: skip
+def test_greedy_mtp_equals_plain_decoding(arch, lm_head_draft, mtp_artifacts):
+    want, outs, stats = plain_and_mtp(
+        mtp_artifacts(arch), _requests, max_concurrency=8, lm_head_draft=lm_head_draft
+    )
     assert [o.token_ids for o in outs] == [o.token_ids for o in want]
     assert [o.usage.completion_tokens for o in outs] == list(OUTPUTS)
     check_counters(outs, stats, K, "mtp")

@@ -5,6 +5,8 @@ stops, a thinking budget forcing its suffix mid-round, and stop strings."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from tokenizers import Tokenizer
 
@@ -81,3 +83,21 @@ def test_thinking_budget_and_stop_strings(tiny_agent_mtp, tiny_agent_prompts):
     got = LLM(str(tiny_agent_mtp), spec="mtp", draft_tokens=K, **opts).generate(ids, params)
     assert [o.text for o in got] == [o.text for o in plain]
     assert any(o.finish_reason == "stop" for o in got)
+
+
+def test_the_reduced_head_takes_the_most_frequent_tokens(tiny_agent_mtp):
+    """--lm-head-draft's vocabulary: a quarter of the 512 tokens, the special tokens (EOS among
+    them) always in, the rest from the top of the head's stored ranking (token counts of the
+    target's continuations)."""
+    import numpy as np
+
+    from ninfer.spec.draft_vocab import RANKING, draft_vocab
+
+    art = Artifact(tiny_agent_mtp)
+    ids = draft_vocab(art, 512)
+    assert len(ids) == 128 and ids == sorted(ids)
+    special = {t["id"] for t in json.loads(art.tokenizer_json)["added_tokens"]}
+    assert special <= set(ids) and set(art.special_tokens["eos_token_ids"]) <= set(ids)
+    ranking = [int(t) for t in np.asarray(art.dense(RANKING))]
+    top = [t for t in ranking if t not in special][: 128 - len(special)]
+    assert set(ids) == special | set(top)
