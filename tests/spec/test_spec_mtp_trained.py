@@ -101,3 +101,29 @@ def test_the_reduced_head_takes_the_most_frequent_tokens(tiny_agent_mtp):
     ranking = [int(t) for t in np.asarray(art.dense(RANKING))]
     top = [t for t in ranking if t not in special][: 128 - len(special)]
     assert set(ids) == special | set(top)
+
+
+def test_bench_reports_the_mtp_head(tiny_agent_mtp, tmp_path, capsys):
+    """`ninfer bench engine ARTIFACT --spec mtp --lm-head-draft`: tau, acceptance, step costs
+    and speeds of the trained head against plain decoding, identical output."""
+    import argparse
+
+    from ninfer.commands import bench
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Hi!\nWhat can you do?\n")
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    out = tmp_path / "report.json"
+    args = p.parse_args([
+        "engine", str(tiny_agent_mtp), "--spec", "mtp", "--lm-head-draft", "--draft-tokens",
+        "3", "--batch-sizes", "1,2", "--prompts", str(prompts), "--output-len", "24",
+        "--device", "cpu", "--reps", "2", "--json", str(out),
+    ])  # fmt: skip
+    assert bench.run(args) == 0
+    assert "drafted by its MTP head (--lm-head-draft)" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["spec"] == "mtp"
+    for r in report["results"]:
+        assert r["identical"] and r["rounds"] > 0 and r["drafted"] >= r["accepted"]
+        assert r["tau"] == pytest.approx(1.0 + sum(r["accept_rate_per_position"]))
