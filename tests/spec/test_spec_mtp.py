@@ -1,5 +1,5 @@
-"""Greedy output with `--spec mtp` is token-for-token the output without it: the qwen3 and
-qwen3_5 (hybrid) fixtures with a random MTP head, batches shrinking from 8 rows to 1 with
+"""Greedy output with `--spec mtp` is token-for-token the output without it: every fixture
+architecture (the hybrids included) with a random MTP head, batches shrinking from 8 rows to 1 with
 different windows, one lane, pauses under a tiny KV pool, a follow-up turn whose prefix is
 reused (no target rows there: the head's KV starts after it), and penalties; the
 artifact's component is shown by `compile`, listed by `inspect`, and required at startup."""
@@ -40,7 +40,10 @@ def plain_and_mtp(target, requests, k: int = K, lm_head_draft: bool = False, **o
     return want, outs, stats
 
 
-@pytest.mark.parametrize(("arch", "lm_head_draft"), [("qwen3", False), ("qwen3_5", False),
+ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe")
+
+
+@pytest.mark.parametrize(("arch", "lm_head_draft"), [*((a, False) for a in ARCHS),
                                                       ("qwen3_5", True)])  # fmt: skip
 def test_greedy_mtp_equals_plain_decoding(arch, lm_head_draft, mtp_artifacts):
     want, outs, stats = plain_and_mtp(
