@@ -118,3 +118,13 @@ def test_the_component_is_required_shown_and_listed(mtp_artifacts, fixture_artif
     head = out.split("== mtp (--spec mtp drafter stage) ==\n")[1]
     assert head.startswith("plan tiny-qwen3_5-mtp-mtp (qwen3_5)")
     assert "kv: dtype=f32 page_size=16 pages=512 capacity=8192 tokens layers=0 " in head
+
+
+def test_bfloat16_with_the_reduced_head(mtp_artifacts):
+    """A bfloat16 CPU engine: the reduced head's rows are bfloat16 too (its logits float32)."""
+    want, outs, stats = plain_and_mtp(
+        mtp_artifacts("qwen3"), lambda: _requests(4), max_concurrency=4, dtype="bfloat16",
+        lm_head_draft=True,
+    )  # fmt: skip
+    assert [o.token_ids for o in outs] == [o.token_ids for o in want]
+    assert stats.spec_decode_rounds_total > 0
