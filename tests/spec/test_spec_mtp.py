@@ -56,6 +56,16 @@ def test_greedy_mtp_equals_plain_decoding(arch, lm_head_draft, mtp_artifacts):
     assert stats.spec_decode_draft_tokens_total >= stats.spec_decode_rounds_total
 
 
+def test_the_head_shares_the_models_embedding(mtp_artifacts):
+    with make_engine(mtp_artifacts("qwen3_5"), None, spec="mtp") as engine:
+        head = engine.speculator.drafter.executor.weights
+        target = engine.executor.weights
+        name = "model.embed_tokens.weight"
+        assert head[name] is target[name]  # one copy in memory
+        assert head["lm_head.weight"] is target["lm_head.weight"]
+        assert head["mtp.norm.weight"] is not target["model.norm.weight"]
+
+
 @pytest.mark.parametrize("k", [1, 5])
 def test_one_lane_and_other_windows(k, mtp_artifacts):
     requests = lambda: _requests(5)[3:5]
