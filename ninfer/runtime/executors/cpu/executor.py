@@ -6,6 +6,7 @@ Protocol (what the engine relies on; see ninfer/runtime/step.py):
     ex = Executor(plan, artifact)
     ex.num_pages, ex.page_size, ex.num_state_slots, ex.is_hybrid
     logits = ex.run(batch)          # [rows with want_logits, vocab] float32, in chunk order
+    ex.hidden                       # captured hidden states of the last run (plan capture)
     ex.copy_state(src_slot, dst_slot)
     ex.tokens_computed              # tokens run through the model since construction
     snap = ex.snapshot(page_ids, state_slot)    # host copy (ex.kv_bytes_per_page per page
@@ -95,6 +96,11 @@ class Executor(PlanExecutorBase):
         # positions computed by `run` since construction (every chunk token, prefill or decode;
         # state copies excluded): tests read deltas of it to prove prefix reuse skipped work
         self.tokens_computed = 0
+        # hidden states the plan captures (CompileOptions.capture): name ("final", "L{i}") ->
+        # output; after each `run`, `hidden[name]` holds [T, hidden], one row per token of the
+        # step in chunk order (as the batch's tokens), for drafters that read them
+        self._capture: dict[str, str] = dict(plan.model.get("capture") or {})
+        self.hidden: dict[str, torch.Tensor] = {}
 
     @property
     def num_pages(self) -> int:
@@ -110,13 +116,18 @@ class Executor(PlanExecutorBase):
 
     @torch.inference_mode()
     def run(
-        self, batch: StepBatch, all_logits: bool = False, fed: torch.Tensor | None = None
+        self,
+        batch: StepBatch,
+        all_logits: bool = False,
+        fed: torch.Tensor | None = None,
+        inputs: dict[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Run one step. Returns float32 logits [rows, vocab]: for each chunk with
         want_logits its last `num_logits` positions (one row, or k + 1 for a verify chunk), in
         chunk order; with `all_logits`, every position of
         every chunk instead (used by `LLM.logits`). `fed`: the previous step's sampled ids,
-        for a batch with `fed_rows`."""
+        for a batch with `fed_rows`. `inputs`: step inputs a stage's plan has beyond tokens and
+        positions (an MTP head's `hidden` [T, hidden], rows in chunk order)."""
         t0 = time.perf_counter()
         for cp in batch.state_copies:
             self.copy_state(cp.src_slot, cp.dst_slot)
@@ -171,10 +182,19 @@ class Executor(PlanExecutorBase):
             hidden = int(self.plan.model["hidden"])
             env["media_embeds"], env["media_rows"] = self.media.step_inputs(begins, hidden)
         env["logit_rows"] = torch.tensor(rows, dtype=torch.int32, device=self.device)
+        for name, value in (inputs or {}).items():
+            if name not in self.plan.inputs or name in env:
+                raise ValueError(f"step input {name!r} is not an extra input of this plan")
+            if value.shape[0] != len(tokens):
+                raise ValueError(
+                    f"step input {name!r}: {value.shape[0]} rows for {len(tokens)} tokens"
+                )
+            env[name] = value.to(self.device, self.dtype)
         ctx = StepContext(chunks, self.kv, self.state, self._rope)
         env = self._interpret(ctx, env, decode=False)
         self.last_step_seconds = time.perf_counter() - t0
         self.tokens_computed += batch.num_tokens
+        self.hidden = {name: env[out] for name, out in self._capture.items()}
         return env[self.plan.outputs[0]]
 
     def _vision_stage(self, ctx: VisionContext, inputs: dict[str, Any]) -> dict[str, Any]:
