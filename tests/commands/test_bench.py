@@ -123,7 +123,7 @@ def test_steady_decode_leaves_out_other_requests_prefill() -> None:
     from types import SimpleNamespace
 
     from ninfer.commands.bench import _step_stats
-    from ninfer.runtime.executors.cuda.executor import StepRecord
+    from ninfer.runtime.executors.cuda.step_layout import StepRecord
 
     def rec(decode: bool, rows: int, t: float) -> StepRecord:
         return StepRecord(decode, decode, rows, rows, 1e-4, None, None, t)

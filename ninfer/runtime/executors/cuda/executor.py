@@ -59,31 +59,12 @@ from ninfer.runtime.executors.base import PlanExecutorBase
 from ninfer.runtime.executors.cpu.weights import TORCH_DTYPES
 from ninfer.runtime.executors.cuda.kv_cache import CudaKVCache, CudaStateSlots
 from ninfer.runtime.executors.cuda.ops import CUDA_KERNELS, DeviceStep
-from ninfer.runtime.executors.cuda.step_layout import StepLayout, verify_rows
+from ninfer.runtime.executors.cuda.step_layout import StepLayout, StepRecord, verify_rows
 from ninfer.runtime.executors.cuda.weights import load_device_weights, weight_nbytes
 from ninfer.runtime.executors.kernel_registry import KernelRegistry
 from ninfer.runtime.executors.vision.encoder import MediaEncoder
 from ninfer.runtime.executors.vision.ops import VisionContext
 from ninfer.runtime.step import SeqChunk, StepBatch
-
-
-@dataclass
-class StepRecord:
-    """Timing of one step (kept when `collect_timings`): host seconds from `run` entry until
-    the GPU work was queued, CUDA events around that work (read after a sync), and the
-    perf_counter time of `run` entry (consecutive entries bound one whole engine step)."""
-
-    decode: bool
-    graph: bool
-    rows: int
-    tokens: int
-    host_s: float
-    start: Any  # torch.cuda.Event | None
-    end: Any
-    entered_s: float = 0.0
-
-    def gpu_s(self) -> float | None:
-        return None if self.start is None else self.start.elapsed_time(self.end) / 1e3
 
 
 @dataclass
@@ -95,6 +76,10 @@ class _DecodeGraph:
     copied: Any  # torch.cuda.Event: the last host -> device copy finished
     logits: torch.Tensor  # [batch, vocab] output buffer
     hidden: dict[str, torch.Tensor]  # captured hidden states (plan capture), [batch, hidden]
+    extra: dict[str, torch.Tensor]  # the plan's extra step inputs (an MTP head's hidden)
+
+
+_STEP_INPUTS = ("tokens", "positions", "logit_rows", "media_embeds", "media_rows")
 
 
 class CudaExecutor(PlanExecutorBase):
@@ -156,6 +141,9 @@ class CudaExecutor(PlanExecutorBase):
         # (a verify step's rows keep that order); fresh tensors, valid after later steps
         self._capture: dict[str, str] = dict(plan.model.get("capture") or {})
         self.hidden: dict[str, torch.Tensor] = {}
+        # inputs of a stage's plan beyond tokens, positions and rows (an MTP head's `hidden`):
+        # name -> row width; graph buckets hold a buffer of each
+        self._extra = {n: int(plan.model["hidden"]) for n in plan.inputs if n not in _STEP_INPUTS}
         self._prefill_events: dict[int, tuple[Any, Any]] = {}  # step index -> CUDA events
 
     def step_gpu_seconds(self, step_index: int) -> float | None:
@@ -201,10 +189,16 @@ class CudaExecutor(PlanExecutorBase):
     # -- step --------------------------------------------------------------------------------
     @torch.inference_mode()
     def run(
-        self, batch: StepBatch, all_logits: bool = False, fed: torch.Tensor | None = None
+        self,
+        batch: StepBatch,
+        all_logits: bool = False,
+        fed: torch.Tensor | None = None,
+        inputs: dict[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Run one step; float32 logits [rows, vocab] (see the module docstring). `fed`: the
-        previous step's sampled ids on the device, for a batch with `fed_rows`."""
+        previous step's sampled ids on the device, for a batch with `fed_rows`. `inputs`: step
+        inputs a stage's plan has beyond tokens and positions (an MTP head's `hidden` [T,
+        hidden], rows in chunk order); a decode step copies them into its graph's buffers."""
         t0 = time.perf_counter()
         for cp in batch.state_copies:
             self.copy_state(cp.src_slot, cp.dst_slot)
@@ -234,6 +228,8 @@ class CudaExecutor(PlanExecutorBase):
         timing = self.collect_timings and self.device.type == "cuda"
         if use_graph:
             g = self._graphs.get(n) or self._capture(n)
+            for name, value in self._extra_inputs(inputs, n).items():
+                g.extra[name].copy_(value, non_blocking=True)
             start, end, host_s = self._replay(g, batch, fed, t0, timing)
             logits = g.logits.clone()
             self.hidden = {name: t.clone() for name, t in g.hidden.items()}
@@ -244,7 +240,7 @@ class CudaExecutor(PlanExecutorBase):
             end = torch.cuda.Event(enable_timing=True) if timed else None
             if start is not None:
                 start.record()
-            logits = self._eager(batch, decode, all_logits, fed)
+            logits = self._eager(batch, decode, all_logits, fed, inputs)
             if end is not None:
                 end.record()
                 if not decode:
@@ -338,7 +334,12 @@ class CudaExecutor(PlanExecutorBase):
         return env[self.plan.outputs[0]]
 
     def _eager(
-        self, batch: StepBatch, decode: bool, all_logits: bool, fed: torch.Tensor | None
+        self,
+        batch: StepBatch,
+        decode: bool,
+        all_logits: bool,
+        fed: torch.Tensor | None,
+        extra: dict[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         chunks = batch.chunks
         rows: list[int] = []
@@ -364,7 +365,22 @@ class CudaExecutor(PlanExecutorBase):
                 b += len(c.token_ids)
             hidden = int(self.plan.model["hidden"])
             inputs["media_embeds"], inputs["media_rows"] = self.media.step_inputs(begins, hidden)
+        inputs.update(self._extra_inputs(extra, t))
         return self._forward(step, inputs)
+
+    def _extra_inputs(self, inputs: dict[str, torch.Tensor] | None, rows: int) -> dict:
+        """`inputs` checked against the plan's extra inputs (every one given, `rows` rows each),
+        on the device in the compute dtype."""
+        given = dict(inputs or {})
+        if set(given) != set(self._extra):
+            raise ValueError(
+                f"step inputs {sorted(given)}: this plan's extra inputs are {sorted(self._extra)}"
+            )
+        for name, value in given.items():
+            if value.shape[0] != rows:
+                raise ValueError(f"step input {name!r}: {value.shape[0]} rows for {rows} tokens")
+            given[name] = value.to(self.device, self.dtype, non_blocking=True)
+        return given
 
     def _vision_stage(self, ctx: VisionContext, inputs: dict[str, Any]) -> dict[str, Any]:
         """Run the plan's vision calls once over one item's inputs (MediaEncoder's runner):
@@ -385,7 +401,12 @@ class CudaExecutor(PlanExecutorBase):
         lay.view(h, "rows")[:] = np.arange(batch)
         lay.view(h, "tables")[:] = scratch_page
         dev = host.to(self.device)
+        extra = {
+            n: torch.zeros(batch, w, dtype=self.dtype, device=self.device)
+            for n, w in self._extra.items()
+        }
         step, inputs = self._device_step(dev, lay, True, 1)
+        inputs.update(extra)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -395,8 +416,8 @@ class CudaExecutor(PlanExecutorBase):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             step, inputs = self._device_step(dev, lay, True, 1)
-            logits = self._forward(step, inputs)
-        g = _DecodeGraph(batch, graph, host, dev, torch.cuda.Event(), logits, self.hidden)
+            logits = self._forward(step, {**inputs, **extra})
+        g = _DecodeGraph(batch, graph, host, dev, torch.cuda.Event(), logits, self.hidden, extra)
         g.copied.record()
         self._graphs[batch] = g
         return g
@@ -455,14 +476,3 @@ def make_executor(
     from ninfer.runtime.executors.cpu.executor import Executor
 
     return Executor(plan, artifact, dev, kernels=kwargs.get("kernels"))
-
-
-def describe(ex: CudaExecutor) -> dict[str, Any]:
-    """Sizes a report can quote: weight, KV and state bytes on the device, captured graphs."""
-    return {
-        "weight_bytes": ex.weight_bytes,
-        "kv_bytes": ex.kv.nbytes() if ex.kv is not None else 0,
-        "state_bytes": ex.state.nbytes() if ex.state is not None else 0,
-        "num_pages": ex.num_pages,
-        "graphs": sorted(ex._graphs),
-    }

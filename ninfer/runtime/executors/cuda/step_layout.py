@@ -1,4 +1,5 @@
-"""How a CUDA step's host metadata is laid out, and how a verify step becomes decode rows.
+"""How a CUDA step's host metadata is laid out, how a verify step becomes decode rows, and
+what a step's timing record holds.
 
 `StepLayout` gives the offsets of the one int32 array a step's metadata is packed into (copied
 to the device once per step); `verify_rows` turns the verify chunks of a speculative step into
@@ -8,11 +9,32 @@ one-token rows, so it can run on the decode kernels and their CUDA Graph buckets
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from ninfer.runtime.step import SeqChunk
+
+
+@dataclass
+class StepRecord:
+    """Timing of one step (kept when `collect_timings`): host seconds from `run` entry until
+    the GPU work was queued, CUDA events around that work (read after a sync), and the
+    perf_counter time of `run` entry (consecutive entries bound one whole engine step)."""
+
+    decode: bool
+    graph: bool
+    rows: int
+    tokens: int
+    host_s: float
+    start: Any  # torch.cuda.Event | None
+    end: Any
+    entered_s: float = 0.0
+
+    def gpu_s(self) -> float | None:
+        return None if self.start is None else self.start.elapsed_time(self.end) / 1e3
 
 
 class StepLayout:

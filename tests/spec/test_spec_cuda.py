@@ -1,0 +1,76 @@
+"""On a GPU (skipped without one): the CUDA executor outputs the hidden states a plan captures
+exactly as the CPU reference executor does (eager prefill steps, CUDA Graph decode steps and a
+verify step run as decode rows), and `--spec mtp` on CUDA gives token for token the output of
+plain decoding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ninfer.artifact import Artifact
+from ninfer.passes.options import CompileOptions
+from ninfer.passes.pipeline import compile_artifact
+from ninfer.runtime.executors.choose import make_executor
+from ninfer.runtime.request import Request, SamplingParams
+from ninfer.runtime.step import SeqChunk, StepBatch
+from tests.spec.spec_engine import make_engine, run
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+CAPTURE = ("final", "L0", "L1")
+
+
+def _hidden_trace(path, device: str) -> list[dict[str, torch.Tensor]]:
+    """The captured rows of a prefill of two prompts, two decode steps and a verify step."""
+    options = CompileOptions(
+        device=device, dtype="float32", max_context=256, max_concurrency=4, kv_capacity=1024,
+        capture=CAPTURE,
+    )  # fmt: skip
+    artifact = Artifact(path)
+    ex = make_executor(compile_artifact(artifact, options), artifact, device)
+    tables = (tuple(range(16)), tuple(range(16, 32)))
+    prompts = ((5, 9, 13, 200, 7, 3, 31, 44, 90), (17, 3, 8, 100, 101))
+    steps = [StepBatch(tuple(SeqChunk(i, p, 0, tables[i]) for i, p in enumerate(prompts)))]
+    for j in range(2):  # decode rows (a graph bucket on cuda)
+        steps.append(
+            StepBatch(tuple(SeqChunk(i, (50 + j,), len(p) + j, tables[i]) for i, p in enumerate(prompts)))
+        )  # fmt: skip
+    verify = SeqChunk(0, (60, 61, 62), len(prompts[0]) + 2, tables[0], num_logits=3)
+    steps.append(StepBatch((verify, SeqChunk(1, (52,), len(prompts[1]) + 2, tables[1]))))
+    trace = []
+    for batch in steps:
+        ex.run(batch)
+        trace.append({k: v.float().cpu() for k, v in ex.hidden.items()})
+    return trace
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_cuda_captures_what_the_cpu_executor_captures(arch, fixture_artifacts):
+    cpu = _hidden_trace(fixture_artifacts(arch), "cpu")
+    cuda = _hidden_trace(fixture_artifacts(arch), "cuda")
+    for step, (want, got) in enumerate(zip(cpu, cuda)):
+        assert set(got) == set(CAPTURE), step
+        for name in CAPTURE:
+            assert got[name].shape == want[name].shape, (step, name)
+            torch.testing.assert_close(got[name], want[name], atol=2e-4, rtol=2e-4)
+
+
+def _requests() -> list[Request]:
+    return [
+        Request(tuple((7 * i + 3 * j) % 500 + 1 for j in range(L)),
+                SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True))
+        for i, (L, m) in enumerate(zip((3, 17, 40, 64), (9, 21, 14, 30)))
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("lm_head_draft", [False, True])
+def test_greedy_mtp_on_cuda_equals_plain_decoding(lm_head_draft, mtp_artifacts):
+    target = mtp_artifacts("qwen3")
+    opts = {"device": "cuda", "dtype": "float32", "max_concurrency": 4}
+    with make_engine(target, None, **opts) as plain:
+        want = run(plain, _requests())
+    spec = {"spec": "mtp", "draft_tokens": 3, "lm_head_draft": lm_head_draft}
+    with make_engine(target, None, **spec, **opts) as engine:
+        outs = run(engine, _requests())
+    assert [o.token_ids for o in outs] == [o.token_ids for o in want]
+    assert sum(o.timings.speculative["rounds"] for o in outs) > 0
