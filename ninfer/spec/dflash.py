@@ -1,0 +1,183 @@
+"""`--spec dflash`: the DFlash drafter (ninfer/spec/dflash_model.py holds its forward).
+
+The target's plan captures the residual stream after each layer of `target_layer_ids`
+(CompileOptions.capture) for every position it computes; the speculator hands those rows to
+`observe` after every step. The drafter turns them at once into its per-layer context K/V and
+keeps them per sequence, with the token fed at each position::
+
+    observe(seq, start, tokens, hidden)   positions >= start are dropped (recomputed), the new
+                                          rows appended: prefill chunks, decode rows, verify
+                                          chunks (drafts included)
+    propose(rows)                         per row, held positions are valid while the token held
+                                          equals the committed token there and the position is
+                                          before the row's last token (the one the target
+                                          computes next): rejected drafts, a forced thinking
+                                          suffix and anything after them are discarded exactly,
+                                          since a position's hidden state depends only on the
+                                          tokens up to it; then ONE block forward for all rows:
+                                          [last token, mask x (block - 1)] at positions
+                                          len - 1 .., the first min(k, block - 1) masks drafted
+
+Greedy rows take the argmax of each drafted position; sampled rows draw each draft from q, the
+plain sampler's processing of that position's draft logits (penalties counting the drafts
+before it), with the request's own generator, and return q for rejection sampling. A position
+the target never computed (a prompt prefix served from the prefix cache) gives no context: the
+drafts are worse, the output is unchanged (verification decides it).
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ninfer.runtime.executors.sampler import Sampler, SampleRow
+from ninfer.spec.dflash_model import DFlashModel
+from ninfer.spec.drafter import NO_DRAFT, Draft, DraftRow
+from ninfer.spec.verify import processed_logits
+
+
+@dataclass
+class _Context:
+    """The context K/V of one sequence: rows [0, n) of growable per-layer buffers."""
+
+    positions: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)  # the token fed at each position
+    k: list[torch.Tensor] = field(default_factory=list)  # per layer [capacity, kv_heads * d]
+    v: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.positions)
+
+    def truncate(self, n: int) -> None:
+        del self.positions[n:], self.tokens[n:]
+
+    def append(self, positions: Sequence[int], tokens: Sequence[int], kv: list) -> None:
+        """Add rows after the held ones; kv: per layer (K, V) [len(positions), width]."""
+        n, m = self.n, len(positions)
+        if not self.k or n + m > self.k[0].shape[0]:  # grow by doubling: appends stay O(1)
+            cap = max(64, 2 * (n + m))
+            self.k = [
+                _grown(old, cap, n, new) for old, (new, _) in zip(self.k or [None] * len(kv), kv)
+            ]
+            self.v = [
+                _grown(old, cap, n, new) for old, (_, new) in zip(self.v or [None] * len(kv), kv)
+            ]
+        for i, (k, v) in enumerate(kv):
+            self.k[i][n : n + m] = k
+            self.v[i][n : n + m] = v
+        self.positions.extend(positions)
+        self.tokens.extend(tokens)
+
+
+def _grown(old: torch.Tensor | None, cap: int, n: int, like: torch.Tensor) -> torch.Tensor:
+    buf = torch.empty(cap, like.shape[-1], dtype=like.dtype, device=like.device)
+    if old is not None and n:
+        buf[:n] = old[:n]
+    return buf
+
+
+class DFlashDrafter:
+    """Drafts a block per round with `model` from the target's captured hidden states."""
+
+    name = "dflash"
+
+    def __init__(self, model: DFlashModel) -> None:
+        self.model = model
+        self.capture = model.cfg.capture  # the capture names observe() needs, in fc's order
+        self._ctx: dict[int, _Context] = {}
+        self.steps = 0  # drafter forwards run (bench: drafter cost per round)
+        self.seconds = 0.0  # wall time spent observing and proposing
+
+    def forget(self, seq_id: int) -> None:
+        self._ctx.pop(seq_id, None)
+
+    def observe(
+        self,
+        seq_id: int,
+        start: int,
+        tokens: Sequence[int],
+        hidden: Mapping[str, torch.Tensor],
+    ) -> None:
+        """The target computed `tokens` at positions start .. start + len - 1 of `seq_id`;
+        `hidden[name]` [len, target_hidden]: its captured states there (names: `capture`)."""
+        t0 = time.perf_counter()
+        ctx = self._ctx.setdefault(seq_id, _Context())
+        ctx.truncate(bisect.bisect_left(ctx.positions, start))
+        feats = torch.cat([hidden[name] for name in self.capture], dim=-1)
+        positions = range(start, start + len(tokens))
+        pos = torch.arange(start, start + len(tokens), device=self.model.device)
+        ctx.append(positions, tokens, self.model.context_kv(feats, pos))
+        self.seconds += time.perf_counter() - t0
+
+    def propose(self, rows: Sequence[DraftRow], sampler: Sampler) -> list[Draft]:
+        t0 = time.perf_counter()
+        try:
+            return self._propose(rows, sampler)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def _valid(self, row: DraftRow) -> _Context:
+        """The row's context, cut to the positions still valid for its committed tokens."""
+        ctx = self._ctx.setdefault(row.seq_id, _Context())
+        last = len(row.tokens) - 1  # the token the target computes next: not context yet
+        n = 0
+        while (
+            n < ctx.n and ctx.positions[n] < last and ctx.tokens[n] == row.tokens[ctx.positions[n]]
+        ):
+            n += 1
+        ctx.truncate(n)
+        return ctx
+
+    def _propose(self, rows: Sequence[DraftRow], sampler: Sampler) -> list[Draft]:
+        live = [i for i, r in enumerate(rows) if r.k > 0]
+        if not live:
+            return [NO_DRAFT] * len(rows)
+        m = self.model
+        block = m.cfg.block_size
+        ctxs = [self._valid(rows[i]) for i in live]
+        C = max(c.n for c in ctxs)
+        layers = m.cfg.spec.layers
+        width = m.cfg.spec.kv_heads * m.cfg.spec.head_dim
+        B = len(live)
+        ck = [torch.zeros(B, C, width, dtype=m.dtype, device=m.device) for _ in range(layers)]
+        cv = [torch.zeros(B, C, width, dtype=m.dtype, device=m.device) for _ in range(layers)]
+        valid = torch.zeros(B, C, dtype=torch.bool, device=m.device)
+        for b, c in enumerate(ctxs):
+            for i in range(layers):
+                ck[i][b, : c.n] = c.k[i][: c.n] if c.n else 0
+                cv[i][b, : c.n] = c.v[i][: c.n] if c.n else 0
+            valid[b, : c.n] = True
+        tokens = torch.full((B, block), m.cfg.mask_token_id, dtype=torch.long, device=m.device)
+        starts = torch.tensor([len(rows[i].tokens) - 1 for i in live], device=m.device)
+        tokens[:, 0] = torch.tensor([rows[i].tokens[-1] for i in live], device=m.device)
+        positions = starts[:, None] + torch.arange(block, device=m.device)[None, :]
+        logits = m.block_logits(tokens, positions, list(zip(ck, cv)), valid)  # [B, block-1, V]
+        self.steps += 1
+        out = [NO_DRAFT] * len(rows)
+        for b, i in enumerate(live):
+            out[i] = self._choose(logits[b, : min(rows[i].k, block - 1)], rows[i], sampler)
+        return out
+
+    def _choose(self, logits: torch.Tensor, row: DraftRow, sampler: Sampler) -> Draft:
+        """Drafts from one row's block logits [n, vocab], position by position (module
+        docstring)."""
+        output = list(row.tokens[row.num_prompt :])
+        drafts: list[int] = []
+        probs = []
+        gen = None
+        for j in range(logits.shape[0]):
+            x = processed_logits(logits[j : j + 1], row.seq_id, row.params, output + drafts, ())
+            if row.params.greedy:
+                drafts.append(int(x[0].argmax()))
+                continue
+            q = Sampler.probabilities(x, [row.params])[0]
+            if gen is None:
+                gen = sampler.generator(SampleRow(row.seq_id, row.params, output), logits.device)
+            drafts.append(int(torch.multinomial(q, 1, generator=gen)))
+            probs.append(q)
+        return Draft(tuple(drafts), torch.stack(probs) if probs else None)
