@@ -37,6 +37,8 @@ def summary_lines(plan: Plan) -> list[str]:
     if plan.model.get("declared"):
         declared = sorted(plan.model["declared"].items())
         L.append("declared: " + " ".join(f"{k}({v})" for k, v in declared))
+    if plan.model.get("capture"):  # hidden states a drafter reads (CompileOptions.capture)
+        L.append("capture: " + " ".join(f"{k}=%{v}" for k, v in plan.model["capture"].items()))
     if plan.vision is not None:
         v = plan.vision
         L.append(

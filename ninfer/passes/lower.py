@@ -47,6 +47,8 @@ def lower(graph: Graph, options: CompileOptions) -> Plan:
     model = {
         k: meta[k] for k in ("vocab", "hidden", "layer_types", "hybrid", "declared", "max_position")
     }
+    if meta.get("capture"):  # captured hidden states: name -> output (decoder.add_captures)
+        model["capture"] = dict(meta["capture"])
     recorded = {f.name: getattr(options, f.name) for f in fields(PlanOptions)}
     recorded["cuda_graphs"] = options.cuda_graphs and options.device == "cuda"  # none on cpu
     recorded["dtype"] = (

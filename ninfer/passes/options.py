@@ -54,6 +54,10 @@ class CompileOptions:
     vision: bool = False  # run the vision tower (--vision): its weights, ops and MRoPE positions
     tensor_parallel: int = 1  # ranks the model is sharded over (passes/shard.py); a power of 2
     tp_rank: int = 0  # the rank this plan is for, 0..tensor_parallel-1
+    # hidden states the plan also outputs per position, for drafters that read them (MTP,
+    # DFlash): "final" (after the final norm) and "L{i}" (residual stream after layer i);
+    # ir/models/decoder.py add_captures. The CPU executor keeps them as `executor.hidden`.
+    capture: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -100,6 +104,17 @@ class CompileOptions:
                 f"got {self.tensor_parallel}"
             )
         int_range("tp_rank", self.tp_rank, 0, self.tensor_parallel - 1)
+        if not isinstance(self.capture, tuple) or not all(isinstance(c, str) for c in self.capture):
+            raise ConfigError(f"capture must be a tuple of names, got {self.capture!r}")
+        if self.capture and self.device != "cpu":
+            raise ConfigError(
+                f"capture {', '.join(self.capture)}: hidden-state capture (--spec mtp) runs on"
+                " --device cpu only in this build"
+            )
+        if self.capture and self.tensor_parallel > 1:
+            raise ConfigError(
+                "capture with --tensor-parallel: sharded plans do not capture hidden states"
+            )
 
     @property
     def compute_dtype(self) -> str:

@@ -105,7 +105,12 @@ def graph_for_artifact(artifact: Any, options: CompileOptions) -> Graph:
     """The unfused graph of an `ninfer.artifact.Artifact` for the options' compute dtype."""
     tensors = {n: (i.format, tuple(i.shape)) for n, i in artifact.tensors.items()}
     g = build_graph(
-        artifact.architecture, artifact.config, tensors, options.compute_dtype, options.vision
+        artifact.architecture,
+        artifact.config,
+        tensors,
+        options.compute_dtype,
+        options.vision,
+        options.capture,
     )
     g.meta["model_name"] = artifact.name
     return g

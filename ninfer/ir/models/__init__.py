@@ -9,6 +9,7 @@ from ninfer.errors import ArtifactError, ConfigError
 from ninfer.ir.builder import MissingTensor, TensorTable
 from ninfer.ir.graph import Graph
 from ninfer.ir.models import llama, qwen2, qwen3, qwen3_5
+from ninfer.ir.models.decoder import add_captures
 from ninfer.ir.ops import SignatureError
 
 BUILDERS = {
@@ -30,9 +31,11 @@ def build_graph(
     tensors: TensorTable,
     dtype: str = "f32",
     vision: bool = False,
+    capture: tuple[str, ...] = (),
 ) -> Graph:
     """The unfused graph of one step. ArtifactError when the config or tensors do not fit;
-    ConfigError for `vision` (--vision) on an artifact without a vision tower."""
+    ConfigError for `vision` (--vision) on an artifact without a vision tower, or a `capture`
+    name (decoder.add_captures: hidden states as extra outputs) the model does not have."""
     if architecture not in BUILDERS:
         raise ArtifactError(
             f"no graph builder for architecture {architecture!r} (have: {', '.join(BUILDERS)})"
@@ -48,12 +51,14 @@ def build_graph(
         )
     try:
         if vision:
-            return qwen3_5.build(spec, tensors, dtype, config, vision=True)
-        return BUILDERS[architecture](spec, tensors, dtype)
+            graph = qwen3_5.build(spec, tensors, dtype, config, vision=True)
+        else:
+            graph = BUILDERS[architecture](spec, tensors, dtype)
     except MissingTensor as e:
         raise ArtifactError(f"{architecture}: missing tensor {e.args[0]!r}") from None
     except SignatureError as e:  # a stored tensor's shape is not the one the config implies
         raise ArtifactError(f"{architecture}: the weights do not fit the config: {e}") from None
+    return add_captures(graph, capture)
 
 
 def check_tensors(architecture: str, config: dict[str, Any], tensors: TensorTable) -> None:

@@ -11,15 +11,23 @@ right after the lookup; the graph's outputs are then logits and the vision stage
 Architecture files supply the
 mixer (attention or Gated DeltaNet) and ffn (MLP or MoE) per layer, and whether RMSNorm is
 zero-centred (y = x/rms(x) * (1 + w), Qwen3.5) or plain (y = x/rms(x) * w).
+
+Hidden-state capture (`add_captures`, CompileOptions.capture) adds per-position outputs [T,
+hidden] after the logits (and the vision output), for drafters that read the target's hidden
+states (MTP, DFlash): `hidden.final` = norm_final(x) over EVERY position (the logits then read
+its rows: same numbers), `hidden.L{i}` = the residual stream after layer i. `meta["capture"]`
+maps each captured name ("final", "L{i}") to its output.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from ninfer.artifact.model_spec import ModelSpec
+from ninfer.errors import ConfigError
 from ninfer.ir.builder import GraphBuilder, TensorTable
-from ninfer.ir.graph import Graph
+from ninfer.ir.graph import Graph, Op
 from ninfer.ir.types import TensorType
 
 Block = Callable[[GraphBuilder, ModelSpec, int, str], str]
@@ -73,3 +81,50 @@ def build_decoder(
         max_position=s.max_position,
         declared=declared or {},
     )
+
+
+_LAYER = re.compile(r"L(0|[1-9][0-9]*)")
+
+
+def add_captures(g: Graph, capture: tuple[str, ...]) -> Graph:
+    """`g` (as build_decoder made it) with the hidden states `capture` names as extra outputs
+    (module docstring); in place, returns `g`. ConfigError for a name that is neither "final"
+    nor "L{i}" of an existing layer."""
+    if not capture:
+        return g
+    layers = len(g.meta["layer_types"])
+    names: dict[str, str] = {}
+    for c in capture:
+        m = _LAYER.fullmatch(c)
+        if c != "final" and (m is None or int(m.group(1)) >= layers):
+            raise ConfigError(
+                f"capture {c!r}: name 'final' or a layer 'L0'..'L{layers - 1}' of this"
+                f" {layers}-layer model"
+            )
+        names[c] = f"hidden.{c}"
+    prod = g.producer()
+    for c, out in names.items():
+        if c == "final":  # select_rows(x) -> rmsnorm  ==>  rmsnorm(x) -> select_rows
+            i, j = prod["x_last"], prod["h_final"]
+            x, rows = g.ops[i].inputs
+            norm = g.ops[j]
+            g.ops[i] = Op("rmsnorm", (x, norm.inputs[1]), (out,), dict(norm.attrs))
+            g.ops[j] = Op("select_rows", (out, rows), ("h_final",), {})
+            g.values[out] = g.values[x]
+            del g.values["x_last"]
+        else:  # the residual stream after the layer, renamed so the output says what it is
+            old = f"{c}.x_out"
+            g.ops = [
+                Op(
+                    op.kind,
+                    tuple(out if n == old else n for n in op.inputs),
+                    tuple(out if n == old else n for n in op.outputs),
+                    op.attrs,
+                    op.kernel,
+                )
+                for op in g.ops
+            ]
+            g.values[out] = g.values.pop(old)
+    g.outputs.extend(names.values())
+    g.meta["capture"] = names
+    return g

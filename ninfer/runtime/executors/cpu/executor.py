@@ -6,6 +6,7 @@ Protocol (what the engine relies on; see ninfer/runtime/step.py):
     ex = Executor(plan, artifact)
     ex.num_pages, ex.page_size, ex.num_state_slots, ex.is_hybrid
     logits = ex.run(batch)          # [rows with want_logits, vocab] float32, in chunk order
+    ex.hidden                       # captured hidden states of the last run (plan capture)
     ex.copy_state(src_slot, dst_slot)
     ex.tokens_computed              # tokens run through the model since construction
     snap = ex.snapshot(page_ids, state_slot)    # host copy (ex.kv_bytes_per_page per page
@@ -95,6 +96,11 @@ class Executor(PlanExecutorBase):
         # positions computed by `run` since construction (every chunk token, prefill or decode;
         # state copies excluded): tests read deltas of it to prove prefix reuse skipped work
         self.tokens_computed = 0
+        # hidden states the plan captures (CompileOptions.capture): name ("final", "L{i}") ->
+        # output; after each `run`, `hidden[name]` holds [T, hidden], one row per token of the
+        # step in chunk order (as the batch's tokens), for drafters that read them
+        self._capture: dict[str, str] = dict(plan.model.get("capture") or {})
+        self.hidden: dict[str, torch.Tensor] = {}
 
     @property
     def num_pages(self) -> int:
@@ -175,6 +181,7 @@ class Executor(PlanExecutorBase):
         env = self._interpret(ctx, env, decode=False)
         self.last_step_seconds = time.perf_counter() - t0
         self.tokens_computed += batch.num_tokens
+        self.hidden = {name: env[out] for name, out in self._capture.items()}
         return env[self.plan.outputs[0]]
 
     def _vision_stage(self, ctx: VisionContext, inputs: dict[str, Any]) -> dict[str, Any]:
