@@ -80,6 +80,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also print every weight and call (rows of identical layers folded)",
     )
+    p.add_argument(
+        "--spec",
+        choices=("mtp",),
+        help="mtp: the target plan captures the hidden states the MTP head reads, and the "
+        "head's own plan (the drafter stage, its own KV pages) is printed after it",
+    )
+    p.add_argument(
+        "--lm-head-draft",
+        action="store_true",
+        help="with --spec mtp: the head's plan without its full logits (the drafter applies "
+        "the reduced, frequency-ranked head)",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
@@ -99,6 +111,7 @@ def options_from_args(args: argparse.Namespace) -> CompileOptions:
         device_memory=_memory_bytes(args.memory_gib),
         vision=args.vision,
         tensor_parallel=args.tensor_parallel,
+        capture=("final",) if getattr(args, "spec", None) == "mtp" else (),
     )
 
 
@@ -125,9 +138,20 @@ def run(args: argparse.Namespace) -> int:
                 print(f"== rank {p.parallel.rank} of {p.parallel.world} ==")  # type: ignore[union-attr]
                 print(p.to_text(verbose=args.verbose), end="")
         return 0
+    if args.lm_head_draft and args.spec is None:
+        raise ConfigError("--lm-head-draft requires --spec mtp")
     plan = compile_artifact(artifact, options)
+    head = None
+    if args.spec == "mtp":  # the drafter's stage: the artifact's MTP head, its own plan
+        from ninfer.passes.pipeline import compile_mtp
+
+        head = compile_mtp(artifact, options, logits=not args.lm_head_draft)
     if args.json:
-        print(plan.to_json(indent=2))
+        data = plan.to_dict()
+        print(json.dumps(data if head is None else {"plan": data, "mtp": head.to_dict()}, indent=2))
     else:
         print(plan.to_text(verbose=args.verbose), end="")
+        if head is not None:
+            print("== mtp (--spec mtp drafter stage) ==")
+            print(head.to_text(verbose=args.verbose), end="")
     return 0

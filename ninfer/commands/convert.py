@@ -1,4 +1,8 @@
-"""`ninfer convert SRC -o OUT.ninfer`: a Hugging Face directory or a GGUF file to .ninfer."""
+"""`ninfer convert SRC -o OUT.ninfer`: a Hugging Face directory or a GGUF file to .ninfer.
+
+`ninfer convert SRC.ninfer --mtp-head HEAD.safetensors -o OUT.ninfer` attaches a separately
+trained MTP head (`mtp.*` tensors) as the artifact's mtp component (ninfer/artifact/attach.py).
+"""
 
 from __future__ import annotations
 
@@ -31,6 +35,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--chat-template",
         metavar="FILE",
         help="Jinja chat template to store instead of the source's",
+    )
+    p.add_argument(
+        "--mtp-head",
+        metavar="HEAD.safetensors",
+        help="with a .ninfer SRC: attach this MTP head (mtp.* tensors) as its mtp component",
     )
     p.add_argument(
         "--generation-defaults",
@@ -71,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConvertError(f"{src}: no such file or directory")
     if Path(out).is_dir():
         raise ConvertError(f"-o {out}: is a directory; name the .ninfer file to write")
+    if args.mtp_head is not None or src.suffix == ".ninfer":
+        return _attach(args, src, out)
     options = {
         "weights": args.weights,
         "name": args.name,
@@ -93,5 +104,26 @@ def run(args: argparse.Namespace) -> int:
             from ninfer.artifact.convert_hf import convert_hf
 
             convert_hf(src, out, **options)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def _attach(args: argparse.Namespace, src: Path, out: Path) -> int:
+    """SRC.ninfer --mtp-head HEAD: the artifact with the head attached (no other option)."""
+    if args.mtp_head is None or src.suffix != ".ninfer":
+        raise ConvertError(
+            "--mtp-head goes with a .ninfer SRC (an artifact to attach the head to)"
+            if args.mtp_head is not None
+            else f"{src}: already an artifact; give --mtp-head HEAD.safetensors to attach a head"
+        )
+    given = [f for f in ("weights", "chat_template", "generation_defaults") if getattr(args, f)]
+    if given or args.quantize_lm_head:
+        flags = [f"--{f.replace('_', '-')}" for f in given] or ["--quantize-lm-head"]
+        raise ConvertError(f"{', '.join(flags)}: not applied when attaching an MTP head")
+    if not Path(args.mtp_head).is_file():
+        raise ConvertError(f"--mtp-head {args.mtp_head}: no such file")
+    from ninfer.artifact.attach import attach_mtp, read_head
+
+    attach_mtp(src, read_head(Path(args.mtp_head)), out, check_tensors, args.name)
     print(f"wrote {out}", file=sys.stderr)
     return 0

@@ -238,6 +238,15 @@ def config_from_args(
             if args.spec == "draft" and args.draft_model is not None
             else {}
         ),
+        **(  # the artifact's MTP head (its mtp component: checked before the engine starts)
+            {
+                "spec": "mtp",
+                "draft_tokens": args.draft_tokens or 3,
+                "lm_head_draft": args.lm_head_draft,
+            }
+            if args.spec == "mtp"
+            else {}
+        ),
     )
     values = {k: v for k, v in vars(args).items() if k in _CONFIG_FIELDS}
     return ServeConfig(**values, engine=engine)
@@ -334,7 +343,11 @@ def open_artifact(config: ServeConfig) -> Any:
     check_capabilities(config, artifact.components)
     if warning := model_context_warning(config, artifact.config):
         logging.getLogger("ninfer.serve").warning(warning)
-    if config.spec not in (None, "draft"):  # lossless either way: the same tokens, one per step
+    if config.spec not in (
+        None,
+        "draft",
+        "mtp",
+    ):  # lossless either way: the same tokens, one per step
         logging.getLogger("ninfer.serve").warning(
             "--spec %s: this build of ninfer has no speculative decoding runtime; requests decode "
             "one token per step and the speculative counters stay 0",

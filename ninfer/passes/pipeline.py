@@ -27,7 +27,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from ninfer.ir.graph import Graph
-from ninfer.ir.models import build_graph
+from ninfer.ir.models import build_graph, build_mtp_graph
 from ninfer.ir.plan import Plan
 from ninfer.ir.verify import verify
 from ninfer.passes.assign_kernels import ASSIGN_KERNELS
@@ -114,6 +114,19 @@ def graph_for_artifact(artifact: Any, options: CompileOptions) -> Graph:
     )
     g.meta["model_name"] = artifact.name
     return g
+
+
+def compile_mtp(artifact: Any, options: CompileOptions, logits: bool = True) -> Plan:
+    """The plan of `artifact`'s MTP head (ir/models/mtp.py): the `--spec mtp` drafter's own
+    stage, compiled with the target's options (its own KV pool of the same capacity; no
+    capture). ConfigError when the artifact has no mtp component. `logits` False: the head's
+    output hidden only (--lm-head-draft applies a reduced head to it)."""
+    tensors = {n: (i.format, tuple(i.shape)) for n, i in artifact.tensors.items()}
+    g = build_mtp_graph(
+        artifact.architecture, artifact.config, tensors, options.compute_dtype, logits
+    )
+    g.meta["model_name"] = f"{artifact.name}-mtp"
+    return compile_graph(g, dataclasses.replace(options, capture=(), vision=False))
 
 
 def compile_ranks(

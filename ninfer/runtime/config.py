@@ -30,7 +30,7 @@ DEFAULT_HOST_CONTEXT_MIB = 8192  # --host-context-mib default: 8192 MiB ...
 DEFAULT_HOST_STATE_IMAGES = 8  # ... plus this many recurrent-state images
 NO_TIMEOUT_MS = 1 << 40  # the largest --pending-timeout-ms: waiting is never cut short
 
-SPEC_ENGINE_BACKENDS = (None, "draft")  # speculative backends the engine runs
+SPEC_ENGINE_BACKENDS = (None, "draft", "mtp")  # speculative backends the engine runs
 MAX_DRAFT_TOKENS = 15  # most draft tokens per round (a verify chunk of 16 tokens)
 
 _COMPILE_FIELDS = frozenset(f.name for f in dataclasses.fields(CompileOptions))
@@ -66,6 +66,9 @@ class EngineOptions:
     spec: str | None = None
     draft_model: str | None = None
     draft_tokens: int = 4  # tokens proposed per round (k); the verify chunk is k + 1 tokens
+    # --lm-head-draft: the drafter's logits use a reduced, frequency-ranked part of the lm_head
+    # (ninfer/spec/draft_vocab.py); drafts are still verified by the full target
+    lm_head_draft: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.compile, CompileOptions):
@@ -95,14 +98,21 @@ class EngineOptions:
                 f"--spec {self.spec} with --tensor-parallel: speculative rounds are not run on "
                 "sharded engines in this build; drop one of them"
             )
+        if self.lm_head_draft and self.spec != "mtp":
+            raise ConfigError("--lm-head-draft requires --spec mtp in this build")
         if self.spec is not None:  # k more state slots per lane (hybrid models use them)
             spec_slots = self.compile.max_concurrency * self.draft_tokens
             rows = min(MAX_VERIFY_ROWS, self.compile.max_concurrency * (self.draft_tokens + 1))
+            # the MTP head reads the target's hidden after the final norm at every position
+            capture = ("final",) if self.spec == "mtp" else ()
+            capture = self.compile.capture + tuple(
+                c for c in capture if c not in self.compile.capture
+            )
             compile_options = dataclasses.replace(
-                self.compile, spec_state_slots=spec_slots, verify_rows=rows
+                self.compile, spec_state_slots=spec_slots, verify_rows=rows, capture=capture
             )
             object.__setattr__(self, "compile", compile_options)
-        for name in ("prefix_reuse", "overlap", "collect_timings"):
+        for name in ("prefix_reuse", "overlap", "collect_timings", "lm_head_draft"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
 

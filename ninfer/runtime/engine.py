@@ -384,6 +384,8 @@ class Engine:
                 return _Launched(plan, tokens, work_class)
             if fed is None:
                 logits = self._executor.run(plan.batch)  # [rows, vocab]
+                if self._spec is not None:  # a plain step of a speculating engine: MTP's rows
+                    self._spec.observe(plan.batch, self._executor)
             else:
                 logits = self._executor.run(plan.batch, fed=fed.ids)
                 if any(s.request.constraint is not None for s in plan.logit_seqs):

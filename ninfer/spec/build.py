@@ -5,10 +5,17 @@
             ──compile_artifact(options.compile)──▶ its plan ──make_executor──▶
         its executor (its own KV pages) ──▶ DraftModelDrafter ──▶ Speculator
 
+    --spec mtp [--lm-head-draft]
+        the artifact's mtp component ──compile_mtp(options.compile)──▶ the head's own plan
+        ──make_executor──▶ its executor (its own KV pages) ──▶ MtpDrafter ──▶ Speculator
+        (the target plan captures "final" hidden states: EngineOptions adds the capture;
+        --lm-head-draft: the head's logits over draft_vocab's frequency-ranked subset)
+
 Refused at startup, each with a one-line ConfigError: a draft model whose tokenizer differs
 from the target's (the drafts would be other tokens), a hybrid (Gated DeltaNet) target on CUDA
 (its kernels keep no per-position state for the round slots yet) and a hybrid draft model (its
-own state would need the same rollback).
+own state would need the same rollback). `--spec mtp` on an artifact without an mtp
+component is refused (ConfigError naming it; the server checks components first).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Any
 from ninfer.errors import ConfigError
 from ninfer.runtime.config import EngineOptions
 from ninfer.spec.draft_model import DraftModelDrafter
+from ninfer.spec.mtp import MtpDrafter
 from ninfer.spec.speculator import Speculator
 
 
@@ -46,6 +54,8 @@ def build_speculator(artifact: Any, options: EngineOptions, executor: Any) -> Sp
             " (Gated DeltaNet) model, whose verify rounds run on --device cpu only so far (the"
             " CUDA kernels keep no per-position state); serve it without --spec"
         )
+    if options.spec == "mtp":
+        return Speculator(_mtp_drafter(artifact, options))
     assert options.spec == "draft" and options.draft_model is not None
     # a .ninfer as it is; a .gguf or Hugging Face directory converted once into the cache
     draft = Artifact(servable_path(options.draft_model, check_model=check_tensors))
@@ -62,3 +72,27 @@ def build_speculator(artifact: Any, options: EngineOptions, executor: Any) -> Sp
             " DeltaNet) model; use an attention-only draft model"
         )
     return Speculator(DraftModelDrafter(draft_executor, max_chunk=options.prefill_chunk))
+
+
+def _mtp_drafter(artifact: Any, options: EngineOptions) -> MtpDrafter:
+    """The MTP head of `artifact` on its own executor (module docstring)."""
+    from ninfer.passes.pipeline import compile_mtp
+    from ninfer.runtime.executors.choose import make_executor
+
+    if "mtp" not in getattr(artifact, "components", ()):
+        have = ", ".join(getattr(artifact, "components", ())) or "none"
+        raise ConfigError(
+            f"--spec mtp needs the artifact's mtp component, but it has only {have}; drop"
+            " --spec or convert a checkpoint with MTP weights"
+        )
+    plan = compile_mtp(artifact, options.compile, logits=not options.lm_head_draft)
+    executor = make_executor(plan, artifact, options.device)
+    if not options.lm_head_draft:
+        return MtpDrafter(executor, max_chunk=options.prefill_chunk)
+    from ninfer.spec.draft_vocab import draft_head
+
+    vocab, head = draft_head(artifact, executor.dtype, executor.device)
+    return MtpDrafter(
+        executor, max_chunk=options.prefill_chunk, vocab=vocab, head=head,
+        vocab_size=int(plan.model["vocab"]),
+    )  # fmt: skip

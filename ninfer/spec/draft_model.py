@@ -80,7 +80,7 @@ class DraftModelDrafter:
             logits = self.executor.run(StepBatch(tuple(chunks)))  # type: ignore[attr-defined]
             self.steps += 1
             for row, i in enumerate(active):
-                tok, q = self._choose(logits[row : row + 1], rows[i], drafts[i], sampler)
+                tok, q = choose_draft(logits[row : row + 1], rows[i], drafts[i], sampler)
                 drafts[i].append(tok)
                 if q is not None:
                     probs[i].append(q)
@@ -136,14 +136,16 @@ class DraftModelDrafter:
             st.pages += pages
         return True
 
-    def _choose(
-        self, logits: torch.Tensor, row: DraftRow, drafts: list[int], sampler: Sampler
-    ) -> tuple[int, torch.Tensor | None]:
-        """The next draft of `row` from the draft model's logits [1, vocab] (and q)."""
-        output = list(row.tokens[row.num_prompt :]) + drafts
-        x = processed_logits(logits, row.seq_id, row.params, output, ())
-        if row.params.greedy:
-            return int(x[0].argmax()), None
-        q = Sampler.probabilities(x, [row.params])[0]
-        gen = sampler.generator(SampleRow(row.seq_id, row.params, output), logits.device)
-        return int(torch.multinomial(q, 1, generator=gen)), q
+
+def choose_draft(
+    logits: torch.Tensor, row: DraftRow, drafts: list[int], sampler: Sampler
+) -> tuple[int, torch.Tensor | None]:
+    """The next draft of `row` after `drafts` from a drafter's logits [1, vocab], and q (the
+    distribution it was drawn from; None for a greedy row: the argmax)."""
+    output = list(row.tokens[row.num_prompt :]) + drafts
+    x = processed_logits(logits, row.seq_id, row.params, output, ())
+    if row.params.greedy:
+        return int(x[0].argmax()), None
+    q = Sampler.probabilities(x, [row.params])[0]
+    gen = sampler.generator(SampleRow(row.seq_id, row.params, output), logits.device)
+    return int(torch.multinomial(q, 1, generator=gen)), q

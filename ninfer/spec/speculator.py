@@ -5,6 +5,7 @@
       ▼ drafter.propose(rows with k_i > 0)                      up to k_i drafts per row
       ▼ scheduler.widen(plan, drafts)                           verify chunks, pages reserved
       ▼ executor.run(batch)                                     ONE forward, k_i + 1 logits rows
+    ▼ drafter.observe(batch, executor.hidden)                 (MTP) the target's hidden rows
       ▼ verify_row per verify chunk, the plain sampler for every other row
     Accepted: per logits chunk an int (plain row) or the round's tokens (verify chunk), which
     Scheduler.commit takes.
@@ -61,6 +62,15 @@ class Speculator:
     def forget(self, seq_id: int) -> None:
         self.drafter.forget(seq_id)
 
+    def observe(self, batch: Any, executor: Any) -> None:
+        """The target just ran `batch`: hand a drafter that reads the target's hidden states
+        (MTP: `observe(batch, hidden)`) the rows `executor` captured. Every target step of a
+        speculating engine passes here, plain ones (constrained rows) included."""
+        hook = getattr(self.drafter, "observe", None)
+        hidden = getattr(executor, "hidden", None)
+        if hook is not None and hidden:
+            hook(batch, hidden)
+
     def launch(
         self, sched: Scheduler, plan: StepPlan, executor: Any, sampler: Sampler
     ) -> tuple[StepPlan, Accepted]:
@@ -83,6 +93,7 @@ class Speculator:
                     drafts[row.seq_id] = d
             plan = sched.widen(plan, {i: d.tokens for i, d in drafts.items()})
         logits = executor.run(plan.batch)  # [sum of num_logits, vocab]
+        self.observe(plan.batch, executor)
         chosen: list[Any] = []
         plain: list[tuple[int, int, SampleRow]] = []  # (index in chosen, logits row, row)
         r = 0

@@ -8,3 +8,12 @@ import pytest
 @pytest.fixture(scope="module", autouse=True)
 def _single_threaded(one_thread):
     """Every module here runs with one intra-op thread (tests/conftest.py, one_thread)."""
+
+
+@pytest.fixture(scope="session")
+def mtp_artifacts(fixture_root):
+    """arch -> the tiny random fixture of `arch` with a seeded random MTP head, converted from
+    its Hugging Face directory plus `mtp.safetensors` (artifacts/mtp_head.py)."""
+    from artifacts.mtp_head import build_mtp_fixture
+
+    return lambda arch: build_mtp_fixture(arch, fixture_root)

@@ -53,13 +53,15 @@ def run(engine: Engine, requests: list[Request]) -> list[RequestOutput]:
     return [h.result(T) for h in handles]
 
 
-def check_counters(outs: list[RequestOutput], stats: EngineStats, k: int) -> None:
+def check_counters(
+    outs: list[RequestOutput], stats: EngineStats, k: int, backend: str = "draft"
+) -> None:
     """Per request drafted >= accepted and position counts in range; the sums are the global
     counters."""
     specs = [o.timings.speculative for o in outs]
     assert all(s is not None for s in specs)
     for s in specs:
-        assert s["backend"] == "draft" and s["draft_window"] == k
+        assert s["backend"] == backend and s["draft_window"] == k
         assert s["drafted_tokens"] >= s["accepted_tokens"] >= 0
         assert s["drafted_tokens"] <= k * s["rounds"]
         assert len(s["accepted_per_position"]) == k

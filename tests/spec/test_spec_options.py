@@ -53,7 +53,9 @@ def test_a_backend_without_its_component_is_refused_naming_it():
 def test_engine_options_validate_the_speculative_fields():
     with pytest.raises(ConfigError, match="--spec draft and --draft-model"):
         EngineOptions.of(spec="draft")
-    with pytest.raises(ConfigError, match="--spec mtp: the engine runs draft"):
-        EngineOptions.of(spec="mtp")
+    with pytest.raises(ConfigError, match="--spec dflash: the engine runs draft, mtp"):
+        EngineOptions.of(spec="dflash")
+    with pytest.raises(ConfigError, match="--lm-head-draft requires --spec mtp"):
+        EngineOptions.of(spec="draft", draft_model="x", lm_head_draft=True)
     with pytest.raises(ConfigError, match="--draft-tokens must be in 1..15"):
         EngineOptions.of(spec="draft", draft_model="x", draft_tokens=0)

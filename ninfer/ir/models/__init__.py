@@ -10,6 +10,7 @@ from ninfer.ir.builder import MissingTensor, TensorTable
 from ninfer.ir.graph import Graph
 from ninfer.ir.models import llama, qwen2, qwen3, qwen3_5
 from ninfer.ir.models.decoder import add_captures
+from ninfer.ir.models.mtp import build_mtp, has_mtp
 from ninfer.ir.ops import SignatureError
 
 BUILDERS = {
@@ -58,15 +59,41 @@ def build_graph(
         raise ArtifactError(f"{architecture}: missing tensor {e.args[0]!r}") from None
     except SignatureError as e:  # a stored tensor's shape is not the one the config implies
         raise ArtifactError(f"{architecture}: the weights do not fit the config: {e}") from None
+    if has_mtp(tensors):  # run by `--spec mtp` as its own plan (build_mtp_graph)
+        graph.meta["declared"].setdefault("mtp", "declared, not executed")
     return add_captures(graph, capture)
+
+
+def build_mtp_graph(
+    architecture: str,
+    config: dict[str, Any],
+    tensors: TensorTable,
+    dtype: str = "f32",
+    logits: bool = True,
+) -> Graph:
+    """The graph of the artifact's MTP head (ir/models/mtp.py). ConfigError when the artifact
+    has no `mtp` component; ArtifactError when its `mtp.*` tensors do not make a head."""
+    if not has_mtp(tensors):
+        raise ConfigError(
+            "--spec mtp needs the artifact's mtp component (mtp.* tensors), which it lacks"
+        )
+    spec = model_spec(architecture, config)
+    try:
+        return build_mtp(spec, tensors, dtype, logits)
+    except MissingTensor as e:
+        raise ArtifactError(f"{architecture} MTP head: missing tensor {e.args[0]!r}") from None
+    except SignatureError as e:
+        raise ArtifactError(f"{architecture} MTP head: {e}") from None
 
 
 def check_tensors(architecture: str, config: dict[str, Any], tensors: TensorTable) -> None:
     """Raise ArtifactError unless `tensors` build the model `config` describes (the check a
     converter runs before it writes an artifact: ninfer.artifact.convert_hf.check_fits)."""
     build_graph(architecture, config, tensors)
+    if has_mtp(tensors):  # an attached MTP head fits the model too
+        build_mtp_graph(architecture, config, tensors)
     if any(t.startswith("visual.") for t in tensors) and architecture in VISION_ARCHITECTURES:
         build_graph(architecture, config, tensors, vision=True)  # the tower's weights fit too
 
 
-__all__ = ["BUILDERS", "ModelSpec", "build_graph", "check_tensors", "model_spec"]
+__all__ = ["BUILDERS", "ModelSpec", "build_graph", "build_mtp_graph", "check_tensors", "model_spec"]

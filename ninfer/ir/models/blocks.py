@@ -33,14 +33,16 @@ def attention(
     gated: bool,
     zero_centered: bool,
     qkv_bias: bool = False,
+    prefix: str = "model.layers",
 ) -> str:
     """Self-attention over the paged KV cache `kv.L{i}`. q/k/v carry a bias when `qkv_bias`
-    (Qwen2) or the config's attention_bias says so; o_proj only with attention_bias.
+    (Qwen2) or the config's attention_bias says so; o_proj only with attention_bias. Weights
+    are `{prefix}.{i}.self_attn.*` (an MTP head's layer: prefix "mtp.layers").
 
     q: [T, heads*head_dim] (gated: q_proj emits [T, heads*2*head_dim] = per head query|gate),
     k, v: [T, kv_heads*head_dim]; output o_proj(o) [T, hidden].
     """
-    p, n = f"model.layers.{i}.self_attn", f"L{i}"
+    p, n = f"{prefix}.{i}.self_attn", f"L{i}"
     g = f"{n}.attn_in"
     in_bias = qkv_bias or s.attention_bias
     q = linear(b, h, f"{p}.q_proj", f"{n}.q_proj", g, "q", in_bias)
@@ -90,10 +92,12 @@ def mlp(
     return linear(b, act, f"{prefix}.down_proj", f"{name}.mlp_out", f"{name}.mlp_out", "down", bias)
 
 
-def moe(b: GraphBuilder, s: ModelSpec, i: int, h: str, *, shared: bool) -> str:
+def moe(
+    b: GraphBuilder, s: ModelSpec, i: int, h: str, *, shared: bool, prefix: str = "model.layers"
+) -> str:
     """Top-k routed experts (softmax in f32 over all experts, then top-k), plus an optional
-    shared expert scaled by sigmoid(shared_expert_gate h)."""
-    p, n = f"model.layers.{i}.mlp", f"L{i}"
+    shared expert scaled by sigmoid(shared_expert_gate h). Weights: `{prefix}.{i}.mlp.*`."""
+    p, n = f"{prefix}.{i}.mlp", f"L{i}"
     top_w, top_i = b.op(
         "moe_router",
         [h, b.weight(f"{p}.gate.weight")],

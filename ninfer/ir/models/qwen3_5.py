@@ -4,9 +4,9 @@ Layers are Gated DeltaNet (linear attention) or gated full attention as `layer_t
 Full attention: q_proj emits per head query|gate, zero-centred q/k norm, rotary on the first
 partial_rotary_factor of each head, output * sigmoid(gate). Every RMSNorm is zero-centred except
 the DeltaNet output norm (gated, plain weight). MoE layers add a shared expert gated by
-sigmoid(shared_expert_gate h); the router always renormalises. MTP heads are declared in
-`meta["declared"]` when present but not executed; so is the vision tower, unless the graph is
-built `vision=True`: then it runs (qwen3_5_vision.py) and the text rotary is 3-axis (MRoPE).
+sigmoid(shared_expert_gate h); the router always renormalises. An MTP head is declared in
+`meta["declared"]` (the `--spec mtp` drafter runs it as its own plan: ir/models/mtp.py); so is
+the vision tower, unless the graph is built `vision=True`: then it runs (qwen3_5_vision.py) and the text rotary is 3-axis (MRoPE).
 """
 
 from __future__ import annotations
@@ -41,9 +41,7 @@ def build(
     vision: bool = False,
 ) -> Graph:
     """`vision`: run the tower (`config`: the artifact's config, holding vision_config)."""
-    declared = {}
-    if any(t.startswith("mtp.") for t in tensors):
-        declared["mtp"] = "declared, not executed"
+    declared = {}  # an MTP head is declared by build_graph (run as its own plan by --spec mtp)
     if not vision:
         if any(t.startswith("visual.") for t in tensors):
             declared["vision"] = "declared, not executed"

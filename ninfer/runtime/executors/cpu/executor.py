@@ -116,13 +116,18 @@ class Executor(PlanExecutorBase):
 
     @torch.inference_mode()
     def run(
-        self, batch: StepBatch, all_logits: bool = False, fed: torch.Tensor | None = None
+        self,
+        batch: StepBatch,
+        all_logits: bool = False,
+        fed: torch.Tensor | None = None,
+        inputs: dict[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Run one step. Returns float32 logits [rows, vocab]: for each chunk with
         want_logits its last `num_logits` positions (one row, or k + 1 for a verify chunk), in
         chunk order; with `all_logits`, every position of
         every chunk instead (used by `LLM.logits`). `fed`: the previous step's sampled ids,
-        for a batch with `fed_rows`."""
+        for a batch with `fed_rows`. `inputs`: step inputs a stage's plan has beyond tokens and
+        positions (an MTP head's `hidden` [T, hidden], rows in chunk order)."""
         t0 = time.perf_counter()
         for cp in batch.state_copies:
             self.copy_state(cp.src_slot, cp.dst_slot)
@@ -177,6 +182,14 @@ class Executor(PlanExecutorBase):
             hidden = int(self.plan.model["hidden"])
             env["media_embeds"], env["media_rows"] = self.media.step_inputs(begins, hidden)
         env["logit_rows"] = torch.tensor(rows, dtype=torch.int32, device=self.device)
+        for name, value in (inputs or {}).items():
+            if name not in self.plan.inputs or name in env:
+                raise ValueError(f"step input {name!r} is not an extra input of this plan")
+            if value.shape[0] != len(tokens):
+                raise ValueError(
+                    f"step input {name!r}: {value.shape[0]} rows for {len(tokens)} tokens"
+                )
+            env[name] = value.to(self.device, self.dtype)
         ctx = StepContext(chunks, self.kv, self.state, self._rope)
         env = self._interpret(ctx, env, decode=False)
         self.last_step_seconds = time.perf_counter() - t0

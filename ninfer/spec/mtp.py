@@ -1,0 +1,229 @@
+"""`--spec mtp`: the artifact's MTP head proposes the drafts from the target's hidden states.
+
+The head (ir/models/mtp.py) runs as its own plan on its own executor and KV pages (allocated
+here from its own page pool). Position p of the head reads the target's hidden after the final
+norm at p and the embedding of token p + 1, and predicts token p + 2::
+
+    target computed positions 0 .. n-1 (tokens[n] is the token it computes next)
+    head step 1    positions f .. n-1: (h_target[p], tokens[p+1])   -> d1 (from position n-1)
+    head step i    position n+i-2: (h_head[n+i-3], d(i-1))          -> di (its own output hidden)
+
+f is where the head's valid KV ends. Hidden rows come from `observe`, which the engine calls
+after EVERY target step of a speculating engine (prefill, decode and verify chunks) with the
+captured "final" rows (CompileOptions.capture); a chunk starting at position s supersedes every
+row at or after s (they were computed from tokens that a later step recomputed, e.g. rejected
+drafts), and at proposal time the rows still held are checked against the committed tokens
+(a row at a position whose token differs, and every row after it, is dropped). So the head only
+ever reads hidden states of committed tokens; its KV at draft positions (steps 2..k) is never
+kept: the next round rewrites those positions from the target's rows.
+
+A row whose history has a gap (positions the target never computed in this engine, e.g. a
+prefix reused from the cache) gets no draft and decodes plainly: the head cannot build its KV
+there without the target's hidden states.
+
+`vocab` (--lm-head-draft, FR-Spec): the head's logits use only those lm_head rows (token ids,
+ranked by frequency; ninfer/spec/draft_vocab.py); q is zero outside them, so sampled rows are
+still verified exactly and greedy output is unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ninfer.runtime.executors.sampler import Sampler
+from ninfer.runtime.pages import PagePool
+from ninfer.runtime.step import SeqChunk, StepBatch
+from ninfer.spec.draft_model import choose_draft
+from ninfer.spec.drafter import NO_DRAFT, Draft, DraftRow
+
+
+@dataclass
+class _HeadSeq:
+    pages: list[int] = field(default_factory=list)
+    seen: list[int] = field(default_factory=list)  # target tokens by position (-1: not computed)
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # position -> row, not fed yet
+    fed: list[int] = field(default_factory=list)  # head KV position p holds (h[p], fed[p])
+
+
+class MtpDrafter:
+    """Drafts with `executor`, a plan executor of the artifact's MTP head (module docstring).
+    `head` [len(vocab), hidden] with `vocab` (token ids): the reduced draft head of
+    --lm-head-draft, whose logits the drafter computes from the head's output hidden (the plan
+    then has no logits of its own); None: the plan's full logits."""
+
+    name = "mtp"
+
+    def __init__(
+        self,
+        executor: Any,
+        max_chunk: int = 1 << 30,
+        vocab: torch.Tensor | None = None,
+        head: torch.Tensor | None = None,
+        vocab_size: int | None = None,
+    ) -> None:
+        self.executor = executor
+        self.page_size: int = executor.page_size
+        self.pool = PagePool(executor.num_pages)
+        self.max_chunk = max_chunk  # longest catch-up chunk (the head plan's prefill chunk)
+        self.vocab = vocab
+        self.head = head
+        self.vocab_size = vocab_size or int(executor.plan.model["vocab"])
+        self._seqs: dict[int, _HeadSeq] = {}
+        self.steps = 0  # head forwards run (bench: drafter cost per round)
+        self.seconds = 0.0  # wall time spent proposing
+
+    # -- the engine's hook ---------------------------------------------------------------------
+    def observe(self, batch: Any, hidden: dict[str, torch.Tensor]) -> None:
+        """The target ran `batch` (a StepBatch); `hidden["final"]` [T, hidden] holds its rows in
+        chunk order. Keeps each chunk's rows by position, superseding older ones."""
+        rows = hidden["final"]
+        r = 0
+        for c in batch.chunks:
+            n = len(c.token_ids)
+            st = self._seqs.setdefault(c.seq_id, _HeadSeq())
+            s = c.start_pos
+            del st.seen[s:]
+            for p in [p for p in st.hidden if p >= s]:
+                del st.hidden[p]
+            st.seen.extend([-1] * (s - len(st.seen)))  # a gap: never computed here
+            st.seen.extend(c.token_ids)
+            block = rows[r : r + n].clone()
+            for i in range(n):
+                st.hidden[s + i] = block[i]
+            r += n
+
+    def forget(self, seq_id: int) -> None:
+        st = self._seqs.pop(seq_id, None)
+        if st is not None:
+            self.pool.release(st.pages)
+
+    # -- proposing -----------------------------------------------------------------------------
+    def propose(self, rows: Sequence[DraftRow], sampler: Sampler) -> list[Draft]:
+        t0 = time.perf_counter()
+        try:
+            return self._propose(rows, sampler)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def _propose(self, rows: Sequence[DraftRow], sampler: Sampler) -> list[Draft]:
+        live = [i for i, r in enumerate(rows) if r.k > 0 and self._prepare(r, rows)]
+        self._catch_up([rows[i] for i in live])
+        drafts: list[list[int]] = [[] for _ in rows]
+        probs: list[list[torch.Tensor]] = [[] for _ in rows]
+        last: dict[int, torch.Tensor] = {}  # row index -> the head's output hidden at its tip
+        for step in range(max((rows[i].k for i in live), default=0)):
+            active = [i for i in live if rows[i].k > step]
+            chunks, hid = [], []
+            for i in active:
+                r, st = rows[i], self._seqs[rows[i].seq_id]
+                if step == 0:  # the rest of the target's rows: positions len(fed) .. n-1
+                    start, n = len(st.fed), len(r.tokens) - 1
+                    ids = tuple(r.tokens[start + 1 : n + 1])
+                    hid.append(torch.stack([st.hidden[p] for p in range(start, n)]))
+                    st.fed.extend(ids)
+                    for p in range(start, n - 1):  # fed; the last stays for a repeated round
+                        del st.hidden[p]
+                else:  # the head's own output at the previous position, and the last draft
+                    start = len(r.tokens) - 2 + step
+                    ids = (drafts[i][-1],)
+                    hid.append(last[i][None])
+                chunks.append(SeqChunk(r.seq_id, ids, start, tuple(st.pages)))
+            logits = self._run(StepBatch(tuple(chunks)), torch.cat(hid))
+            ends = torch.tensor([len(c.token_ids) for c in chunks]).cumsum(0) - 1
+            out = self.executor.hidden["final"][ends]
+            for row, i in enumerate(active):
+                last[i] = out[row]
+                tok, q = choose_draft(logits[row : row + 1], rows[i], drafts[i], sampler)
+                drafts[i].append(tok)
+                if q is not None:
+                    probs[i].append(q)
+        result = []
+        for i, r in enumerate(rows):
+            if not drafts[i]:
+                result.append(NO_DRAFT)
+                continue
+            result.append(Draft(tuple(drafts[i]), torch.stack(probs[i]) if probs[i] else None))
+        return result
+
+    def _run(self, batch: StepBatch, hidden: torch.Tensor) -> torch.Tensor:
+        """One head forward; logits [rows, vocab] (full vocabulary; -inf outside the reduced
+        head's `vocab`)."""
+        self.steps += 1
+        logits = self.executor.run(batch, inputs={"hidden": hidden})
+        if self.head is None:
+            return logits
+        ends = torch.tensor(
+            [len(c.token_ids) for c in batch.chunks if c.want_logits]
+        ).cumsum(0) - 1  # fmt: skip
+        h = self.executor.hidden["final"][ends]
+        full = torch.full((h.shape[0], self.vocab_size), float("-inf"), device=h.device)
+        full[:, self.vocab] = (h.float() @ self.head.T).float()
+        return full
+
+    def _catch_up(self, rows: Sequence[DraftRow]) -> None:
+        """Feed long backlogs (a new prompt, a replay) in chunks of at most `max_chunk` tokens
+        until each row has at most `max_chunk` positions left for step 1."""
+        while True:
+            chunks, hid = [], []
+            for r in rows:
+                st = self._seqs[r.seq_id]
+                start, n = len(st.fed), len(r.tokens) - 1
+                if n - start > self.max_chunk:
+                    end = start + self.max_chunk
+                    ids = tuple(r.tokens[start + 1 : end + 1])
+                    hid.append(torch.stack([st.hidden.pop(p) for p in range(start, end)]))
+                    chunks.append(SeqChunk(r.seq_id, ids, start, tuple(st.pages), None, False))
+                    st.fed.extend(ids)
+            if not chunks:
+                return
+            self.steps += 1
+            self.executor.run(StepBatch(tuple(chunks)), inputs={"hidden": torch.cat(hid)})
+
+    def _prepare(self, row: DraftRow, rows: Sequence[DraftRow]) -> bool:
+        """Drop what the committed tokens no longer support, check the target's rows cover
+        the positions the head still needs, and hold pages through the last draft position;
+        False when they do not, or the pool cannot give the pages (after taking back those of
+        requests not in this round)."""
+        st = self._seqs.get(row.seq_id)
+        if st is None:
+            return False
+        tokens, n = row.tokens, len(row.tokens) - 1
+        valid = 0  # target rows computed from the committed tokens
+        limit = min(len(st.seen), n)
+        while valid < limit and st.seen[valid] == tokens[valid]:
+            valid += 1
+        del st.seen[valid:]
+        for p in [p for p in st.hidden if p >= valid]:
+            del st.hidden[p]
+        fed = 0  # head positions computed from committed tokens and rows
+        limit = min(len(st.fed), valid)
+        while fed < limit and st.fed[fed] == tokens[fed + 1]:
+            fed += 1
+        del st.fed[fed:]
+        if fed == n and n - 1 in st.hidden:  # proposing again with nothing new: redo the tip
+            fed = n - 1
+        del st.fed[fed:]
+        if valid < n or fed == n or any(p not in st.hidden for p in range(fed, n)):
+            return False  # a gap in the target's rows (module docstring)
+        for p in [p for p in st.hidden if p < fed]:
+            del st.hidden[p]
+        end = n + row.k - 1  # positions computed: 0 .. n-1, then k - 1 draft positions
+        need = -(-end // self.page_size) - len(st.pages)
+        if need > self.pool.num_free:
+            keep = {r.seq_id for r in rows}
+            for other in [s for s in self._seqs if s not in keep and self._seqs[s].pages]:
+                self.pool.release(self._seqs[other].pages)
+                self._seqs[other].pages, self._seqs[other].fed = [], []
+                if need <= self.pool.num_free:
+                    break
+        if need > 0:
+            pages = self.pool.allocate(need)
+            if pages is None:
+                return False
+            st.pages += pages
+        return True

@@ -1,0 +1,110 @@
+"""Greedy output with `--spec mtp` is token-for-token the output without it: the qwen3 and
+qwen3_5 (hybrid) fixtures with a random MTP head, batches shrinking from 8 rows to 1 with
+different windows, one lane, pauses under a tiny KV pool, a follow-up turn whose prefix is
+reused (the head has no target rows there: those rows decode plainly), and penalties; the
+artifact's component is shown by `compile`, listed by `inspect`, and required at startup."""
+
+from __future__ import annotations
+
+import pytest
+
+from ninfer.artifact.format import Artifact
+from ninfer.errors import ConfigError
+from ninfer.runtime.request import Request, SamplingParams
+from tests.runtime.real_engine import settled
+from tests.spec.spec_engine import check_counters, make_engine, run
+
+LENGTHS = (3, 9, 17, 32, 47, 64, 85, 120)
+OUTPUTS = (1, 2, 3, 21, 14, 6, 11, 17)  # 1 and 2: never a window; 3: one draft at most
+K = 3
+
+
+def _requests(n: int = 8, **params) -> list[Request]:
+    params = {"temperature": 0.0, "ignore_eos": True, **params}
+    return [
+        Request(tuple((7 * i + 3 * j) % 500 + 1 for j in range(L)),
+                SamplingParams(max_tokens=m, **params))
+        for i, (L, m) in enumerate(zip(LENGTHS[:n], OUTPUTS[:n]))
+    ]  # fmt: skip
+
+
+def plain_and_mtp(target, requests, k: int = K, **options):
+    """(plain outputs, --spec mtp outputs, the speculating engine's settled stats)."""
+    with make_engine(target, None, **options) as plain:
+        want = run(plain, requests())
+    with make_engine(target, None, spec="mtp", draft_tokens=k, **options) as spec:
+        outs = run(spec, requests())
+        stats = settled(spec)
+    return want, outs, stats
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+def test_greedy_mtp_equals_plain_decoding(arch, mtp_artifacts):
+    want, outs, stats = plain_and_mtp(mtp_artifacts(arch), _requests, max_concurrency=8)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in want]
+    assert [o.usage.completion_tokens for o in outs] == list(OUTPUTS)
+    check_counters(outs, stats, K, "mtp")
+    assert stats.spec_decode_rounds_total > 0
+    assert stats.spec_decode_draft_tokens_total >= stats.spec_decode_rounds_total
+
+
+@pytest.mark.parametrize("k", [1, 5])
+def test_one_lane_and_other_windows(k, mtp_artifacts):
+    requests = lambda: _requests(5)[3:5]
+    want, outs, stats = plain_and_mtp(mtp_artifacts("qwen3"), requests, k=k, max_concurrency=1)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in want]
+    check_counters(outs, stats, k, "mtp")
+
+
+@pytest.mark.parametrize(("arch", "route"), [("qwen3", "replay"), ("qwen3_5", "snapshot")])
+def test_pauses_under_a_tiny_pool_change_nothing(arch, route, mtp_artifacts):
+    def requests():
+        return [Request(r.prompt_token_ids, SamplingParams(max_tokens=16, temperature=0.0,
+                                                           ignore_eos=True)) for r in _requests()]  # fmt: skip
+
+    pool = {"kv_capacity": 192, "host_context_mib": 0 if route == "replay" else 64}
+    want, outs, stats = plain_and_mtp(mtp_artifacts(arch), requests, max_concurrency=8, **pool)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in want]
+    assert stats.preemptions_total > 0, stats
+    check_counters(outs, stats, K, "mtp")
+
+
+def test_penalties_and_a_reused_prefix(mtp_artifacts):
+    """Penalties count the drafts before each position on both sides; a follow-up turn reuses
+    the pages the first left (no target rows for the head there: it decodes plainly, same
+    tokens)."""
+    target = mtp_artifacts("qwen3")
+    want, outs, _ = plain_and_mtp(
+        target, lambda: _requests(3, presence_penalty=1.5, frequency_penalty=1.0),
+        max_concurrency=4,
+    )  # fmt: skip
+    assert [o.token_ids for o in outs] == [o.token_ids for o in want]
+    first = _requests(4)[3]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    got = {}
+    for name, spec in (("plain", {}), ("mtp", {"spec": "mtp", "draft_tokens": K})):
+        with make_engine(target, None, max_concurrency=2, **spec) as engine:
+            (a,) = run(engine, [first])
+            history = first.prompt_token_ids + a.token_ids + (5, 6, 7)
+            (b,) = run(engine, [Request(history, params)])
+            got[name] = (a.token_ids, b.token_ids, b.usage.cached_tokens)
+    assert got["mtp"][:2] == got["plain"][:2]
+    assert got["mtp"][2] >= 48
+
+
+def test_the_component_is_required_shown_and_listed(mtp_artifacts, fixture_artifacts, capsys):
+    with pytest.raises(ConfigError, match="--spec mtp needs the artifact's mtp component") as e:
+        make_engine(fixture_artifacts("qwen3"), None, spec="mtp")
+    assert "\n" not in str(e.value)
+    path = mtp_artifacts("qwen3_5")
+    assert Artifact(path).components == ["text", "mtp"]
+    from ninfer.cli import main
+
+    assert main(["inspect", str(path)]) == 0
+    assert "mtp" in capsys.readouterr().out
+    assert main(["compile", str(path), "--spec", "mtp"]) == 0
+    out = capsys.readouterr().out
+    assert "capture: final=%hidden.final" in out  # the target's plan outputs the head's input
+    head = out.split("== mtp (--spec mtp drafter stage) ==\n")[1]
+    assert head.startswith("plan tiny-qwen3_5-mtp-mtp (qwen3_5)")
+    assert "kv: dtype=f32 page_size=16 pages=512 capacity=8192 tokens layers=0 " in head
