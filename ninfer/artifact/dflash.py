@@ -16,6 +16,7 @@ target layers exist. The math is ninfer/spec/dflash_model.py.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,6 +185,22 @@ def attach_dflash(target: str | Path, src: str | Path, out: str | Path) -> Path:
             arr, fmt = weights[name]
             writer.add(PREFIX + name, StoredTensor(fmt, tuple(arr.shape), {"data": arr}))
     return Path(out)
+
+
+def describe(cfg: DFlashConfig) -> dict[str, Any]:
+    """What `ninfer compile --spec dflash` prints about the drafter."""
+    s = cfg.spec
+    return {
+        "layers": s.layers,
+        "block_size": cfg.block_size,
+        "drafts_per_round": f"min(--draft-tokens, {cfg.block_size - 1})",
+        "target_layers": list(cfg.target_layer_ids),
+        "captures": list(cfg.capture),
+        "mask_token_id": cfg.mask_token_id,
+        "attention": f"{s.heads} heads / {s.kv_heads} kv, head_dim {s.head_dim}",
+        "parameters": sum(math.prod(shape) for shape in layer_tensors(cfg).values()),
+        "shared": "the target's token embedding and LM head",
+    }
 
 
 def drafter_tensors(artifact: Artifact) -> Mapping[str, str]:

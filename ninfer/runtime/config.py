@@ -30,7 +30,7 @@ DEFAULT_HOST_CONTEXT_MIB = 8192  # --host-context-mib default: 8192 MiB ...
 DEFAULT_HOST_STATE_IMAGES = 8  # ... plus this many recurrent-state images
 NO_TIMEOUT_MS = 1 << 40  # the largest --pending-timeout-ms: waiting is never cut short
 
-SPEC_ENGINE_BACKENDS = (None, "draft", "mtp")  # speculative backends the engine runs
+SPEC_ENGINE_BACKENDS = (None, "draft", "mtp", "dflash")  # speculative backends the engine runs
 MAX_DRAFT_TOKENS = 15  # most draft tokens per round (a verify chunk of 16 tokens)
 
 _COMPILE_FIELDS = frozenset(f.name for f in dataclasses.fields(CompileOptions))

@@ -5,9 +5,10 @@ The target's plan captures the residual stream after each layer of `target_layer
 `observe` after every step. The drafter turns them at once into its per-layer context K/V and
 keeps them per sequence, with the token fed at each position::
 
-    observe(seq, start, tokens, hidden)   positions >= start are dropped (recomputed), the new
-                                          rows appended: prefill chunks, decode rows, verify
-                                          chunks (drafts included)
+    observe(batch, hidden)                per chunk of the step the target ran: its positions
+                                          >= start are dropped (recomputed) and the new rows
+                                          appended: prefill chunks, decode rows, verify chunks
+                                          (drafts included)
     propose(rows)                         per row, held positions are valid while the token held
                                           equals the committed token there and the position is
                                           before the row's last token (the one the target
@@ -31,11 +32,15 @@ import bisect
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from ninfer.artifact.dflash import COMPONENT, dflash_config
+from ninfer.errors import ConfigError
 from ninfer.runtime.executors.sampler import Sampler, SampleRow
-from ninfer.spec.dflash_model import DFlashModel
+from ninfer.runtime.step import StepBatch
+from ninfer.spec.dflash_model import DFlashModel, load_dflash
 from ninfer.spec.drafter import NO_DRAFT, Draft, DraftRow
 from ninfer.spec.verify import processed_logits
 
@@ -96,22 +101,24 @@ class DFlashDrafter:
     def forget(self, seq_id: int) -> None:
         self._ctx.pop(seq_id, None)
 
-    def observe(
-        self,
-        seq_id: int,
-        start: int,
-        tokens: Sequence[int],
-        hidden: Mapping[str, torch.Tensor],
-    ) -> None:
-        """The target computed `tokens` at positions start .. start + len - 1 of `seq_id`;
-        `hidden[name]` [len, target_hidden]: its captured states there (names: `capture`)."""
+    @torch.inference_mode()
+    def observe(self, batch: StepBatch, hidden: Mapping[str, torch.Tensor]) -> None:
+        """The target ran `batch`; `hidden[name]` [batch tokens, target_hidden]: its captured
+        states, rows in chunk order (names: `capture`). Every chunk's rows become context."""
         t0 = time.perf_counter()
-        ctx = self._ctx.setdefault(seq_id, _Context())
-        ctx.truncate(bisect.bisect_left(ctx.positions, start))
         feats = torch.cat([hidden[name] for name in self.capture], dim=-1)
-        positions = range(start, start + len(tokens))
-        pos = torch.arange(start, start + len(tokens), device=self.model.device)
-        ctx.append(positions, tokens, self.model.context_kv(feats, pos))
+        pos = torch.cat([
+            torch.arange(c.start_pos, c.start_pos + len(c.token_ids)) for c in batch.chunks
+        ]).to(self.model.device)  # fmt: skip
+        kv = self.model.context_kv(feats, pos)
+        begin = 0
+        for c in batch.chunks:
+            n = len(c.token_ids)
+            ctx = self._ctx.setdefault(c.seq_id, _Context())
+            ctx.truncate(bisect.bisect_left(ctx.positions, c.start_pos))
+            rows = [(k[begin : begin + n], v[begin : begin + n]) for k, v in kv]
+            ctx.append(range(c.start_pos, c.start_pos + n), c.token_ids, rows)
+            begin += n
         self.seconds += time.perf_counter() - t0
 
     def propose(self, rows: Sequence[DraftRow], sampler: Sampler) -> list[Draft]:
@@ -133,6 +140,7 @@ class DFlashDrafter:
         ctx.truncate(n)
         return ctx
 
+    @torch.inference_mode()
     def _propose(self, rows: Sequence[DraftRow], sampler: Sampler) -> list[Draft]:
         live = [i for i, r in enumerate(rows) if r.k > 0]
         if not live:
@@ -181,3 +189,32 @@ class DFlashDrafter:
             drafts.append(int(torch.multinomial(q, 1, generator=gen)))
             probs.append(q)
         return Draft(tuple(drafts), torch.stack(probs) if probs else None)
+
+
+def dflash_capture(artifact: Any) -> tuple[str, ...]:
+    """The target hidden states `--spec dflash` needs the plan to capture ("L{i}" of the
+    drafter's target_layer_ids; none when the artifact has no dflash component)."""
+    if COMPONENT not in getattr(artifact, "components", ()):
+        return ()
+    return dflash_config(artifact).capture
+
+
+def build_dflash_drafter(artifact: Any, executor: Any) -> DFlashDrafter:
+    """The drafter of `artifact`'s dflash component for the target served by `executor`
+    (whose plan captures `dflash_capture(artifact)`). ConfigError when the artifact has no
+    dflash component or the plan does not capture what it needs."""
+    if COMPONENT not in getattr(artifact, "components", ()):
+        have = ", ".join(getattr(artifact, "components", ())) or "none"
+        raise ConfigError(
+            f"--spec dflash needs the artifact's dflash component, but it has only {have}; drop"
+            " --spec or attach a drafter (ninfer convert ARTIFACT --dflash DIR -o OUT)"
+        )
+    model = load_dflash(artifact, executor, executor.dtype)
+    captured = set((getattr(executor, "plan", None) and executor.plan.model.get("capture")) or ())
+    missing = [c for c in model.cfg.capture if c not in captured]
+    if missing:
+        raise ConfigError(
+            f"--spec dflash: the target plan does not capture {', '.join(missing)} (the"
+            " drafter's target layers); --device cpu captures them"
+        )
+    return DFlashDrafter(model)

@@ -77,7 +77,7 @@ class DFlashModel:
     def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """x [..., n, heads*head_dim] at positions pos [..., n] (rotate-half, as the target)."""
         s = self.cfg.spec
-        freqs = pos.float()[..., None] * self._inv  # [..., n, rd/2]
+        freqs = pos.expand(x.shape[:-1]).float()[..., None] * self._inv  # [..., n, rd/2]
         emb = torch.cat([freqs, freqs], dim=-1)
         cos = (emb.cos() * self._scale).to(x.dtype)[..., None, :]
         sin = (emb.sin() * self._scale).to(x.dtype)[..., None, :]
@@ -98,7 +98,6 @@ class DFlashModel:
         x = F.linear(hidden.to(self.dtype), self.w["fc.weight"])
         return _rms(x, self.w["hidden_norm.weight"], self.cfg.spec.eps)
 
-    @torch.inference_mode()
     def context_kv(
         self, hidden: torch.Tensor, positions: torch.Tensor
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -114,7 +113,6 @@ class DFlashModel:
             out.append((self._rope(k, positions), F.linear(ctx, self.w[f"{p}.v_proj.weight"])))
         return out
 
-    @torch.inference_mode()
     def block_logits(
         self,
         tokens: torch.Tensor,
@@ -125,10 +123,24 @@ class DFlashModel:
         """Draft logits [B, block - 1, vocab] fp32 for blocks `tokens` [B, block] (the last
         committed token, then masks) at `positions` [B, block], over per-layer context
         (K, V) [B, C, kv_heads * head_dim] of which `ctx_valid` [B, C] marks the real rows."""
-        s = self.cfg.spec
         B, n = tokens.shape
-        x = F.embedding(tokens.long(), self.embed)  # [B, n, hidden]
         keep = torch.cat([ctx_valid, ctx_valid.new_ones(B, n)], dim=1)[:, None, None, :]
+        x = self.forward(tokens, positions, ctx, keep)
+        return F.linear(x[:, 1:], self.head).float()
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        ctx: list[tuple[torch.Tensor, torch.Tensor]],
+        keep: torch.Tensor,
+    ) -> torch.Tensor:
+        """The normed output [B, n, hidden] of `tokens` [B, n] at `positions` over per-layer
+        context (K, V) [B, C, kv width]; `keep` [B, 1, n, C + n] bool: which context and
+        token keys each query attends to (block_logits: all valid context and its whole
+        block; training packs many blocks into one row with their own masks)."""
+        s = self.cfg.spec
+        x = F.embedding(tokens.long(), self.embed)  # [B, n, hidden]
         rep = s.heads // s.kv_heads
         for i in range(s.layers):
             p = f"layers.{i}"
@@ -154,8 +166,7 @@ class DFlashModel:
                 h, w[f"{p}.mlp.up_proj.weight"]
             )
             x = x + F.linear(act, w[f"{p}.mlp.down_proj.weight"])
-        h = _rms(x[:, 1:], self.w["norm.weight"], s.eps)
-        return F.linear(h, self.head).float()
+        return _rms(x, self.w["norm.weight"], s.eps)
 
 
 def _shared(executor: object, artifact: Artifact, name: str, dtype: torch.dtype) -> torch.Tensor:

@@ -1,0 +1,253 @@
+"""Train a tiny DFlash drafter for the trained tiny-agent fixture by self-distillation.
+
+    python -m artifacts.train_dflash [--target artifacts/fixtures/tiny-agent.ninfer]
+                                     [--out DIR] [--max-minutes 3]
+
+1. The target (tiny-agent.ninfer, loaded into transformers' Qwen3ForCausalLM from the
+   artifact's own weights) greedily continues every scripted prompt of the agent corpus
+   (tiny-agent.prompts.json) until <|im_end|>: the drafter learns the target's own outputs.
+2. One target forward per sequence gives the residual stream after layers TARGET_LAYERS
+   (transformers' hidden_states[l + 1], the same values as the plan's "L{l}" capture).
+3. The drafter (1 Qwen3 layer, block 8, the target's embedding and LM head frozen) is trained
+   with AdamW, full batch, on every block the serving loop can meet: an anchor at each
+   position s of a continuation, block [token s, mask x 7] at positions s .. s + 7, context
+   = the target states of positions < s, labels tokens s + 1 .. s + 7 (cross-entropy, later
+   positions weighted down). All blocks of a sequence go through one forward, each block's
+   queries masked to its own context and block.
+4. It stops when the teacher-forced acceptance length (1 + the leading drafts that match,
+   averaged over anchors: what a round from that anchor would accept) reaches --tau, and
+   writes the drafter in the published layout (config.json + model.safetensors) and the
+   target artifact with it attached (`attach_dflash`, as `ninfer convert --dflash` does).
+
+Everything is seeded; about a minute on 2 cores. tests/spec/test_spec_dflash_trained.py
+builds it on first use and caches it per test run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from artifacts.fixture_dflash import dflash_config, random_state, save_hf
+from artifacts.fixtures import TINY_AGENT, TINY_AGENT_PROMPTS
+
+SEED = 4321
+TARGET_LAYERS = [1, 2, 3]
+BLOCK = 8
+DECAY = 4.0  # weight of draft j: exp(-(j - 1) / DECAY)
+
+
+def _target(path: Path) -> tuple[Any, Any]:
+    """(transformers model of the artifact, the artifact)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from ninfer.artifact.format import Artifact
+
+    a = Artifact(path)
+    cfg = {k: v for k, v in a.config.items() if k not in ("architectures", "transformers_version")}
+    model = Qwen3ForCausalLM(Qwen3Config(**cfg))
+    state = {n: torch.from_numpy(a.dense(n).copy()) for n in a}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if [m for m in missing if m != "lm_head.weight"] or unexpected:
+        raise SystemExit(f"{path}: weights do not fit Qwen3 ({missing}, {unexpected})")
+    model.tie_weights()
+    return model.float().eval(), a
+
+
+def continuations(model: Any, prompts: list[list[int]], guess: list[list[int]], eos: int,
+                  max_new: int = 160) -> list[list[int]]:  # fmt: skip
+    """The target's greedy continuation of every prompt, through its EOS. `guess` (the
+    scripted replies) is checked in one teacher-forced forward: it is the greedy continuation
+    exactly where every argmax reproduces it; from the first mismatch on, `generate` decides."""
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for p, g in zip(prompts, guess):
+            best = model(torch.tensor([p + g])).logits[0, len(p) - 1 :].argmax(-1).tolist()
+            n = 0
+            while n < len(g) and best[n] == g[n] and g[n] != eos:
+                n += 1
+            if n < len(g) and best[n] == g[n] == eos:
+                out.append(g[: n + 1])
+                continue
+            head = p + g[:n]
+            more = model.generate(
+                torch.tensor([head]), attention_mask=torch.ones(1, len(head), dtype=torch.long),
+                max_new_tokens=max_new - n, do_sample=False, eos_token_id=eos, pad_token_id=eos,
+            )[0, len(head):].tolist()  # fmt: skip
+            out.append(g[:n] + more)
+    return out
+
+
+def residuals(model: Any, ids: Any) -> list[Any]:
+    """The residual stream after every layer [T, hidden] (the plan's "L{i}" capture; unlike
+    transformers' last hidden state, the last layer's too is before the final norm)."""
+    import torch
+
+    out: list[Any] = []
+    hooks = [
+        layer.register_forward_hook(
+            lambda _m, _i, o: out.append(o[0] if isinstance(o, tuple) else o)
+        )
+        for layer in model.model.layers
+    ]
+    try:
+        with torch.no_grad():
+            model(ids[None])
+    finally:
+        for h in hooks:
+            h.remove()
+    return [x[0] for x in out]
+
+
+def _examples(model: Any, prompts: list[list[int]], conts: list[list[int]]) -> list[dict]:
+    """Per sequence: ids, the chosen target states [T, 3 * hidden] and the anchors."""
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for p, c in zip(prompts, conts):
+            ids = torch.tensor(p + c)
+            feats = torch.cat([residuals(model, ids)[i] for i in TARGET_LAYERS], dim=-1)
+            out.append({"ids": ids, "feats": feats, "anchors": list(range(len(p), len(ids) - 1))})
+    return out
+
+
+def _batch(examples: list[dict], per_seq: int, mask_id: int, gen: Any) -> dict:
+    """Up to `per_seq` random anchors of every sequence, all blocks of a sequence packed in one
+    row of a padded batch: tokens / positions [S, A*B], labels [S, A, B-1] (-100: none),
+    context rows [S, T] and keep [S, 1, A*B, T + A*B] (each block sees the context before its
+    anchor and its own B positions)."""
+    import torch
+
+    S, T = len(examples), max(len(ex["ids"]) for ex in examples)
+    A = min(per_seq, max(len(ex["anchors"]) for ex in examples))
+    tokens = torch.full((S, A, BLOCK), mask_id)
+    pos = torch.zeros((S, A, BLOCK), dtype=torch.long)
+    labels = torch.full((S, A, BLOCK - 1), -100)
+    keep = torch.zeros((S, A * BLOCK, T + A * BLOCK), dtype=torch.bool)
+    feats = torch.zeros((S, T, examples[0]["feats"].shape[-1]))
+    own = torch.eye(A, dtype=torch.bool).repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)
+    for i, ex in enumerate(examples):
+        ids, n = ex["ids"], len(ex["ids"])
+        feats[i, :n] = ex["feats"]
+        pick = torch.randperm(len(ex["anchors"]), generator=gen)[:A]
+        s = torch.tensor(ex["anchors"])[pick]
+        a = len(s)
+        pos[i, :a] = s[:, None] + torch.arange(BLOCK)[None]
+        tokens[i, :a, 0] = ids[s]
+        padded = torch.cat([ids, torch.full((BLOCK,), -100)])
+        labels[i, :a] = padded[pos[i, :a, 1:]]
+        ctx = (torch.arange(T)[None, :] < s[:, None]).repeat_interleave(BLOCK, 0)
+        keep[i, : a * BLOCK, :T] = ctx
+        keep[i, :, T:] = own
+    return {"tokens": tokens.flatten(1), "pos": pos.flatten(1), "labels": labels,
+            "keep": keep[:, None], "feats": feats, "ctx_pos": torch.arange(T)}  # fmt: skip
+
+
+def train(
+    target: Path, max_minutes: float, tau: float, log=print, lr: float = 1e-2, per_seq: int = 16
+) -> tuple[dict, dict, Any]:
+    """(drafter config.json, trained state, the target artifact)."""
+    import torch
+    import torch.nn.functional as F
+
+    from ninfer.artifact.dflash import DFlashConfig
+    from ninfer.spec.dflash_model import DFlashModel
+
+    torch.manual_seed(SEED)
+    model, art = _target(target)
+    prompts_json = json.loads(TINY_AGENT_PROMPTS.read_text(encoding="utf-8"))["prompts"]
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(art.tokenizer_json)
+    prompts = [tok.encode(p["prompt"], add_special_tokens=False).ids for p in prompts_json]
+    eos = int(art.config["eos_token_id"])
+    t0 = time.monotonic()
+    replies = [tok.encode(p["reply"], add_special_tokens=False).ids for p in prompts_json]
+    conts = continuations(model, prompts, replies, eos)
+    log(
+        f"{len(conts)} greedy continuations ({sum(map(len, conts))} tokens) in {time.monotonic() - t0:.0f}s"
+    )
+    cfg_json = dflash_config(art.config, layers=1, block_size=BLOCK, target_layer_ids=TARGET_LAYERS)
+    cfg = DFlashConfig.from_config(
+        cfg_json, len(art.config["layer_types"]), art.config["hidden_size"]
+    )
+    params = {
+        k: v.clone().requires_grad_(True) for k, v in random_state(cfg_json, SEED, std=0.02).items()
+    }
+    embed = model.model.embed_tokens.weight.detach()
+    head = model.lm_head.weight.detach()
+    drafter = DFlashModel(cfg, params, embed, head)
+    mask_id = cfg.mask_token_id
+    examples = _examples(model, prompts, conts)
+    weight = torch.exp(-torch.arange(BLOCK - 1) / DECAY)
+    opt = torch.optim.AdamW(params.values(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
+    gen = torch.Generator().manual_seed(SEED)
+    step = 0
+    while True:
+        b = _batch(examples, per_seq, mask_id, gen)
+        opt.zero_grad(set_to_none=True)
+        kv = drafter.context_kv(b["feats"], b["ctx_pos"][None])  # [S, T, width] per layer
+        h = drafter.forward(b["tokens"], b["pos"], kv, b["keep"])  # [S, A*B, hidden]
+        h = h.unflatten(1, (-1, BLOCK))[:, :, 1:]  # [S, A, B-1, hidden]
+        logits = F.linear(h, head)
+        labels = b["labels"]
+        ce = F.cross_entropy(
+            logits.flatten(0, 2), labels.flatten(), ignore_index=-100, reduction="none"
+        )
+        w = (labels != -100) * weight
+        loss = (ce.view_as(labels) * w).sum() / w.sum()
+        loss.backward()
+        opt.step()
+        step += 1
+        with torch.no_grad():  # the drafts a round from each anchor would accept
+            hit = ((logits.argmax(-1) == labels) & (labels != -100)).int()
+            real = labels[..., 0] != -100
+            est = 1 + float(hit.cumprod(dim=-1).sum(-1)[real].float().mean())
+        elapsed = time.monotonic() - t0
+        if step % 10 == 0 or est >= tau:
+            log(f"step {step:4d}  loss {float(loss.detach()):.3f}  tau {est:.2f}  {elapsed:.0f}s")
+        if est >= tau and step >= 20:
+            return cfg_json, {k: v.detach() for k, v in params.items()}, art
+        if elapsed > max_minutes * 60:
+            raise SystemExit(f"dflash drafter: tau {est:.2f} < {tau} after {max_minutes} minutes")
+
+
+def build(out_dir: Path, target: Path = TINY_AGENT, max_minutes: float = 3.0, tau: float = 4.0,
+          log=print) -> Path:  # fmt: skip
+    """Train, write out_dir/tiny-agent-dflash-hf/ and out_dir/tiny-agent-dflash.ninfer."""
+    from ninfer.artifact.dflash import attach_dflash
+
+    cfg, state, _ = train(target, max_minutes, tau, log)
+    hf = save_hf(out_dir / f"{target.stem}-dflash-hf", cfg, state)
+    return attach_dflash(target, hf, out_dir / f"{target.stem}-dflash.ninfer")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m artifacts.train_dflash", description=__doc__.splitlines()[0]
+    )
+    p.add_argument("--target", type=Path, default=TINY_AGENT)
+    p.add_argument("--out", type=Path, required=True, help="directory to write the drafter into")
+    p.add_argument("--max-minutes", type=float, default=3.0)
+    p.add_argument(
+        "--tau", type=float, default=4.0, help="teacher-forced acceptance length to reach"
+    )
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    print(build(args.out, args.target, args.max_minutes, args.tau))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
