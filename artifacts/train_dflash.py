@@ -1,26 +1,30 @@
 """Train a tiny DFlash drafter for the trained tiny-agent fixture by self-distillation.
 
-    python -m artifacts.train_dflash [--target artifacts/fixtures/tiny-agent.ninfer]
-                                     [--out DIR] [--max-minutes 3]
+    python -m artifacts.train_dflash --out DIR [--target artifacts/fixtures/tiny-agent.ninfer]
+                                     [--max-minutes 8] [--tau 3]
 
 1. The target (tiny-agent.ninfer, loaded into transformers' Qwen3ForCausalLM from the
-   artifact's own weights) greedily continues every scripted prompt of the agent corpus
+   artifact's own weights) greedily continues the scripted prompts of the agent corpus
    (tiny-agent.prompts.json) until <|im_end|>: the drafter learns the target's own outputs.
+   Only turns of at most MAX_TOKENS tokens (those without the long tool-schema system prompt,
+   among them the first eight the tests speculate on) are used, to keep training near a
+   minute on 2 cores.
 2. One target forward per sequence gives the residual stream after layers TARGET_LAYERS
-   (transformers' hidden_states[l + 1], the same values as the plan's "L{l}" capture).
+   (forward hooks: the same values as the plan's "L{l}" capture).
 3. The drafter (1 Qwen3 layer, block 8, the target's embedding and LM head frozen) is trained
-   with AdamW, full batch, on every block the serving loop can meet: an anchor at each
-   position s of a continuation, block [token s, mask x 7] at positions s .. s + 7, context
-   = the target states of positions < s, labels tokens s + 1 .. s + 7 (cross-entropy, later
-   positions weighted down). All blocks of a sequence go through one forward, each block's
-   queries masked to its own context and block.
+   with AdamW, full batch, on the blocks the serving loop meets: an anchor at each position s
+   of a continuation, block [token s, mask x 7] at positions s .. s + 7, context = the target
+   states of positions < s, labels tokens s + 1 .. s + 7 (cross-entropy, later positions
+   weighted down). All blocks of a sequence share one row of the batch, each block's queries
+   masked to its own context and block.
 4. It stops when the teacher-forced acceptance length (1 + the leading drafts that match,
    averaged over anchors: what a round from that anchor would accept) reaches --tau, and
-   writes the drafter in the published layout (config.json + model.safetensors) and the
-   target artifact with it attached (`attach_dflash`, as `ninfer convert --dflash` does).
+   writes the drafter in the published layout (DIR/<target>-dflash-trained-hf/: config.json +
+   model.safetensors) and the target with it attached (DIR/<target>-dflash-trained.ninfer,
+   by `attach_dflash`, as `ninfer convert --dflash` does).
 
-Everything is seeded; about a minute on 2 cores. tests/spec/test_spec_dflash_trained.py
-builds it on first use and caches it per test run.
+Everything is seeded. tests/spec/test_spec_dflash_trained.py builds it on first use and
+caches it for the test run (the fixture may be retrained, so the drafter is not committed).
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ from artifacts.fixtures import TINY_AGENT, TINY_AGENT_PROMPTS
 SEED = 4321
 TARGET_LAYERS = [1, 2, 3]
 BLOCK = 8
-DECAY = 4.0  # weight of draft j: exp(-(j - 1) / DECAY)
+DECAY = 4.0
+MAX_TOKENS = 160  # turns longer than this (prompt + reply tokens) are left out  # weight of draft j: exp(-(j - 1) / DECAY)
 
 
 def _target(path: Path) -> tuple[Any, Any]:
@@ -152,7 +157,7 @@ def _batch(examples: list[dict], per_seq: int, mask_id: int, gen: Any) -> dict:
 
 
 def train(
-    target: Path, max_minutes: float, tau: float, log=print, lr: float = 1e-2, per_seq: int = 16
+    target: Path, max_minutes: float, tau: float, log=print, lr: float = 1e-2, per_seq: int = 64
 ) -> tuple[dict, dict, Any]:
     """(drafter config.json, trained state, the target artifact)."""
     import torch
@@ -167,10 +172,18 @@ def train(
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_str(art.tokenizer_json)
-    prompts = [tok.encode(p["prompt"], add_special_tokens=False).ids for p in prompts_json]
+
+    # the turns without the long tool-schema system prompt (the first eight are the ones the
+    # tests speculate on): a few hundred tokens, so training stays near a minute on 2 cores
+    def ids(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False).ids
+
+    turns = [(ids(p["prompt"]), ids(p["reply"])) for p in prompts_json]
+    turns = [(p, r) for p, r in turns if len(p) + len(r) <= MAX_TOKENS]
+    prompts = [p for p, _ in turns]
     eos = int(art.config["eos_token_id"])
     t0 = time.monotonic()
-    replies = [tok.encode(p["reply"], add_special_tokens=False).ids for p in prompts_json]
+    replies = [r for _, r in turns]
     conts = continuations(model, prompts, replies, eos)
     log(
         f"{len(conts)} greedy continuations ({sum(map(len, conts))} tokens) in {time.monotonic() - t0:.0f}s"
@@ -220,14 +233,55 @@ def train(
             raise SystemExit(f"dflash drafter: tau {est:.2f} < {tau} after {max_minutes} minutes")
 
 
-def build(out_dir: Path, target: Path = TINY_AGENT, max_minutes: float = 3.0, tau: float = 4.0,
+def build(out_dir: Path, target: Path = TINY_AGENT, max_minutes: float = 8.0, tau: float = 3.0,
           log=print) -> Path:  # fmt: skip
-    """Train, write out_dir/tiny-agent-dflash-hf/ and out_dir/tiny-agent-dflash.ninfer."""
+    """Train; write out_dir/<target>-dflash-trained-hf/ and out_dir/<target>-dflash-trained.ninfer."""
     from ninfer.artifact.dflash import attach_dflash
 
     cfg, state, _ = train(target, max_minutes, tau, log)
-    hf = save_hf(out_dir / f"{target.stem}-dflash-hf", cfg, state)
-    return attach_dflash(target, hf, out_dir / f"{target.stem}-dflash.ninfer")
+    hf = save_hf(out_dir / f"{target.stem}-dflash-trained-hf", cfg, state)
+    return attach_dflash(target, hf, out_dir / f"{target.stem}-dflash-trained.ninfer")
+
+
+def measure(path: Path, k: int = 7, prompts: int = 8, log=print) -> dict[str, Any]:
+    """Serve `path` (a target with its drafter) with and without --spec dflash on the first
+    `prompts` scripted prompts (greedy, until <|im_end|>): tau, acceptance by position, the
+    drafter's time per round, tok/s of both runs and whether the outputs are identical."""
+    from tokenizers import Tokenizer
+
+    from ninfer.artifact.format import Artifact
+    from ninfer.runtime.build import build_engine
+    from ninfer.runtime.config import EngineOptions
+    from ninfer.runtime.request import Request, SamplingParams
+
+    tok = Tokenizer.from_str(Artifact(path).tokenizer_json)
+    turns = json.loads(TINY_AGENT_PROMPTS.read_text(encoding="utf-8"))["prompts"][:prompts]
+    params = SamplingParams(max_tokens=160, temperature=0.0)
+    reqs = [Request(tuple(tok.encode(t["prompt"], add_special_tokens=False).ids), params) for t in turns]  # fmt: skip
+    common = {"max_concurrency": prompts, "max_context": 512, "kv_capacity": 4096}
+    out: dict[str, Any] = {}
+    for name, extra in (("plain", {}), ("dflash", {"spec": "dflash", "draft_tokens": k})):
+        with build_engine(Artifact(path), EngineOptions.of(**common, **extra)) as engine:
+            t0 = time.perf_counter()
+            res = [h.result(600) for h in [engine.submit(r) for r in reqs]]
+            wall = time.perf_counter() - t0
+            n = sum(len(o.token_ids) for o in res)
+            out[name] = {"tokens": [o.token_ids for o in res], "tok_per_s": n / wall}
+            if engine.speculator is not None:
+                specs = [o.timings.speculative for o in res]
+                rounds = sum(s["rounds"] for s in specs)
+                accepted = sum(s["accepted_tokens"] for s in specs)
+                drafter = engine.speculator.drafter
+                out["tau"] = 1 + accepted / rounds
+                out["accepted_by_position"] = [
+                    round(sum(s["accepted_per_position"][j] for s in specs) / rounds, 3)
+                    for j in range(k)
+                ]
+                out["drafter_ms_per_round"] = 1e3 * drafter.seconds / max(drafter.steps, 1)
+    out["identical"] = out["plain"].pop("tokens") == out["dflash"].pop("tokens")
+    out["speedup"] = out["dflash"]["tok_per_s"] / out["plain"]["tok_per_s"]
+    log(json.dumps(out, indent=1))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -241,11 +295,20 @@ def main(argv: list[str] | None = None) -> int:
         "--tau", type=float, default=4.0, help="teacher-forced acceptance length to reach"
     )
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--measure",
+        action="store_true",
+        help="then serve the result with and without --spec dflash (k = 7, the first eight "
+        "prompts) and print tau, acceptance by position, the drafter's time per round, tok/s",
+    )
     args = p.parse_args(argv)
     import torch
 
     torch.set_num_threads(args.threads)
-    print(build(args.out, args.target, args.max_minutes, args.tau))
+    path = build(args.out, args.target, args.max_minutes, args.tau)
+    print(path)
+    if args.measure:
+        measure(path)
     return 0
 
 

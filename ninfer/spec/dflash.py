@@ -174,6 +174,9 @@ class DFlashDrafter:
     def _choose(self, logits: torch.Tensor, row: DraftRow, sampler: Sampler) -> Draft:
         """Drafts from one row's block logits [n, vocab], position by position (module
         docstring)."""
+        p = row.params
+        if p.greedy and not (p.presence_penalty or p.frequency_penalty):  # one argmax per row
+            return Draft(tuple(logits.argmax(dim=-1).tolist()))
         output = list(row.tokens[row.num_prompt :])
         drafts: list[int] = []
         probs = []

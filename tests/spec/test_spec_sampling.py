@@ -5,13 +5,14 @@
    chi-square statistic rejects a deliberately wrong rule (resampling from p instead of the
    residual), so the test has the power to fail.
 2. Through the engine: the token of the first speculative round (drafted by the llama fixture,
-   verified by qwen3) over 2000 seeded requests follows its exact distribution without
-   speculation, sum over the first token t1 of p(t1) p(t2 | t1), computed from the target's
-   logits. A fixed seed gives a fixed output.
+   or by a random DFlash drafter attached to qwen3; verified by qwen3) over 2000 seeded
+   requests follows its exact distribution without speculation, sum over the first token t1
+   of p(t1) p(t2 | t1), computed from the target's logits. A fixed seed gives a fixed output.
 """
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from ninfer import LLM
@@ -87,8 +88,20 @@ def test_rejection_sampling_follows_the_target_and_a_wrong_rule_is_caught(fixtur
         assert (pv > ALPHA) == fits, (rule.__name__, pv)
 
 
-def test_engine_speculation_samples_the_plain_distribution(fixture_artifacts):
+@pytest.mark.parametrize("backend", ["draft", "dflash"])
+def test_engine_speculation_samples_the_plain_distribution(
+    backend, fixture_artifacts, fixture_root
+):
+    """`draft`: drafted by the llama fixture; `dflash`: by a random DFlash drafter attached to
+    the target (artifacts/fixture_dflash.py), whose drafts are accepted about a third of the
+    time at this temperature."""
     target, draft = fixture_artifacts("qwen3"), fixture_artifacts("llama")
+    spec_options = {}
+    if backend == "dflash":
+        from artifacts.fixture_dflash import build_dflash_fixture
+
+        target, draft = build_dflash_fixture(target, fixture_root), None
+        spec_options = {"spec": "dflash", "draft_tokens": 1}
     # exact distribution of the second output token without speculation
     llm = LLM(str(target), max_concurrency=8, kv_capacity=2048, max_context=256)
     first = _probs(target, PROMPT)
@@ -110,6 +123,7 @@ def test_engine_speculation_samples_the_plain_distribution(fixture_artifacts):
         target,
         draft,
         k=1,
+        **spec_options,
         max_concurrency=8,
         max_context=256,
         max_pending_requests=n,

@@ -1,0 +1,52 @@
+"""The trained tiny DFlash drafter (artifacts/train_dflash.py: self-distillation on the tiny
+agent's own greedy continuations) drafts for its target well: with k = 7 (one block of 8) on
+the fixture's prompts, every round commits tau >= 2 tokens on average, and the output is the
+plain greedy output. Built on first use (about a minute on 2 cores) and cached for the run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from ninfer.artifact.format import Artifact
+from ninfer.runtime.request import Request, SamplingParams
+from tests.runtime.real_engine import settled
+from tests.spec.spec_engine import check_counters, make_engine, run
+
+
+@pytest.fixture(scope="module")
+def trained_dflash(tiny_agent, fixture_root):
+    """tiny-agent.ninfer with the trained drafter attached (trained once per test run)."""
+    from artifacts.train_dflash import build
+
+    out = fixture_root / "tiny-agent-dflash-trained.ninfer"
+    if not out.exists():
+        n = torch.get_num_threads()
+        torch.set_num_threads(2)  # the module runs single-threaded; training uses both cores
+        try:
+            assert build(fixture_root, tiny_agent, log=lambda *_: None) == out
+        finally:
+            torch.set_num_threads(n)
+    return out
+
+
+def test_the_trained_drafter_reaches_tau_2_with_k_7(trained_dflash, tiny_agent_prompts):
+    tok = Tokenizer.from_str(Artifact(trained_dflash).tokenizer_json)
+    prompts = [tuple(tok.encode(p["prompt"], add_special_tokens=False).ids) for p in tiny_agent_prompts[:8]]  # fmt: skip
+    requests = [Request(p, SamplingParams(max_tokens=120, temperature=0.0)) for p in prompts]
+    with make_engine(trained_dflash, None, max_concurrency=8) as plain:
+        want = run(plain, requests)
+    with make_engine(trained_dflash, None, spec="dflash", draft_tokens=7, max_concurrency=8) as e:
+        outs = run(e, requests)
+        stats = settled(e)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in want]
+    assert all(o.finish_reason == "stop" for o in outs)  # the replies end with <|im_end|>
+    check_counters(outs, stats, 7, backend="dflash")
+    tau = 1 + stats.spec_decode_accepted_tokens_total / stats.spec_decode_rounds_total
+    assert tau >= 2.0, (tau, stats)
+    # the drafts past the first are used too: the block drafts several tokens at once
+    per_position = [
+        sum(o.timings.speculative["accepted_per_position"][j] for o in outs) for j in range(7)
+    ]
+    assert per_position[2] > 0, per_position
