@@ -88,13 +88,17 @@ def random_state(config: dict[str, Any], seed: int, std: float = 0.08) -> dict[s
     return out
 
 
-def save_hf(out: Path, config: dict[str, Any], state: dict[str, Any]) -> Path:
-    """Write a drafter directory in the published layout."""
+def save_hf(
+    out: Path, config: dict[str, Any], state: dict[str, Any], dtype: str = "float32"
+) -> Path:
+    """Write a drafter directory in the published layout (weights in `dtype`: float32 or
+    bfloat16, as the published checkpoints)."""
+    import torch
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    tensors = {k: v.detach().float().contiguous() for k, v in state.items()}
+    tensors = {k: v.detach().to(getattr(torch, dtype)).contiguous() for k, v in state.items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 

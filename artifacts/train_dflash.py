@@ -1,7 +1,7 @@
 """Train a tiny DFlash drafter for the trained tiny-agent fixture by self-distillation.
 
-    python -m artifacts.train_dflash --out DIR [--target artifacts/fixtures/tiny-agent.ninfer]
-                                     [--max-minutes 8] [--tau 3]
+    python -m artifacts.train_dflash [--out artifacts/fixtures] [--measure]
+                                     [--target artifacts/fixtures/tiny-agent.ninfer]
 
 1. The target (tiny-agent.ninfer, loaded into transformers' Qwen3ForCausalLM from the
    artifact's own weights) greedily continues the scripted prompts of the agent corpus
@@ -19,12 +19,14 @@
    masked to its own context and block.
 4. It stops when the teacher-forced acceptance length (1 + the leading drafts that match,
    averaged over anchors: what a round from that anchor would accept) reaches --tau, and
-   writes the drafter in the published layout (DIR/<target>-dflash-trained-hf/: config.json +
-   model.safetensors) and the target with it attached (DIR/<target>-dflash-trained.ninfer,
-   by `attach_dflash`, as `ninfer convert --dflash` does).
+   writes the drafter in the published layout, bf16 (OUT/<target>-dflash/: config.json,
+   model.safetensors, and trained_for.json naming the target weights it was trained for).
 
-Everything is seeded. tests/spec/test_spec_dflash_trained.py builds it on first use and
-caches it for the test run (the fixture may be retrained, so the drafter is not committed).
+The result for the committed fixture is committed (artifacts/fixtures/tiny-agent-dflash/,
+0.5 MB): training takes 2-3 CPU minutes, several times that on a loaded machine. Tests attach
+it to the target (`attached`, as `ninfer convert --dflash` does); when the fixture's weights
+have changed since (trained_for.json), they train a fresh drafter on first use instead, so
+rerun this script after retraining the fixture. Everything is seeded.
 """
 
 from __future__ import annotations
@@ -32,13 +34,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from artifacts.fixture_dflash import dflash_config, random_state, save_hf
-from artifacts.fixtures import TINY_AGENT, TINY_AGENT_PROMPTS
+from artifacts.fixtures import HERE, TINY_AGENT, TINY_AGENT_PROMPTS
 
+COMMITTED = TINY_AGENT.parent / "tiny-agent-dflash"  # the drafter trained for the fixture
 SEED = 4321
 TARGET_LAYERS = [1, 2, 3]
 BLOCK = 8
@@ -233,14 +237,42 @@ def train(
             raise SystemExit(f"dflash drafter: tau {est:.2f} < {tau} after {max_minutes} minutes")
 
 
+def fingerprint(target: Path) -> str:
+    """What identifies the target's weights: a hash of its tensors' stored checksums."""
+    import xxhash
+
+    from ninfer.artifact.format import Artifact
+
+    tensors = Artifact(target).header["tensors"]
+    parts = sorted((n, p, v["xxh3"]) for n, t in tensors.items() for p, v in t["parts"].items())
+    return xxhash.xxh3_64_hexdigest(json.dumps(parts).encode())
+
+
 def build(out_dir: Path, target: Path = TINY_AGENT, max_minutes: float = 8.0, tau: float = 3.0,
           log=print) -> Path:  # fmt: skip
-    """Train; write out_dir/<target>-dflash-trained-hf/ and out_dir/<target>-dflash-trained.ninfer."""
+    """Train; write the drafter directory out_dir/<target>-dflash/ (config.json,
+    model.safetensors in bf16, trained_for.json: the target's name and `fingerprint`)."""
+    cfg, state, _ = train(target, max_minutes, tau, log)
+    hf = save_hf(out_dir / f"{target.stem}-dflash", cfg, state, dtype="bfloat16")
+    (hf / "trained_for.json").write_text(
+        json.dumps({"target": target.name, "fingerprint": fingerprint(target)}, indent=1) + "\n",
+        encoding="utf-8",
+    )
+    return hf
+
+
+def attached(target: Path, out_dir: Path, drafter: Path = COMMITTED, log=print) -> Path:
+    """out_dir/<target>-dflash-trained.ninfer: `target` with the drafter of `drafter` attached
+    when it was trained for these weights (trained_for.json), else with one trained now (into
+    out_dir: minutes; the fixture was retrained, rerun this script to refresh the commit)."""
     from ninfer.artifact.dflash import attach_dflash
 
-    cfg, state, _ = train(target, max_minutes, tau, log)
-    hf = save_hf(out_dir / f"{target.stem}-dflash-trained-hf", cfg, state)
-    return attach_dflash(target, hf, out_dir / f"{target.stem}-dflash-trained.ninfer")
+    stamp = drafter / "trained_for.json"
+    ok = stamp.exists() and json.loads(stamp.read_text())["fingerprint"] == fingerprint(target)
+    if not ok:
+        log(f"{drafter} was not trained for {target}: training a drafter now")
+        drafter = build(out_dir, target, max_minutes=20.0, log=log)
+    return attach_dflash(target, drafter, out_dir / f"{target.stem}-dflash-trained.ninfer")
 
 
 def measure(path: Path, k: int = 7, prompts: int = 8, log=print) -> dict[str, Any]:
@@ -289,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m artifacts.train_dflash", description=__doc__.splitlines()[0]
     )
     p.add_argument("--target", type=Path, default=TINY_AGENT)
-    p.add_argument("--out", type=Path, required=True, help="directory to write the drafter into")
+    p.add_argument("--out", type=Path, default=HERE / "fixtures",
+                   help="directory to write the drafter directory <target>-dflash/ into")  # fmt: skip
     p.add_argument("--max-minutes", type=float, default=3.0)
     p.add_argument(
         "--tau", type=float, default=4.0, help="teacher-forced acceptance length to reach"
@@ -305,10 +338,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    path = build(args.out, args.target, args.max_minutes, args.tau)
-    print(path)
+    hf = build(args.out, args.target, args.max_minutes, args.tau)
+    print(hf)
     if args.measure:
-        measure(path)
+        with tempfile.TemporaryDirectory() as tmp:
+            measure(attached(args.target, Path(tmp), hf))
     return 0
 
 
