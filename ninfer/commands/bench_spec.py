@@ -1,5 +1,6 @@
-"""`ninfer bench engine ARTIFACT --spec draft --draft-model DRAFT [--draft-tokens K]`: what
-speculative decoding buys on this machine, plain and speculative engines in the same run.
+"""`ninfer bench engine ARTIFACT --spec draft --draft-model DRAFT [--draft-tokens K]` (or
+`--spec mtp [--lm-head-draft]`: the artifact's MTP head): what speculative decoding buys on
+this machine, plain and speculative engines in the same run.
 
     for each batch size b: the same prompts (random tokens, or --prompts FILE: one user message
     per line, rendered with the target's chat template), greedy, through
@@ -119,11 +120,20 @@ def run_verify_cost(args: argparse.Namespace) -> dict[str, Any]:
 
     k, maxb, page = args.draft_tokens, max(args.batch_sizes), args.page_size
     ctx = -(-(args.input_len + k + 2) // page) * page
-    engine = build_engine(source, EngineOptions.of(
-        device=device, dtype=args.dtype, max_concurrency=maxb, max_context=ctx,
-        kv_capacity=maxb * ctx, page_size=page, prefix_reuse=False,
-        cuda_graphs=not args.no_cuda_graph, verify_rows=min(MAX_VERIFY_ROWS, maxb * (k + 1)),
-    ))  # fmt: skip (the verify steps' graph buckets, as a speculating engine's plan has them)
+    engine = build_engine(
+        source,
+        EngineOptions.of(
+            device=device,
+            dtype=args.dtype,
+            max_concurrency=maxb,
+            max_context=ctx,
+            kv_capacity=maxb * ctx,
+            page_size=page,
+            prefix_reuse=False,
+            cuda_graphs=not args.no_cuda_graph,
+            verify_rows=min(MAX_VERIFY_ROWS, maxb * (k + 1)),
+        ),
+    )  # fmt: skip (the verify steps' graph buckets, as a speculating engine's plan has them)
     rows = []
     try:
         ex = engine.executor
@@ -163,8 +173,11 @@ def run_spec_bench(args: argparse.Namespace) -> dict[str, Any]:
     from ninfer.runtime.build import build_engine
     from ninfer.runtime.config import NO_TIMEOUT_MS, EngineOptions
 
-    if args.artifact is None or args.draft_model is None:
+    mtp = args.spec == "mtp"
+    if args.artifact is None or (args.draft_model is None and not mtp):
         raise ConfigError("--spec draft: give the target ARTIFACT and --draft-model DRAFT")
+    if getattr(args, "lm_head_draft", False) and not mtp:
+        raise ConfigError("--lm-head-draft requires --spec mtp")
     if max(args.batch_sizes) > 8:
         raise ConfigError("--batch-sizes: at most 8 (the engine's --max-concurrency range)")
     device = args.device or "cpu"
@@ -207,10 +220,12 @@ def run_spec_bench(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         plain.close()
     del plain
-    spec = build_engine(
-        source,
-        EngineOptions.of(**common, spec="draft", draft_model=args.draft_model, draft_tokens=k),
+    drafting: dict[str, Any] = (
+        {"spec": "mtp", "lm_head_draft": bool(getattr(args, "lm_head_draft", False))}
+        if mtp
+        else {"spec": "draft", "draft_model": args.draft_model}
     )
+    spec = build_engine(source, EngineOptions.of(**common, **drafting, draft_tokens=k))
     assert spec.speculator is not None
     drafter = spec.speculator.drafter  # the draft model's wall time and forwards
     results = []
@@ -252,8 +267,12 @@ def run_spec_bench(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         spec.close()
     return {
-        "mode": "engine-spec", "model": source.name, "draft_model": Artifact(drafter_path(args)).name,
-        "device": device, "dtype": dtype, "spec": "draft",
+        "mode": "engine-spec", "model": source.name,
+        "draft_model": (
+            ("its MTP head" + (" (--lm-head-draft)" if drafting.get("lm_head_draft") else ""))
+            if mtp else Artifact(drafter_path(args)).name
+        ),
+        "device": device, "dtype": dtype, "spec": drafting["spec"],
         "prompts": args.prompts or f"{len(pool)} random prompts of {args.input_len} tokens",
         "output_len": args.output_len, "results": results,
     }  # fmt: skip

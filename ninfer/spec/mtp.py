@@ -17,9 +17,11 @@ drafts), and at proposal time the rows still held are checked against the commit
 ever reads hidden states of committed tokens; its KV at draft positions (steps 2..k) is never
 kept: the next round rewrites those positions from the target's rows.
 
-A row whose history has a gap (positions the target never computed in this engine, e.g. a
-prefix reused from the cache) gets no draft and decodes plainly: the head cannot build its KV
-there without the target's hidden states.
+Positions the target never computed in this engine (a prefix reused from the cache) have no
+rows: the head's KV then starts at the first computed position, `base`, which becomes the
+head's position 0 (rotary attention is relative, so this is exactly the head attending only to
+the positions from `base` on; the target's hidden state at each position still carries the
+whole context). A recomputation from before `base` (a replay) starts it over from there.
 
 `vocab` (--lm-head-draft, FR-Spec): the head's logits use only those lm_head rows (token ids,
 ranked by frequency; ninfer/spec/draft_vocab.py); q is zero outside them, so sampled rows are
@@ -45,9 +47,10 @@ from ninfer.spec.drafter import NO_DRAFT, Draft, DraftRow
 @dataclass
 class _HeadSeq:
     pages: list[int] = field(default_factory=list)
-    seen: list[int] = field(default_factory=list)  # target tokens by position (-1: not computed)
+    base: int = 0  # the target position of the head's position 0 (module docstring)
+    seen: list[int] = field(default_factory=list)  # target tokens computed at base + i
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # position -> row, not fed yet
-    fed: list[int] = field(default_factory=list)  # head KV position p holds (h[p], fed[p])
+    fed: list[int] = field(default_factory=list)  # head position i holds (h[base+i], fed[i])
 
 
 class MtpDrafter:
@@ -87,10 +90,11 @@ class MtpDrafter:
             n = len(c.token_ids)
             st = self._seqs.setdefault(c.seq_id, _HeadSeq())
             s = c.start_pos
-            del st.seen[s:]
+            if not st.base <= s <= st.base + len(st.seen):  # a gap, or recomputed from before
+                st.base, st.seen, st.fed = s, [], []
+            del st.seen[s - st.base :]
             for p in [p for p in st.hidden if p >= s]:
                 del st.hidden[p]
-            st.seen.extend([-1] * (s - len(st.seen)))  # a gap: never computed here
             st.seen.extend(c.token_ids)
             block = rows[r : r + n].clone()
             for i in range(n):
@@ -121,15 +125,15 @@ class MtpDrafter:
             chunks, hid = [], []
             for i in active:
                 r, st = rows[i], self._seqs[rows[i].seq_id]
-                if step == 0:  # the rest of the target's rows: positions len(fed) .. n-1
-                    start, n = len(st.fed), len(r.tokens) - 1
-                    ids = tuple(r.tokens[start + 1 : n + 1])
-                    hid.append(torch.stack([st.hidden[p] for p in range(start, n)]))
+                if step == 0:  # the rest of the target's rows: positions base+len(fed) .. n-1
+                    start, n, b = len(st.fed), len(r.tokens) - 1, st.base
+                    ids = tuple(r.tokens[b + start + 1 : n + 1])
+                    hid.append(torch.stack([st.hidden[p] for p in range(b + start, n)]))
                     st.fed.extend(ids)
-                    for p in range(start, n - 1):  # fed; the last stays for a repeated round
+                    for p in range(b + start, n - 1):  # fed; the last stays for a repeat
                         del st.hidden[p]
                 else:  # the head's own output at the previous position, and the last draft
-                    start = len(r.tokens) - 2 + step
+                    start = len(r.tokens) - 2 + step - st.base
                     ids = (drafts[i][-1],)
                     hid.append(last[i][None])
                 chunks.append(SeqChunk(r.seq_id, ids, start, tuple(st.pages)))
@@ -172,17 +176,23 @@ class MtpDrafter:
             chunks, hid = [], []
             for r in rows:
                 st = self._seqs[r.seq_id]
-                start, n = len(st.fed), len(r.tokens) - 1
+                start, n, b = len(st.fed), len(r.tokens) - 1 - st.base, st.base
                 if n - start > self.max_chunk:
                     end = start + self.max_chunk
-                    ids = tuple(r.tokens[start + 1 : end + 1])
-                    hid.append(torch.stack([st.hidden.pop(p) for p in range(start, end)]))
+                    ids = tuple(r.tokens[b + start + 1 : b + end + 1])
+                    hid.append(torch.stack([st.hidden.pop(b + p) for p in range(start, end)]))
                     chunks.append(SeqChunk(r.seq_id, ids, start, tuple(st.pages), None, False))
                     st.fed.extend(ids)
             if not chunks:
                 return
             self.steps += 1
             self.executor.run(StepBatch(tuple(chunks)), inputs={"hidden": torch.cat(hid)})
+
+    def _evict(self, st: _HeadSeq) -> None:
+        """Give back a sequence's head KV; it restarts at its oldest target row still held."""
+        self.pool.release(st.pages)
+        base = min(st.hidden, default=st.base + len(st.seen))
+        st.pages, st.fed, st.seen, st.base = [], [], st.seen[base - st.base :], base
 
     def _prepare(self, row: DraftRow, rows: Sequence[DraftRow]) -> bool:
         """Drop what the committed tokens no longer support, check the target's rows cover
@@ -192,33 +202,32 @@ class MtpDrafter:
         st = self._seqs.get(row.seq_id)
         if st is None:
             return False
-        tokens, n = row.tokens, len(row.tokens) - 1
+        tokens, b = row.tokens, st.base
+        n = len(tokens) - 1 - b  # the target computed head positions 0 .. n-1 (b .. b+n-1)
         valid = 0  # target rows computed from the committed tokens
         limit = min(len(st.seen), n)
-        while valid < limit and st.seen[valid] == tokens[valid]:
+        while valid < limit and st.seen[valid] == tokens[b + valid]:
             valid += 1
         del st.seen[valid:]
-        for p in [p for p in st.hidden if p >= valid]:
+        for p in [p for p in st.hidden if p >= b + valid]:
             del st.hidden[p]
         fed = 0  # head positions computed from committed tokens and rows
         limit = min(len(st.fed), valid)
-        while fed < limit and st.fed[fed] == tokens[fed + 1]:
+        while fed < limit and st.fed[fed] == tokens[b + fed + 1]:
             fed += 1
-        del st.fed[fed:]
-        if fed == n and n - 1 in st.hidden:  # proposing again with nothing new: redo the tip
+        if fed == n and b + n - 1 in st.hidden:  # proposing again with nothing new: redo the tip
             fed = n - 1
         del st.fed[fed:]
-        if valid < n or fed == n or any(p not in st.hidden for p in range(fed, n)):
-            return False  # a gap in the target's rows (module docstring)
-        for p in [p for p in st.hidden if p < fed]:
+        if n < 1 or valid < n or fed == n or any(b + p not in st.hidden for p in range(fed, n)):
+            return False  # no target rows for what the head needs (not computed here)
+        for p in [p for p in st.hidden if p < b + fed]:
             del st.hidden[p]
         end = n + row.k - 1  # positions computed: 0 .. n-1, then k - 1 draft positions
         need = -(-end // self.page_size) - len(st.pages)
         if need > self.pool.num_free:
             keep = {r.seq_id for r in rows}
             for other in [s for s in self._seqs if s not in keep and self._seqs[s].pages]:
-                self.pool.release(self._seqs[other].pages)
-                self._seqs[other].pages, self._seqs[other].fed = [], []
+                self._evict(self._seqs[other])
                 if need <= self.pool.num_free:
                     break
         if need > 0:

@@ -17,3 +17,12 @@ def mtp_artifacts(fixture_root):
     from artifacts.mtp_head import build_mtp_fixture
 
     return lambda arch: build_mtp_fixture(arch, fixture_root)
+
+
+@pytest.fixture(scope="session")
+def tiny_agent_mtp(fixture_root):
+    """The trained tiny-agent fixture with its trained MTP head attached (artifacts/train_mtp.py:
+    the committed head, or a fresh one when tiny-agent.ninfer changed since)."""
+    from artifacts.train_mtp import tiny_agent_mtp
+
+    return tiny_agent_mtp(fixture_root)

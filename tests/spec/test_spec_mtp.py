@@ -1,7 +1,7 @@
 """Greedy output with `--spec mtp` is token-for-token the output without it: the qwen3 and
 qwen3_5 (hybrid) fixtures with a random MTP head, batches shrinking from 8 rows to 1 with
 different windows, one lane, pauses under a tiny KV pool, a follow-up turn whose prefix is
-reused (the head has no target rows there: those rows decode plainly), and penalties; the
+reused (no target rows there: the head's KV starts after it), and penalties; the
 artifact's component is shown by `compile`, listed by `inspect`, and required at startup."""
 
 from __future__ import annotations
@@ -28,19 +28,23 @@ def _requests(n: int = 8, **params) -> list[Request]:
     ]  # fmt: skip
 
 
-def plain_and_mtp(target, requests, k: int = K, **options):
+def plain_and_mtp(target, requests, k: int = K, lm_head_draft: bool = False, **options):
     """(plain outputs, --spec mtp outputs, the speculating engine's settled stats)."""
     with make_engine(target, None, **options) as plain:
         want = run(plain, requests())
-    with make_engine(target, None, spec="mtp", draft_tokens=k, **options) as spec:
+    mtp = {"spec": "mtp", "draft_tokens": k, "lm_head_draft": lm_head_draft}
+    with make_engine(target, None, **mtp, **options) as spec:
         outs = run(spec, requests())
         stats = settled(spec)
     return want, outs, stats
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
-def test_greedy_mtp_equals_plain_decoding(arch, mtp_artifacts):
-    want, outs, stats = plain_and_mtp(mtp_artifacts(arch), _requests, max_concurrency=8)
+@pytest.mark.parametrize(("arch", "lm_head_draft"), [("qwen3", False), ("qwen3_5", False),
+                                                      ("qwen3_5", True)])  # fmt: skip
+def test_greedy_mtp_equals_plain_decoding(arch, lm_head_draft, mtp_artifacts):
+    want, outs, stats = plain_and_mtp(
+        mtp_artifacts(arch), _requests, max_concurrency=8, lm_head_draft=lm_head_draft
+    )
     assert [o.token_ids for o in outs] == [o.token_ids for o in want]
     assert [o.usage.completion_tokens for o in outs] == list(OUTPUTS)
     check_counters(outs, stats, K, "mtp")
@@ -71,8 +75,7 @@ def test_pauses_under_a_tiny_pool_change_nothing(arch, route, mtp_artifacts):
 
 def test_penalties_and_a_reused_prefix(mtp_artifacts):
     """Penalties count the drafts before each position on both sides; a follow-up turn reuses
-    the pages the first left (no target rows for the head there: it decodes plainly, same
-    tokens)."""
+    the pages the first left (no target rows there: the head starts after them), same tokens."""
     target = mtp_artifacts("qwen3")
     want, outs, _ = plain_and_mtp(
         target, lambda: _requests(3, presence_penalty=1.5, frequency_penalty=1.0),
@@ -87,9 +90,10 @@ def test_penalties_and_a_reused_prefix(mtp_artifacts):
             (a,) = run(engine, [first])
             history = first.prompt_token_ids + a.token_ids + (5, 6, 7)
             (b,) = run(engine, [Request(history, params)])
-            got[name] = (a.token_ids, b.token_ids, b.usage.cached_tokens)
+            got[name] = (a.token_ids, b.token_ids, b.usage.cached_tokens, b.timings.speculative)
     assert got["mtp"][:2] == got["plain"][:2]
     assert got["mtp"][2] >= 48
+    assert got["mtp"][3]["rounds"] > 0  # the head drafts from the first computed position on
 
 
 def test_the_component_is_required_shown_and_listed(mtp_artifacts, fixture_artifacts, capsys):

@@ -5,9 +5,11 @@
    chi-square statistic rejects a deliberately wrong rule (resampling from p instead of the
    residual), so the test has the power to fail.
 2. Through the engine: the token of the first speculative round (drafted by the llama fixture,
-   or by a random DFlash drafter attached to qwen3; verified by qwen3) over 2000 seeded
-   requests follows its exact distribution without speculation, sum over the first token t1
-   of p(t1) p(t2 | t1), computed from the target's logits. A fixed seed gives a fixed output.
+   by the qwen3 fixture's random MTP head with `--spec mtp`, with and without
+   `--lm-head-draft`, or by a random DFlash drafter attached to qwen3 with `--spec dflash`;
+   verified by qwen3) over 2000 seeded requests follows its exact distribution without
+   speculation, sum over the first token t1 of p(t1) p(t2 | t1), computed from the target's
+   logits. A fixed seed gives a fixed output.
 """
 
 from __future__ import annotations
@@ -88,20 +90,22 @@ def test_rejection_sampling_follows_the_target_and_a_wrong_rule_is_caught(fixtur
         assert (pv > ALPHA) == fits, (rule.__name__, pv)
 
 
-@pytest.mark.parametrize("backend", ["draft", "dflash"])
+@pytest.mark.parametrize("backend", ["draft", "mtp", "mtp-lm-head-draft", "dflash"])
 def test_engine_speculation_samples_the_plain_distribution(
-    backend, fixture_artifacts, fixture_root
+    backend, fixture_artifacts, mtp_artifacts, fixture_root
 ):
-    """`draft`: drafted by the llama fixture; `dflash`: by a random DFlash drafter attached to
-    the target (artifacts/fixture_dflash.py), whose drafts are accepted about a third of the
-    time at this temperature."""
-    target, draft = fixture_artifacts("qwen3"), fixture_artifacts("llama")
-    spec_options = {}
-    if backend == "dflash":
+    if backend.startswith("mtp"):  # the qwen3 fixture's weights with an MTP head: same p
+        target, draft = mtp_artifacts("qwen3"), None
+        # --lm-head-draft: q is zero outside the reduced head's 128 of 512 tokens
+        spec = {"spec": "mtp", "draft_tokens": 1, "lm_head_draft": backend != "mtp"}
+    elif backend == "dflash":  # a random drafter attached to the qwen3 fixture: same p; its
+        # drafts are accepted about a third of the time at this temperature
         from artifacts.fixture_dflash import build_dflash_fixture
 
-        target, draft = build_dflash_fixture(target, fixture_root), None
-        spec_options = {"spec": "dflash", "draft_tokens": 1}
+        target, draft = build_dflash_fixture(fixture_artifacts("qwen3"), fixture_root), None
+        spec = {"spec": "dflash", "draft_tokens": 1}
+    else:
+        target, draft, spec = fixture_artifacts("qwen3"), fixture_artifacts("llama"), {}
     # exact distribution of the second output token without speculation
     llm = LLM(str(target), max_concurrency=8, kv_capacity=2048, max_context=256)
     first = _probs(target, PROMPT)
@@ -123,15 +127,15 @@ def test_engine_speculation_samples_the_plain_distribution(
         target,
         draft,
         k=1,
-        **spec_options,
         max_concurrency=8,
         max_context=256,
         max_pending_requests=n,
         pending_timeout_ms=NO_TIMEOUT_MS,
-    ) as spec:
-        outs = run(spec, requests)
-        again = run(spec, requests[:8])
-        stats = settled(spec)
+        **spec,
+    ) as engine:
+        outs = run(engine, requests)
+        again = run(engine, requests[:8])
+        stats = settled(engine)
     assert [o.token_ids for o in again] == [o.token_ids for o in outs[:8]]  # seeds fix output
     rounds = stats.spec_decode_rounds_total
     assert rounds >= n, stats
