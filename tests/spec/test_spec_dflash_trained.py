@@ -48,3 +48,32 @@ def test_the_trained_drafter_reaches_tau_2_with_k_7(trained_dflash, tiny_agent_p
         sum(o.timings.speculative["accepted_per_position"][j] for o in outs) for j in range(7)
     ]
     assert per_position[2] > 0, per_position
+
+
+def test_bench_engine_reports_the_dflash_drafter(trained_dflash, tmp_path, capsys):
+    """`ninfer bench engine ARTIFACT --spec dflash`: plain and speculative runs of the same
+    prompts, with tau, acceptance by position and the drafter's cost per round."""
+    import argparse
+    import json
+
+    from ninfer.commands import bench
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("What is 2 plus 3?\nIs a tomato a fruit?\n", encoding="utf-8")
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    out = tmp_path / "spec.json"
+    args = p.parse_args([
+        "engine", str(trained_dflash), "--spec", "dflash", "--draft-tokens", "7",
+        "--prompts", str(prompts), "--batch-sizes", "2", "--output-len", "40", "--device", "cpu",
+        "--reps", "2", "--json", str(out),
+    ])  # fmt: skip
+    assert bench.run(args) == 0
+    assert "drafted by its DFlash drafter" in capsys.readouterr().out
+    (r,) = json.loads(out.read_text())["results"]
+    assert r["identical"] and r["draft_tokens"] == 7
+    assert r["drafted"] >= r["accepted"] > 0 and r["drafted"] <= 7 * r["rounds"]
+    assert r["tau"] == pytest.approx(1.0 + sum(r["accept_rate_per_position"]))
+    assert r["tau"] > 1.5 and r["draft_ratio"] > 0
+    # one block forward per step drafts for every row of it (rounds count rows)
+    assert 0.5 <= r["draft_forwards_per_round"] <= 1.0
