@@ -53,6 +53,9 @@ class _Context:
     tokens: list[int] = field(default_factory=list)  # the token fed at each position
     k: list[torch.Tensor] = field(default_factory=list)  # per layer [capacity, kv_heads * d]
     v: list[torch.Tensor] = field(default_factory=list)
+    # rows [0, checked) matched the committed tokens once: committed tokens never change, so
+    # they stay valid until observe() replaces them (a replay recomputes them)
+    checked: int = 0
 
     @property
     def n(self) -> int:
@@ -60,6 +63,7 @@ class _Context:
 
     def truncate(self, n: int) -> None:
         del self.positions[n:], self.tokens[n:]
+        self.checked = min(self.checked, n)
 
     def append(self, positions: Sequence[int], tokens: Sequence[int], kv: list) -> None:
         """Add rows after the held ones; kv: per layer (K, V) [len(positions), width]."""
@@ -132,12 +136,13 @@ class DFlashDrafter:
         """The row's context, cut to the positions still valid for its committed tokens."""
         ctx = self._ctx.setdefault(row.seq_id, _Context())
         last = len(row.tokens) - 1  # the token the target computes next: not context yet
-        n = 0
+        n = ctx.checked
         while (
             n < ctx.n and ctx.positions[n] < last and ctx.tokens[n] == row.tokens[ctx.positions[n]]
         ):
             n += 1
         ctx.truncate(n)
+        ctx.checked = n
         return ctx
 
     @torch.inference_mode()
