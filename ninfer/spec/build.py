@@ -7,7 +7,8 @@
 
     --spec mtp [--lm-head-draft]
         the artifact's mtp component ──compile_mtp(options.compile)──▶ the head's own plan
-        ──make_executor──▶ its executor (its own KV pages) ──▶ MtpDrafter ──▶ Speculator
+        ──make_executor──▶ its executor (its own KV pages; the embedding and LM head the
+        target's tensors, shared) ──▶ MtpDrafter ──▶ Speculator
         (the target plan captures "final" hidden states: EngineOptions adds the capture;
         --lm-head-draft: the head's logits over draft_vocab's frequency-ranked subset)
 
@@ -29,6 +30,8 @@ from __future__ import annotations
 import dataclasses
 import json
 from typing import Any
+
+import torch
 
 from ninfer.errors import ConfigError
 from ninfer.passes.options import CompileOptions
@@ -76,7 +79,7 @@ def build_speculator(artifact: Any, options: EngineOptions, executor: Any) -> Sp
             " CUDA kernels keep no per-position state); serve it without --spec"
         )
     if options.spec == "mtp":
-        return Speculator(_mtp_drafter(artifact, options))
+        return Speculator(_mtp_drafter(artifact, options, executor))
     if options.spec == "dflash":
         from ninfer.spec.dflash import build_dflash_drafter
 
@@ -99,7 +102,22 @@ def build_speculator(artifact: Any, options: EngineOptions, executor: Any) -> Sp
     return Speculator(DraftModelDrafter(draft_executor, max_chunk=options.prefill_chunk))
 
 
-def _mtp_drafter(artifact: Any, options: EngineOptions) -> MtpDrafter:
+def _share_weights(head: Any, target: Any) -> None:
+    """The head plan's copies of weights the target also loaded (the embedding, the LM head)
+    replaced by the target's, loaded the same way: one copy in memory."""
+    mine, theirs = getattr(head, "weights", None), getattr(target, "weights", None)
+    if not isinstance(mine, dict) or not isinstance(theirs, dict):
+        return
+    for name, w in mine.items():
+        t = theirs.get(name)
+        if t is None or type(t) is not type(w):
+            continue
+        if isinstance(w, torch.Tensor) and (w.shape != t.shape or w.dtype != t.dtype):
+            continue
+        mine[name] = t
+
+
+def _mtp_drafter(artifact: Any, options: EngineOptions, target: Any) -> MtpDrafter:
     """The MTP head of `artifact` on its own executor (module docstring)."""
     from ninfer.passes.pipeline import compile_mtp
     from ninfer.runtime.executors.choose import make_executor
@@ -112,6 +130,7 @@ def _mtp_drafter(artifact: Any, options: EngineOptions) -> MtpDrafter:
         )
     plan = compile_mtp(artifact, options.compile, logits=not options.lm_head_draft)
     executor = make_executor(plan, artifact, options.device)
+    _share_weights(executor, target)
     if not options.lm_head_draft:
         return MtpDrafter(executor, max_chunk=options.prefill_chunk)
     from ninfer.spec.draft_vocab import draft_head

@@ -5,7 +5,7 @@ costs N/vocab of the full one; verification stays with the target's full head, s
 unchanged (a token outside the subset is simply never drafted; q is zero there, which keeps
 rejection sampling exact).
 
-    N        min(32768, ceil(vocab / 4)): FR-Spec's 32k for a 128k-152k vocabulary, a quarter
+    N        min(32768, ceil(vocab / 4)): 32k as FR-Spec uses for a 128k-152k vocabulary, a quarter
              of a small one (the tiny fixtures' 512 -> 128)
     ranking  the artifact's own `mtp.draft_vocab` (token ids, most frequent first) when the
              component carries one: artifacts/train_mtp.py writes the token counts of the

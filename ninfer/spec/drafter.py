@@ -3,7 +3,10 @@
 A drafter sees only plain data (the tokens a request has committed) and returns plain tokens;
 it keeps whatever state it needs (its own KV pages, a catch-up frontier) keyed by sequence id
 and re-synchronises from the tokens it is given, so pauses, replays, thinking suffixes and
-truncated rounds need no extra hook. `forget` is called when a request finishes.
+truncated rounds need no extra hook. `forget` is called when a request finishes. A drafter
+that reads the target's hidden states (MTP) also has `observe(batch, hidden)`, which the
+speculator calls after every target step with the rows the plan captured
+(CompileOptions.capture; Speculator.observe).
 """
 
 from __future__ import annotations

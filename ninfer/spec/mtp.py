@@ -166,7 +166,7 @@ class MtpDrafter:
         ).cumsum(0) - 1  # fmt: skip
         h = self.executor.hidden["final"][ends]
         full = torch.full((h.shape[0], self.vocab_size), float("-inf"), device=h.device)
-        full[:, self.vocab] = (h.float() @ self.head.T).float()
+        full[:, self.vocab] = (h.to(self.head.dtype) @ self.head.T).float()
         return full
 
     def _catch_up(self, rows: Sequence[DraftRow]) -> None:

@@ -1,5 +1,5 @@
-"""Greedy output with `--spec mtp` is token-for-token the output without it: the qwen3 and
-qwen3_5 (hybrid) fixtures with a random MTP head, batches shrinking from 8 rows to 1 with
+"""Greedy output with `--spec mtp` is token-for-token the output without it: every fixture
+architecture (the hybrids included) with a random MTP head, batches shrinking from 8 rows to 1 with
 different windows, one lane, pauses under a tiny KV pool, a follow-up turn whose prefix is
 reused (no target rows there: the head's KV starts after it), and penalties; the
 artifact's component is shown by `compile`, listed by `inspect`, and required at startup."""
@@ -10,6 +10,7 @@ import pytest
 
 from ninfer.artifact.format import Artifact
 from ninfer.errors import ConfigError
+from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.request import Request, SamplingParams
 from tests.runtime.real_engine import settled
 from tests.spec.spec_engine import check_counters, make_engine, run
@@ -39,7 +40,10 @@ def plain_and_mtp(target, requests, k: int = K, lm_head_draft: bool = False, **o
     return want, outs, stats
 
 
-@pytest.mark.parametrize(("arch", "lm_head_draft"), [("qwen3", False), ("qwen3_5", False),
+ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe")
+
+
+@pytest.mark.parametrize(("arch", "lm_head_draft"), [*((a, False) for a in ARCHS),
                                                       ("qwen3_5", True)])  # fmt: skip
 def test_greedy_mtp_equals_plain_decoding(arch, lm_head_draft, mtp_artifacts):
     want, outs, stats = plain_and_mtp(
@@ -50,6 +54,16 @@ def test_greedy_mtp_equals_plain_decoding(arch, lm_head_draft, mtp_artifacts):
     check_counters(outs, stats, K, "mtp")
     assert stats.spec_decode_rounds_total > 0
     assert stats.spec_decode_draft_tokens_total >= stats.spec_decode_rounds_total
+
+
+def test_the_head_shares_the_models_embedding(mtp_artifacts):
+    with make_engine(mtp_artifacts("qwen3_5"), None, spec="mtp") as engine:
+        head = engine.speculator.drafter.executor.weights
+        target = engine.executor.weights
+        name = "model.embed_tokens.weight"
+        assert head[name] is target[name]  # one copy in memory
+        assert head["lm_head.weight"] is target["lm_head.weight"]
+        assert head["mtp.norm.weight"] is not target["model.norm.weight"]
 
 
 @pytest.mark.parametrize("k", [1, 5])
@@ -100,6 +114,8 @@ def test_the_component_is_required_shown_and_listed(mtp_artifacts, fixture_artif
     with pytest.raises(ConfigError, match="--spec mtp needs the artifact's mtp component") as e:
         make_engine(fixture_artifacts("qwen3"), None, spec="mtp")
     assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"\(--spec mtp\) runs on --device cpu only"):
+        EngineOptions.of(spec="mtp", device="cuda")
     path = mtp_artifacts("qwen3_5")
     assert Artifact(path).components == ["text", "mtp"]
     from ninfer.cli import main
@@ -112,3 +128,13 @@ def test_the_component_is_required_shown_and_listed(mtp_artifacts, fixture_artif
     head = out.split("== mtp (--spec mtp drafter stage) ==\n")[1]
     assert head.startswith("plan tiny-qwen3_5-mtp-mtp (qwen3_5)")
     assert "kv: dtype=f32 page_size=16 pages=512 capacity=8192 tokens layers=0 " in head
+
+
+def test_bfloat16_with_the_reduced_head(mtp_artifacts):
+    """A bfloat16 CPU engine: the reduced head's rows are bfloat16 too (its logits float32)."""
+    want, outs, stats = plain_and_mtp(
+        mtp_artifacts("qwen3"), lambda: _requests(4), max_concurrency=4, dtype="bfloat16",
+        lm_head_draft=True,
+    )  # fmt: skip
+    assert [o.token_ids for o in outs] == [o.token_ids for o in want]
+    assert stats.spec_decode_rounds_total > 0

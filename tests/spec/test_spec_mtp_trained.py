@@ -127,3 +127,30 @@ def test_bench_reports_the_mtp_head(tiny_agent_mtp, tmp_path, capsys):
     for r in report["results"]:
         assert r["identical"] and r["rounds"] > 0 and r["drafted"] >= r["accepted"]
         assert r["tau"] == pytest.approx(1.0 + sum(r["accept_rate_per_position"]))
+
+
+def test_constrained_rows_share_the_batch(tiny_agent_mtp, tiny_agent_prompts):
+    """A step with a constrained (JSON schema) row runs plainly (the engine still hands the
+    head that step's hidden states): output unchanged, and the other rows draft once the
+    constrained ones are done."""
+    from ninfer.constrain import JsonSchema, TokenizerInfo, compile_constraint
+
+    tok, prompts = _prompts(tiny_agent_mtp, tiny_agent_prompts[8:12])  # long replies
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    c = compile_constraint(
+        JsonSchema(schema), TokenizerInfo.from_artifact(Artifact(tiny_agent_mtp))
+    )
+
+    def requests():  # the constrained rows end first; the others then speculate
+        return [
+            Request(p, SamplingParams(max_tokens=20 if i % 2 else 120, temperature=0.0),
+                    constraint=c if i % 2 else None)
+            for i, p in enumerate(prompts)
+        ]  # fmt: skip
+
+    want, _ = _run(tiny_agent_mtp, requests)
+    outs, stats = _run(tiny_agent_mtp, requests, spec="mtp", draft_tokens=K)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in want]
+    assert tok.decode(list(outs[1].token_ids)).startswith("{")  # held to the schema
+    assert outs[0].timings.speculative["rounds"] > 0 and outs[2].timings.speculative["rounds"] > 0
+    check_counters(outs, stats, K, "mtp")
