@@ -77,3 +77,31 @@ def test_bench_engine_reports_the_dflash_drafter(trained_dflash, tmp_path, capsy
     assert r["tau"] > 1.5 and r["draft_ratio"] > 0
     # one block forward per step drafts for every row of it (rounds count rows)
     assert 0.5 <= r["draft_forwards_per_round"] <= 1.0
+
+
+def test_constrained_rows_share_the_batch(trained_dflash, tiny_agent_prompts):
+    """A step with a constrained (JSON schema) row runs plainly; the engine still hands the
+    drafter that step's hidden states, so the other rows' context stays whole: output
+    unchanged, and the unconstrained rows draft (and are accepted) once the others are done."""
+    from ninfer.constrain import JsonSchema, TokenizerInfo, compile_constraint
+
+    art = Artifact(trained_dflash)
+    tok = Tokenizer.from_str(art.tokenizer_json)
+    prompts = [tuple(tok.encode(p["prompt"], add_special_tokens=False).ids) for p in tiny_agent_prompts[4:8]]  # fmt: skip
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    c = compile_constraint(JsonSchema(schema), TokenizerInfo.from_artifact(art))
+    requests = [
+        Request(p, SamplingParams(max_tokens=12 if i % 2 else 120, temperature=0.0),
+                constraint=c if i % 2 else None)
+        for i, p in enumerate(prompts)
+    ]  # fmt: skip
+    with make_engine(trained_dflash, None, max_concurrency=4) as plain:
+        want = run(plain, requests)
+    with make_engine(trained_dflash, None, spec="dflash", draft_tokens=7, max_concurrency=4) as e:
+        outs = run(e, requests)
+        stats = settled(e)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in want]
+    assert tok.decode(list(outs[1].token_ids)).startswith("{")  # held to the schema
+    for o in (outs[0], outs[2]):
+        assert o.timings.speculative["rounds"] > 0 and o.timings.speculative["accepted_tokens"] > 0
+    check_counters(outs, stats, 7, backend="dflash")
