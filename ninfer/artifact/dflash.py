@@ -54,11 +54,15 @@ class DFlashConfig:
             raise ArtifactError(
                 f"dflash config: dflash_config.mask_token_id must be a token id, got {mask!r}"
             )
+        trained_for = cfg.get("num_target_layers", target_layers)
+        if trained_for != target_layers:  # a drafter of another model
+            raise ArtifactError(
+                f"dflash config: num_target_layers {trained_for!r}: the drafter was trained for a"
+                f" model of that many layers, this one has {target_layers}"
+            )
         ids = dcfg.get("target_layer_ids")
         if ids is None:  # the published default: spread over layers 1 .. L-3
-            ids = default_target_layer_ids(
-                int(cfg.get("num_target_layers", target_layers)), spec.layers
-            )
+            ids = default_target_layer_ids(target_layers, spec.layers)
         if not ids or not all(isinstance(i, int) and 0 <= i < target_layers for i in ids):
             raise ArtifactError(
                 f"dflash config: dflash_config.target_layer_ids {ids!r} must name layers of the"

@@ -77,6 +77,7 @@ def _broken(drafter_dir, tmp_path, edit_config=None, drop=None):
     [
         (lambda c: c["dflash_config"].update(target_layer_ids=[0, 5]), None, r"target_layer_ids \[0, 5\] must name layers of the target \(0\.\.1\)"),
         (lambda c: c.update(hidden_size=32), None, "hidden_size 32 differs from the target's 64"),
+        (lambda c: c.update(num_target_layers=36), None, "num_target_layers 36: the drafter was trained for a model of that many layers, this one has 2"),
         (lambda c: c.update(block_size=1), None, "block_size must be an integer >= 2"),
         (lambda c: c["dflash_config"].pop("mask_token_id"), None, "mask_token_id must be a token id"),
         (None, "norm.weight", "missing tensor 'norm.weight'"),
