@@ -114,7 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     e.add_argument("--draft-model", metavar="DRAFT", help="--spec draft: the draft model")
     e.add_argument(
-        "--lm-head-draft", action="store_true", help="--spec mtp: the reduced draft head"
+        "--lm-head-draft", action="store_true", help="--spec mtp|dflash: the reduced draft head"
     )
     e.add_argument("--draft-tokens", type=int, default=4, metavar="K", help="drafts per round")
     e.add_argument("--prompts", metavar="FILE", help="--spec: one user message per line")

@@ -178,8 +178,8 @@ def run_spec_bench(args: argparse.Namespace) -> dict[str, Any]:
     own = args.spec in ("mtp", "dflash")  # a drafter of the artifact itself, no --draft-model
     if args.artifact is None or (args.draft_model is None and not own):
         raise ConfigError("--spec draft: give the target ARTIFACT and --draft-model DRAFT")
-    if getattr(args, "lm_head_draft", False) and not mtp:
-        raise ConfigError("--lm-head-draft requires --spec mtp")
+    if getattr(args, "lm_head_draft", False) and not own:
+        raise ConfigError("--lm-head-draft requires --spec mtp or dflash")
     if max(args.batch_sizes) > 8:
         raise ConfigError("--batch-sizes: at most 8 (the engine's --max-concurrency range)")
     device = args.device or "cpu"
@@ -225,7 +225,7 @@ def run_spec_bench(args: argparse.Namespace) -> dict[str, Any]:
     drafting: dict[str, Any] = (
         {"spec": "mtp", "lm_head_draft": bool(getattr(args, "lm_head_draft", False))}
         if mtp
-        else {"spec": "dflash"}
+        else {"spec": "dflash", "lm_head_draft": bool(getattr(args, "lm_head_draft", False))}
         if own
         else {"spec": "draft", "draft_model": args.draft_model}
     )
@@ -274,7 +274,10 @@ def run_spec_bench(args: argparse.Namespace) -> dict[str, Any]:
         "mode": "engine-spec", "model": source.name,
         "draft_model": (
             ("its MTP head" + (" (--lm-head-draft)" if drafting.get("lm_head_draft") else ""))
-            if mtp else "its DFlash drafter" if own else Artifact(drafter_path(args)).name
+            if mtp
+            else "its DFlash drafter" + (" (--lm-head-draft)" if drafting.get("lm_head_draft") else "")
+            if own
+            else Artifact(drafter_path(args)).name
         ),
         "device": device, "dtype": dtype, "spec": drafting["spec"],
         "prompts": args.prompts or f"{len(pool)} random prompts of {args.input_len} tokens",

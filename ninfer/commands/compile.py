@@ -93,7 +93,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--lm-head-draft",
         action="store_true",
         help="with --spec mtp: the head's plan without its full logits (the drafter applies "
-        "the reduced, frequency-ranked head)",
+        "the reduced, frequency-ranked head); with --spec dflash: the drafter's reduced head",
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
                 print(p.to_text(verbose=args.verbose), end="")
         return 0
     if args.lm_head_draft and args.spec is None:
-        raise ConfigError("--lm-head-draft requires --spec mtp")
+        raise ConfigError("--lm-head-draft requires --spec mtp or dflash")
     drafter = None
     if args.spec == "dflash":  # the target layers the drafter reads are captured
         from ninfer.artifact.dflash import describe, dflash_config
@@ -156,6 +156,10 @@ def run(args: argparse.Namespace) -> int:
         extra = tuple(c for c in cfg.capture if c not in options.capture)
         options = dataclasses.replace(options, capture=options.capture + extra)
         drafter = describe(cfg)
+        if args.lm_head_draft:  # the drafter's logits over the reduced head (draft_vocab.py)
+            from ninfer.spec.draft_vocab import draft_size
+
+            drafter["draft_head"] = f"{draft_size(cfg.spec.vocab)} rows, frequency-ranked"
     plan = compile_artifact(artifact, options)
     head = None
     if args.spec == "mtp":  # the drafter's stage: the artifact's MTP head, its own plan

@@ -249,7 +249,11 @@ def config_from_args(
         ),
         **(  # the artifact's DFlash drafter (its dflash component: checked at startup); by
             # default a round takes the drafter's whole block (at most block_size - 1 drafts)
-            {"spec": "dflash", "draft_tokens": args.draft_tokens or 15}
+            {
+                "spec": "dflash",
+                "draft_tokens": args.draft_tokens or 15,
+                "lm_head_draft": args.lm_head_draft,
+            }
             if args.spec == "dflash"
             else {}
         ),

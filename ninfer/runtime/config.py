@@ -98,8 +98,8 @@ class EngineOptions:
                 f"--spec {self.spec} with --tensor-parallel: speculative rounds are not run on "
                 "sharded engines in this build; drop one of them"
             )
-        if self.lm_head_draft and self.spec != "mtp":
-            raise ConfigError("--lm-head-draft requires --spec mtp in this build")
+        if self.lm_head_draft and self.spec not in ("mtp", "dflash"):
+            raise ConfigError("--lm-head-draft requires --spec mtp or dflash in this build")
         if self.spec is not None:  # k more state slots per lane (hybrid models use them)
             spec_slots = self.compile.max_concurrency * self.draft_tokens
             rows = min(MAX_VERIFY_ROWS, self.compile.max_concurrency * (self.draft_tokens + 1))

@@ -83,7 +83,7 @@ def build_speculator(artifact: Any, options: EngineOptions, executor: Any) -> Sp
     if options.spec == "dflash":
         from ninfer.spec.dflash import build_dflash_drafter
 
-        return Speculator(build_dflash_drafter(artifact, executor))
+        return Speculator(build_dflash_drafter(artifact, executor, options.lm_head_draft))
     assert options.spec == "draft" and options.draft_model is not None
     # a .ninfer as it is; a .gguf or Hugging Face directory converted once into the cache
     draft = Artifact(servable_path(options.draft_model, check_model=check_tensors))

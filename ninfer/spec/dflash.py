@@ -207,10 +207,13 @@ def dflash_capture(artifact: Any) -> tuple[str, ...]:
     return dflash_config(artifact).capture
 
 
-def build_dflash_drafter(artifact: Any, executor: Any) -> DFlashDrafter:
+def build_dflash_drafter(
+    artifact: Any, executor: Any, lm_head_draft: bool = False
+) -> DFlashDrafter:
     """The drafter of `artifact`'s dflash component for the target served by `executor`
-    (whose plan captures `dflash_capture(artifact)`). ConfigError when the artifact has no
-    dflash component or the plan does not capture what it needs."""
+    (whose plan captures `dflash_capture(artifact)`); `lm_head_draft`: its logits over the
+    reduced, frequency-ranked head of ninfer/spec/draft_vocab.py. ConfigError when the
+    artifact has no dflash component or the plan does not capture what it needs."""
     if COMPONENT not in getattr(artifact, "components", ()):
         have = ", ".join(getattr(artifact, "components", ())) or "none"
         raise ConfigError(
@@ -218,6 +221,10 @@ def build_dflash_drafter(artifact: Any, executor: Any) -> DFlashDrafter:
             " --spec or attach a drafter (ninfer convert ARTIFACT --dflash DIR -o OUT)"
         )
     model = load_dflash(artifact, executor, executor.dtype)
+    if lm_head_draft:
+        from ninfer.spec.draft_vocab import draft_head
+
+        model.reduce_head(*draft_head(artifact, executor.dtype, model.device))
     captured = set((getattr(executor, "plan", None) and executor.plan.model.get("capture")) or ())
     missing = [c for c in model.cfg.capture if c not in captured]
     if missing:

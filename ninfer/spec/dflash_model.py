@@ -72,6 +72,14 @@ class DFlashModel:
         self.device = embed.device
         self._inv = _inv_freq(s.rope, s.rotary_dim).to(self.device)
         self._scale = rope_scale(s.rope)
+        self.draft_ids: torch.Tensor | None = None  # --lm-head-draft: the reduced head's ids
+        self.draft_rows: torch.Tensor | None = None  # and their LM head rows
+
+    def reduce_head(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """--lm-head-draft (FR-Spec): draft logits from these LM head rows only (token ids
+        `ids` [N], rows [N, hidden]); every other token gets -inf, so it is never drafted and
+        q is zero there (verification still uses the target's full head)."""
+        self.draft_ids, self.draft_rows = ids, rows
 
     # -- pieces --------------------------------------------------------------------------
     def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -125,8 +133,12 @@ class DFlashModel:
         (K, V) [B, C, kv_heads * head_dim] of which `ctx_valid` [B, C] marks the real rows."""
         B, n = tokens.shape
         keep = torch.cat([ctx_valid, ctx_valid.new_ones(B, n)], dim=1)[:, None, None, :]
-        x = self.forward(tokens, positions, ctx, keep)
-        return F.linear(x[:, 1:], self.head).float()
+        x = self.forward(tokens, positions, ctx, keep)[:, 1:]
+        if self.draft_rows is None:
+            return F.linear(x, self.head).float()
+        full = torch.full((*x.shape[:2], self.head.shape[0]), float("-inf"), device=x.device)
+        full[..., self.draft_ids] = F.linear(x, self.draft_rows).float()
+        return full
 
     def forward(
         self,

@@ -197,3 +197,40 @@ def _sampler():
     from ninfer.runtime.executors.sampler import Sampler
 
     return Sampler()
+
+
+def test_lm_head_draft_drafts_from_the_reduced_head_and_changes_no_output(dflash):
+    """--lm-head-draft: the drafter's logits come from the reduced, frequency-ranked head
+    (ninfer/spec/draft_vocab.py): every draft is one of its tokens; greedy output is still the
+    plain output (the target's full head verifies)."""
+    from ninfer.runtime.executors.cpu.executor import executor_for
+    from ninfer.spec.dflash import build_dflash_drafter
+    from ninfer.spec.draft_vocab import draft_vocab
+    from ninfer.spec.drafter import DraftRow
+
+    path = dflash("qwen3")
+    requests = _requests()
+    with make_engine(path, None, max_concurrency=8) as plain:
+        want = run(plain, requests)
+    with make_engine(path, None, spec="dflash", draft_tokens=4, lm_head_draft=True,
+                     max_concurrency=8) as spec:  # fmt: skip
+        outs = run(spec, requests)
+        stats = settled(spec)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in want]
+    check_counters(outs, stats, 4, backend="dflash")
+    art = Artifact(path)
+    allowed = set(draft_vocab(art, 512))
+    assert len(allowed) == 128
+    drafter = build_dflash_drafter(art, executor_for(str(path), capture=("L0", "L1")), True)
+    gen = torch.Generator().manual_seed(1)
+    for seq in range(20):
+        tokens = tuple(int(t) for t in torch.randint(1, 500, (9,), generator=gen))
+        hidden = {n: torch.randn(8, 64, generator=gen) for n in ("L0", "L1")}
+        drafter.observe(StepBatch((SeqChunk(seq, tokens[:8], 0, ()),)), hidden)
+        for params in (SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, seed=seq)):
+            (d,) = drafter.propose([DraftRow(seq, tokens, 8, 7, params)], _sampler())
+            assert len(d.tokens) == 7 and set(d.tokens) <= allowed
+            if d.probs is not None:  # q is zero outside the reduced head
+                outside = torch.ones(d.probs.shape[-1], dtype=torch.bool)
+                outside[sorted(allowed)] = False
+                assert float(d.probs[:, outside].sum()) == 0.0

@@ -63,6 +63,8 @@ def test_dflash_chat_is_the_plain_reply_with_draft_work(server):
 def test_the_flag_reaches_the_engine_options():
     assert (parse("--spec", "dflash").engine.spec, parse("--spec", "dflash").engine.draft_tokens) == ("dflash", 15)  # fmt: skip
     assert parse("--spec", "dflash", "--draft-tokens", "5").engine.draft_tokens == 5
+    assert parse("--spec", "dflash", "--lm-head-draft").engine.lm_head_draft is True
+    assert parse("--spec", "dflash").engine.lm_head_draft is False
 
 
 def test_an_artifact_without_the_component_stops_startup_with_one_line():
