@@ -107,13 +107,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--hf-dir", help="the Hugging Face directory an ARTIFACT came from (--peer)")
     e.add_argument(
         "--spec",
-        choices=("draft", "mtp", "verify"),
-        help="draft | mtp (the artifact's MTP head): speculative vs plain decoding; verify: "
+        choices=("draft", "mtp", "dflash", "verify"),
+        help="draft | mtp (the artifact's MTP head) | dflash (its DFlash drafter): speculative "
+        "vs plain decoding; verify: "
         "the verify/decode step cost",
     )
     e.add_argument("--draft-model", metavar="DRAFT", help="--spec draft: the draft model")
     e.add_argument(
-        "--lm-head-draft", action="store_true", help="--spec mtp: the reduced draft head"
+        "--lm-head-draft", action="store_true", help="--spec mtp|dflash: the reduced draft head"
     )
     e.add_argument("--draft-tokens", type=int, default=4, metavar="K", help="drafts per round")
     e.add_argument("--prompts", metavar="FILE", help="--spec: one user message per line")

@@ -1,6 +1,7 @@
 """`ninfer bench engine ARTIFACT --spec draft --draft-model DRAFT [--draft-tokens K]` (or
-`--spec mtp [--lm-head-draft]`: the artifact's MTP head): what speculative decoding buys on
-this machine, plain and speculative engines in the same run.
+`--spec mtp [--lm-head-draft]`: the artifact's MTP head; `--spec dflash`: its DFlash
+drafter): what speculative decoding buys on this machine, plain and speculative engines in
+the same run.
 
     for each batch size b: the same prompts (random tokens, or --prompts FILE: one user message
     per line, rendered with the target's chat template), greedy, through
@@ -174,10 +175,11 @@ def run_spec_bench(args: argparse.Namespace) -> dict[str, Any]:
     from ninfer.runtime.config import NO_TIMEOUT_MS, EngineOptions
 
     mtp = args.spec == "mtp"
-    if args.artifact is None or (args.draft_model is None and not mtp):
+    own = args.spec in ("mtp", "dflash")  # a drafter of the artifact itself, no --draft-model
+    if args.artifact is None or (args.draft_model is None and not own):
         raise ConfigError("--spec draft: give the target ARTIFACT and --draft-model DRAFT")
-    if getattr(args, "lm_head_draft", False) and not mtp:
-        raise ConfigError("--lm-head-draft requires --spec mtp")
+    if getattr(args, "lm_head_draft", False) and not own:
+        raise ConfigError("--lm-head-draft requires --spec mtp or dflash")
     if max(args.batch_sizes) > 8:
         raise ConfigError("--batch-sizes: at most 8 (the engine's --max-concurrency range)")
     device = args.device or "cpu"
@@ -223,6 +225,8 @@ def run_spec_bench(args: argparse.Namespace) -> dict[str, Any]:
     drafting: dict[str, Any] = (
         {"spec": "mtp", "lm_head_draft": bool(getattr(args, "lm_head_draft", False))}
         if mtp
+        else {"spec": "dflash", "lm_head_draft": bool(getattr(args, "lm_head_draft", False))}
+        if own
         else {"spec": "draft", "draft_model": args.draft_model}
     )
     spec = build_engine(source, EngineOptions.of(**common, **drafting, draft_tokens=k))
@@ -270,7 +274,10 @@ def run_spec_bench(args: argparse.Namespace) -> dict[str, Any]:
         "mode": "engine-spec", "model": source.name,
         "draft_model": (
             ("its MTP head" + (" (--lm-head-draft)" if drafting.get("lm_head_draft") else ""))
-            if mtp else Artifact(drafter_path(args)).name
+            if mtp
+            else "its DFlash drafter" + (" (--lm-head-draft)" if drafting.get("lm_head_draft") else "")
+            if own
+            else Artifact(drafter_path(args)).name
         ),
         "device": device, "dtype": dtype, "spec": drafting["spec"],
         "prompts": args.prompts or f"{len(pool)} random prompts of {args.input_len} tokens",

@@ -13,6 +13,7 @@ a --tensor-parallel N that does not divide the heads) fail with a one-line Confi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 
@@ -82,15 +83,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--spec",
-        choices=("mtp",),
+        choices=("mtp", "dflash"),
         help="mtp: the target plan captures the hidden states the MTP head reads, and the "
-        "head's own plan (the drafter stage, its own KV pages) is printed after it",
+        "head's own plan (the drafter stage, its own KV pages) is printed after it; dflash: "
+        "the target plan captures the DFlash drafter's target layers, and the drafter's shape "
+        "is printed after it",
     )
     p.add_argument(
         "--lm-head-draft",
         action="store_true",
         help="with --spec mtp: the head's plan without its full logits (the drafter applies "
-        "the reduced, frequency-ranked head)",
+        "the reduced, frequency-ranked head); with --spec dflash: the drafter's reduced head",
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
@@ -139,7 +142,24 @@ def run(args: argparse.Namespace) -> int:
                 print(p.to_text(verbose=args.verbose), end="")
         return 0
     if args.lm_head_draft and args.spec is None:
-        raise ConfigError("--lm-head-draft requires --spec mtp")
+        raise ConfigError("--lm-head-draft requires --spec mtp or dflash")
+    drafter = None
+    if args.spec == "dflash":  # the target layers the drafter reads are captured
+        from ninfer.artifact.dflash import describe, dflash_config
+
+        if "dflash" not in artifact.components:
+            raise ConfigError(
+                f"--spec dflash needs the artifact's dflash component, but it has only"
+                f" {', '.join(artifact.components)}"
+            )
+        cfg = dflash_config(artifact)
+        extra = tuple(c for c in cfg.capture if c not in options.capture)
+        options = dataclasses.replace(options, capture=options.capture + extra)
+        drafter = describe(cfg)
+        if args.lm_head_draft:  # the drafter's logits over the reduced head (draft_vocab.py)
+            from ninfer.spec.draft_vocab import draft_size
+
+            drafter["draft_head"] = f"{draft_size(cfg.spec.vocab)} rows, frequency-ranked"
     plan = compile_artifact(artifact, options)
     head = None
     if args.spec == "mtp":  # the drafter's stage: the artifact's MTP head, its own plan
@@ -148,10 +168,16 @@ def run(args: argparse.Namespace) -> int:
         head = compile_mtp(artifact, options, logits=not args.lm_head_draft)
     if args.json:
         data = plan.to_dict()
+        if drafter is not None:
+            data = {"plan": data, "dflash": drafter}
         print(json.dumps(data if head is None else {"plan": data, "mtp": head.to_dict()}, indent=2))
     else:
         print(plan.to_text(verbose=args.verbose), end="")
         if head is not None:
             print("== mtp (--spec mtp drafter stage) ==")
             print(head.to_text(verbose=args.verbose), end="")
+        if drafter is not None:
+            print("== dflash (--spec dflash drafter stage: one block forward per round) ==")
+            for k, v in drafter.items():
+                print(f"{k:<18}{v}")
     return 0

@@ -2,6 +2,10 @@
 
 `ninfer convert SRC.ninfer --mtp-head HEAD.safetensors -o OUT.ninfer` attaches a separately
 trained MTP head (`mtp.*` tensors) as the artifact's mtp component (ninfer/artifact/attach.py).
+
+`--dflash DIR` attaches a DFlash drafter in its published Hugging Face layout (config.json +
+safetensors, e.g. z-lab/Qwen3-8B-DFlash-b16) as the dflash component, to the model converted
+from SRC or to SRC.ninfer itself (ninfer/artifact/dflash.py).
 """
 
 from __future__ import annotations
@@ -42,6 +46,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with a .ninfer SRC: attach this MTP head (mtp.* tensors) as its mtp component",
     )
     p.add_argument(
+        "--dflash",
+        metavar="DIR",
+        help="attach this DFlash drafter (its Hugging Face directory) as the dflash component "
+        "(--spec dflash); SRC may be a model to convert or a .ninfer",
+    )
+    p.add_argument(
         "--generation-defaults",
         metavar="NAME=VALUE,...",
         help="sampling defaults to record, over the source's (generation_config.json, GGUF "
@@ -80,6 +90,12 @@ def run(args: argparse.Namespace) -> int:
         raise ConvertError(f"{src}: no such file or directory")
     if Path(out).is_dir():
         raise ConvertError(f"-o {out}: is a directory; name the .ninfer file to write")
+    if args.dflash is not None and not Path(args.dflash).is_dir():
+        raise ConvertError(
+            f"--dflash {args.dflash}: not a directory (the drafter's Hugging Face directory)"
+        )
+    if args.dflash is not None and src.suffix == ".ninfer":
+        return _attach_dflash(args, src, out)
     if args.mtp_head is not None or src.suffix == ".ninfer":
         return _attach(args, src, out)
     options = {
@@ -104,6 +120,26 @@ def run(args: argparse.Namespace) -> int:
             from ninfer.artifact.convert_hf import convert_hf
 
             convert_hf(src, out, **options)
+        if args.dflash is not None:
+            from ninfer.artifact.dflash import attach_dflash
+
+            attach_dflash(out, args.dflash, out)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def _attach_dflash(args: argparse.Namespace, src: Path, out: Path) -> int:
+    """SRC.ninfer --dflash DIR: the artifact with the drafter attached (no other option)."""
+    given = [f for f in ("weights", "chat_template", "generation_defaults", "mtp_head", "name")]
+    given = [f for f in given if getattr(args, f)]
+    if given or args.quantize_lm_head:
+        flags = [f"--{f.replace('_', '-')}" for f in given] or ["--quantize-lm-head"]
+        raise ConvertError(f"{', '.join(flags)}: not applied when attaching a DFlash drafter")
+    from ninfer.artifact.cache import sigterm_unwinds
+    from ninfer.artifact.dflash import attach_dflash
+
+    with sigterm_unwinds():
+        attach_dflash(src, args.dflash, out)
     print(f"wrote {out}", file=sys.stderr)
     return 0
 

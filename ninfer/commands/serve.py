@@ -247,6 +247,16 @@ def config_from_args(
             if args.spec == "mtp"
             else {}
         ),
+        **(  # the artifact's DFlash drafter (its dflash component: checked at startup); by
+            # default a round takes the drafter's whole block (at most block_size - 1 drafts)
+            {
+                "spec": "dflash",
+                "draft_tokens": args.draft_tokens or 15,
+                "lm_head_draft": args.lm_head_draft,
+            }
+            if args.spec == "dflash"
+            else {}
+        ),
     )
     values = {k: v for k, v in vars(args).items() if k in _CONFIG_FIELDS}
     return ServeConfig(**values, engine=engine)
@@ -347,6 +357,7 @@ def open_artifact(config: ServeConfig) -> Any:
         None,
         "draft",
         "mtp",
+        "dflash",
     ):  # lossless either way: the same tokens, one per step
         logging.getLogger("ninfer.serve").warning(
             "--spec %s: this build of ninfer has no speculative decoding runtime; requests decode "

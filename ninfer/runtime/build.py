@@ -30,7 +30,7 @@ from ninfer.runtime.engine import Engine
 from ninfer.runtime.executors.choose import make_executor
 from ninfer.runtime.executors.sampler import Sampler
 from ninfer.runtime.tokenizer import eos_token_ids
-from ninfer.spec.build import build_speculator
+from ninfer.spec.build import build_speculator, target_compile_options
 
 log = logging.getLogger("ninfer.engine")
 
@@ -61,7 +61,7 @@ def build_engine(
 
         plan, executor = parallel_executor(artifact, options, ranks=ranks, on_fatal=on_fatal)
     else:
-        plan = compile_artifact(artifact, options.compile)
+        plan = compile_artifact(artifact, target_compile_options(artifact, options))
         extra = {"collect_timings": True} if options.collect_timings else {}
         load = lambda: make_executor(plan, artifact, options.device, **extra)
         executor = _off_caller_thread(load) if options.device == "cpu" else load()

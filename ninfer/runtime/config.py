@@ -30,7 +30,7 @@ DEFAULT_HOST_CONTEXT_MIB = 8192  # --host-context-mib default: 8192 MiB ...
 DEFAULT_HOST_STATE_IMAGES = 8  # ... plus this many recurrent-state images
 NO_TIMEOUT_MS = 1 << 40  # the largest --pending-timeout-ms: waiting is never cut short
 
-SPEC_ENGINE_BACKENDS = (None, "draft", "mtp")  # speculative backends the engine runs
+SPEC_ENGINE_BACKENDS = (None, "draft", "mtp", "dflash")  # speculative backends the engine runs
 MAX_DRAFT_TOKENS = 15  # most draft tokens per round (a verify chunk of 16 tokens)
 
 _COMPILE_FIELDS = frozenset(f.name for f in dataclasses.fields(CompileOptions))
@@ -98,8 +98,8 @@ class EngineOptions:
                 f"--spec {self.spec} with --tensor-parallel: speculative rounds are not run on "
                 "sharded engines in this build; drop one of them"
             )
-        if self.lm_head_draft and self.spec != "mtp":
-            raise ConfigError("--lm-head-draft requires --spec mtp in this build")
+        if self.lm_head_draft and self.spec not in ("mtp", "dflash"):
+            raise ConfigError("--lm-head-draft requires --spec mtp or dflash in this build")
         if self.spec is not None:  # k more state slots per lane (hybrid models use them)
             spec_slots = self.compile.max_concurrency * self.draft_tokens
             rows = min(MAX_VERIFY_ROWS, self.compile.max_concurrency * (self.draft_tokens + 1))

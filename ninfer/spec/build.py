@@ -17,16 +17,24 @@ from the target's (the drafts would be other tokens), a hybrid (Gated DeltaNet) 
 (its kernels keep no per-position state for the round slots yet) and a hybrid draft model (its
 own state would need the same rollback). `--spec mtp` on an artifact without an mtp
 component is refused (ConfigError naming it; the server checks components first).
+
+    --spec dflash
+        the artifact's dflash component (ninfer/artifact/dflash.py) ──▶ DFlashDrafter, which
+        reads the target's hidden states of its target layers (`target_compile_options` adds
+        their capture to the target plan) and the target's embedding and LM head
+        (ninfer/spec/dflash.py); refused without the component, as --spec mtp
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 import torch
 
 from ninfer.errors import ConfigError
+from ninfer.passes.options import CompileOptions
 from ninfer.runtime.config import EngineOptions
 from ninfer.spec.draft_model import DraftModelDrafter
 from ninfer.spec.mtp import MtpDrafter
@@ -39,6 +47,19 @@ def _vocab(tokenizer_json: str) -> Any:
     model = data.get("model", {})
     added = sorted((t.get("id"), t.get("content")) for t in data.get("added_tokens", []))
     return model.get("vocab"), model.get("merges"), added
+
+
+def target_compile_options(artifact: Any, options: EngineOptions) -> CompileOptions:
+    """The target plan's compile options: `options.compile`, plus (--spec dflash) the capture
+    of the hidden states the artifact's DFlash drafter reads."""
+    if options.spec != "dflash":
+        return options.compile
+    from ninfer.spec.dflash import dflash_capture
+
+    extra = tuple(c for c in dflash_capture(artifact) if c not in options.compile.capture)
+    if not extra:
+        return options.compile
+    return dataclasses.replace(options.compile, capture=options.compile.capture + extra)
 
 
 def build_speculator(artifact: Any, options: EngineOptions, executor: Any) -> Speculator | None:
@@ -59,6 +80,10 @@ def build_speculator(artifact: Any, options: EngineOptions, executor: Any) -> Sp
         )
     if options.spec == "mtp":
         return Speculator(_mtp_drafter(artifact, options, executor))
+    if options.spec == "dflash":
+        from ninfer.spec.dflash import build_dflash_drafter
+
+        return Speculator(build_dflash_drafter(artifact, executor, options.lm_head_draft))
     assert options.spec == "draft" and options.draft_model is not None
     # a .ninfer as it is; a .gguf or Hugging Face directory converted once into the cache
     draft = Artifact(servable_path(options.draft_model, check_model=check_tensors))

@@ -53,8 +53,8 @@ def test_a_backend_without_its_component_is_refused_naming_it():
 def test_engine_options_validate_the_speculative_fields():
     with pytest.raises(ConfigError, match="--spec draft and --draft-model"):
         EngineOptions.of(spec="draft")
-    with pytest.raises(ConfigError, match="--spec dflash: the engine runs draft, mtp"):
-        EngineOptions.of(spec="dflash")
+    with pytest.raises(ConfigError, match="--spec dflash2: the engine runs draft, mtp, dflash"):
+        EngineOptions.of(spec="dflash2")
     with pytest.raises(ConfigError, match="--lm-head-draft requires --spec mtp"):
         EngineOptions.of(spec="draft", draft_model="x", lm_head_draft=True)
     with pytest.raises(ConfigError, match="--draft-tokens must be in 1..15"):

@@ -5,11 +5,11 @@
    chi-square statistic rejects a deliberately wrong rule (resampling from p instead of the
    residual), so the test has the power to fail.
 2. Through the engine: the token of the first speculative round (drafted by the llama fixture,
-   or by the qwen3 fixture's random MTP head with `--spec mtp`, with and without
-   `--lm-head-draft`, verified by qwen3) over 2000
-   seeded requests follows its exact distribution without speculation, sum over the first
-   token t1 of p(t1) p(t2 | t1), computed from the target's logits. A fixed seed gives a fixed
-   output.
+   by the qwen3 fixture's random MTP head with `--spec mtp`, with and without
+   `--lm-head-draft`, or by a random DFlash drafter attached to qwen3 with `--spec dflash`;
+   verified by qwen3) over 2000 seeded requests follows its exact distribution without
+   speculation, sum over the first token t1 of p(t1) p(t2 | t1), computed from the target's
+   logits. A fixed seed gives a fixed output.
 """
 
 from __future__ import annotations
@@ -90,14 +90,20 @@ def test_rejection_sampling_follows_the_target_and_a_wrong_rule_is_caught(fixtur
         assert (pv > ALPHA) == fits, (rule.__name__, pv)
 
 
-@pytest.mark.parametrize("backend", ["draft", "mtp", "mtp-lm-head-draft"])
+@pytest.mark.parametrize("backend", ["draft", "mtp", "mtp-lm-head-draft", "dflash"])
 def test_engine_speculation_samples_the_plain_distribution(
-    backend, fixture_artifacts, mtp_artifacts
+    backend, fixture_artifacts, mtp_artifacts, fixture_root
 ):
     if backend.startswith("mtp"):  # the qwen3 fixture's weights with an MTP head: same p
         target, draft = mtp_artifacts("qwen3"), None
         # --lm-head-draft: q is zero outside the reduced head's 128 of 512 tokens
         spec = {"spec": "mtp", "draft_tokens": 1, "lm_head_draft": backend != "mtp"}
+    elif backend == "dflash":  # a random drafter attached to the qwen3 fixture: same p; its
+        # drafts are accepted about a third of the time at this temperature
+        from artifacts.fixture_dflash import build_dflash_fixture
+
+        target, draft = build_dflash_fixture(fixture_artifacts("qwen3"), fixture_root), None
+        spec = {"spec": "dflash", "draft_tokens": 1}
     else:
         target, draft, spec = fixture_artifacts("qwen3"), fixture_artifacts("llama"), {}
     # exact distribution of the second output token without speculation

@@ -61,6 +61,8 @@ def build_graph(
         raise ArtifactError(f"{architecture}: the weights do not fit the config: {e}") from None
     if has_mtp(tensors):  # run by `--spec mtp` as its own plan (build_mtp_graph)
         graph.meta["declared"].setdefault("mtp", "declared, not executed")
+    if any(t.startswith("dflash.") for t in tensors):  # a drafter, run by `--spec dflash`
+        graph.meta["declared"].setdefault("dflash", "drafter, run by --spec dflash")
     return add_captures(graph, capture)
 
 

@@ -1,0 +1,235 @@
+"""`--spec dflash`: the DFlash drafter (ninfer/spec/dflash_model.py holds its forward).
+
+The target's plan captures the residual stream after each layer of `target_layer_ids`
+(CompileOptions.capture) for every position it computes; the speculator hands those rows to
+`observe` after every step. The drafter turns them at once into its per-layer context K/V and
+keeps them per sequence, with the token fed at each position::
+
+    observe(batch, hidden)                per chunk of the step the target ran: its positions
+                                          >= start are dropped (recomputed) and the new rows
+                                          appended: prefill chunks, decode rows, verify chunks
+                                          (drafts included)
+    propose(rows)                         per row, held positions are valid while the token held
+                                          equals the committed token there and the position is
+                                          before the row's last token (the one the target
+                                          computes next): rejected drafts, a forced thinking
+                                          suffix and anything after them are discarded exactly,
+                                          since a position's hidden state depends only on the
+                                          tokens up to it; then ONE block forward for all rows:
+                                          [last token, mask x (block - 1)] at positions
+                                          len - 1 .., the first min(k, block - 1) masks drafted
+
+Greedy rows take the argmax of each drafted position; sampled rows draw each draft from q, the
+plain sampler's processing of that position's draft logits (penalties counting the drafts
+before it), with the request's own generator, and return q for rejection sampling. A position
+the target never computed (a prompt prefix served from the prefix cache) gives no context: the
+drafts are worse, the output is unchanged (verification decides it).
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ninfer.artifact.dflash import COMPONENT, dflash_config
+from ninfer.errors import ConfigError
+from ninfer.runtime.executors.sampler import Sampler, SampleRow
+from ninfer.runtime.step import StepBatch
+from ninfer.spec.dflash_model import DFlashModel, load_dflash
+from ninfer.spec.drafter import NO_DRAFT, Draft, DraftRow
+from ninfer.spec.verify import processed_logits
+
+
+@dataclass
+class _Context:
+    """The context K/V of one sequence: rows [0, n) of growable per-layer buffers."""
+
+    positions: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)  # the token fed at each position
+    k: list[torch.Tensor] = field(default_factory=list)  # per layer [capacity, kv_heads * d]
+    v: list[torch.Tensor] = field(default_factory=list)
+    # rows [0, checked) matched the committed tokens once: committed tokens never change, so
+    # they stay valid until observe() replaces them (a replay recomputes them)
+    checked: int = 0
+
+    @property
+    def n(self) -> int:
+        return len(self.positions)
+
+    def truncate(self, n: int) -> None:
+        del self.positions[n:], self.tokens[n:]
+        self.checked = min(self.checked, n)
+
+    def append(self, positions: Sequence[int], tokens: Sequence[int], kv: list) -> None:
+        """Add rows after the held ones; kv: per layer (K, V) [len(positions), width]."""
+        n, m = self.n, len(positions)
+        if not self.k or n + m > self.k[0].shape[0]:  # grow by doubling: appends stay O(1)
+            cap = max(64, 2 * (n + m))
+            self.k = [
+                _grown(old, cap, n, new) for old, (new, _) in zip(self.k or [None] * len(kv), kv)
+            ]
+            self.v = [
+                _grown(old, cap, n, new) for old, (_, new) in zip(self.v or [None] * len(kv), kv)
+            ]
+        for i, (k, v) in enumerate(kv):
+            self.k[i][n : n + m] = k
+            self.v[i][n : n + m] = v
+        self.positions.extend(positions)
+        self.tokens.extend(tokens)
+
+
+def _grown(old: torch.Tensor | None, cap: int, n: int, like: torch.Tensor) -> torch.Tensor:
+    buf = torch.empty(cap, like.shape[-1], dtype=like.dtype, device=like.device)
+    if old is not None and n:
+        buf[:n] = old[:n]
+    return buf
+
+
+class DFlashDrafter:
+    """Drafts a block per round with `model` from the target's captured hidden states."""
+
+    name = "dflash"
+
+    def __init__(self, model: DFlashModel) -> None:
+        self.model = model
+        self.capture = model.cfg.capture  # the capture names observe() needs, in fc's order
+        self._ctx: dict[int, _Context] = {}
+        self.steps = 0  # drafter forwards run (bench: drafter cost per round)
+        self.seconds = 0.0  # wall time spent observing and proposing
+
+    def forget(self, seq_id: int) -> None:
+        self._ctx.pop(seq_id, None)
+
+    @torch.inference_mode()
+    def observe(self, batch: StepBatch, hidden: Mapping[str, torch.Tensor]) -> None:
+        """The target ran `batch`; `hidden[name]` [batch tokens, target_hidden]: its captured
+        states, rows in chunk order (names: `capture`). Every chunk's rows become context."""
+        t0 = time.perf_counter()
+        feats = torch.cat([hidden[name] for name in self.capture], dim=-1)
+        pos = torch.cat([
+            torch.arange(c.start_pos, c.start_pos + len(c.token_ids)) for c in batch.chunks
+        ]).to(self.model.device)  # fmt: skip
+        kv = self.model.context_kv(feats, pos)
+        begin = 0
+        for c in batch.chunks:
+            n = len(c.token_ids)
+            ctx = self._ctx.setdefault(c.seq_id, _Context())
+            ctx.truncate(bisect.bisect_left(ctx.positions, c.start_pos))
+            rows = [(k[begin : begin + n], v[begin : begin + n]) for k, v in kv]
+            ctx.append(range(c.start_pos, c.start_pos + n), c.token_ids, rows)
+            begin += n
+        self.seconds += time.perf_counter() - t0
+
+    def propose(self, rows: Sequence[DraftRow], sampler: Sampler) -> list[Draft]:
+        t0 = time.perf_counter()
+        try:
+            return self._propose(rows, sampler)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def _valid(self, row: DraftRow) -> _Context:
+        """The row's context, cut to the positions still valid for its committed tokens."""
+        ctx = self._ctx.setdefault(row.seq_id, _Context())
+        last = len(row.tokens) - 1  # the token the target computes next: not context yet
+        n = ctx.checked
+        while (
+            n < ctx.n and ctx.positions[n] < last and ctx.tokens[n] == row.tokens[ctx.positions[n]]
+        ):
+            n += 1
+        ctx.truncate(n)
+        ctx.checked = n
+        return ctx
+
+    @torch.inference_mode()
+    def _propose(self, rows: Sequence[DraftRow], sampler: Sampler) -> list[Draft]:
+        live = [i for i, r in enumerate(rows) if r.k > 0]
+        if not live:
+            return [NO_DRAFT] * len(rows)
+        m = self.model
+        block = m.cfg.block_size
+        ctxs = [self._valid(rows[i]) for i in live]
+        C = max(c.n for c in ctxs)
+        layers = m.cfg.spec.layers
+        width = m.cfg.spec.kv_heads * m.cfg.spec.head_dim
+        B = len(live)
+        ck = [torch.zeros(B, C, width, dtype=m.dtype, device=m.device) for _ in range(layers)]
+        cv = [torch.zeros(B, C, width, dtype=m.dtype, device=m.device) for _ in range(layers)]
+        valid = torch.zeros(B, C, dtype=torch.bool, device=m.device)
+        for b, c in enumerate(ctxs):
+            for i in range(layers):
+                ck[i][b, : c.n] = c.k[i][: c.n] if c.n else 0
+                cv[i][b, : c.n] = c.v[i][: c.n] if c.n else 0
+            valid[b, : c.n] = True
+        tokens = torch.full((B, block), m.cfg.mask_token_id, dtype=torch.long, device=m.device)
+        starts = torch.tensor([len(rows[i].tokens) - 1 for i in live], device=m.device)
+        tokens[:, 0] = torch.tensor([rows[i].tokens[-1] for i in live], device=m.device)
+        positions = starts[:, None] + torch.arange(block, device=m.device)[None, :]
+        logits = m.block_logits(tokens, positions, list(zip(ck, cv)), valid)  # [B, block-1, V]
+        self.steps += 1
+        out = [NO_DRAFT] * len(rows)
+        for b, i in enumerate(live):
+            out[i] = self._choose(logits[b, : min(rows[i].k, block - 1)], rows[i], sampler)
+        return out
+
+    def _choose(self, logits: torch.Tensor, row: DraftRow, sampler: Sampler) -> Draft:
+        """Drafts from one row's block logits [n, vocab], position by position (module
+        docstring)."""
+        p = row.params
+        if p.greedy and not (p.presence_penalty or p.frequency_penalty):  # one argmax per row
+            return Draft(tuple(logits.argmax(dim=-1).tolist()))
+        output = list(row.tokens[row.num_prompt :])
+        drafts: list[int] = []
+        probs = []
+        gen = None
+        for j in range(logits.shape[0]):
+            x = processed_logits(logits[j : j + 1], row.seq_id, row.params, output + drafts, ())
+            if row.params.greedy:
+                drafts.append(int(x[0].argmax()))
+                continue
+            q = Sampler.probabilities(x, [row.params])[0]
+            if gen is None:
+                gen = sampler.generator(SampleRow(row.seq_id, row.params, output), logits.device)
+            drafts.append(int(torch.multinomial(q, 1, generator=gen)))
+            probs.append(q)
+        return Draft(tuple(drafts), torch.stack(probs) if probs else None)
+
+
+def dflash_capture(artifact: Any) -> tuple[str, ...]:
+    """The target hidden states `--spec dflash` needs the plan to capture ("L{i}" of the
+    drafter's target_layer_ids; none when the artifact has no dflash component)."""
+    if COMPONENT not in getattr(artifact, "components", ()):
+        return ()
+    return dflash_config(artifact).capture
+
+
+def build_dflash_drafter(
+    artifact: Any, executor: Any, lm_head_draft: bool = False
+) -> DFlashDrafter:
+    """The drafter of `artifact`'s dflash component for the target served by `executor`
+    (whose plan captures `dflash_capture(artifact)`); `lm_head_draft`: its logits over the
+    reduced, frequency-ranked head of ninfer/spec/draft_vocab.py. ConfigError when the
+    artifact has no dflash component or the plan does not capture what it needs."""
+    if COMPONENT not in getattr(artifact, "components", ()):
+        have = ", ".join(getattr(artifact, "components", ())) or "none"
+        raise ConfigError(
+            f"--spec dflash needs the artifact's dflash component, but it has only {have}; drop"
+            " --spec or attach a drafter (ninfer convert ARTIFACT --dflash DIR -o OUT)"
+        )
+    model = load_dflash(artifact, executor, executor.dtype)
+    if lm_head_draft:
+        from ninfer.spec.draft_vocab import draft_head
+
+        model.reduce_head(*draft_head(artifact, executor.dtype, model.device))
+    captured = set((getattr(executor, "plan", None) and executor.plan.model.get("capture")) or ())
+    missing = [c for c in model.cfg.capture if c not in captured]
+    if missing:
+        raise ConfigError(
+            f"--spec dflash: the target plan does not capture {', '.join(missing)} (the"
+            " drafter's target layers); --device cpu captures them"
+        )
+    return DFlashDrafter(model)
