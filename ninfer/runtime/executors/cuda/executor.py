@@ -139,7 +139,7 @@ class CudaExecutor(PlanExecutorBase):
         # hidden states the plan captures (CompileOptions.capture), as the reference executor:
         # after each `run`, [T, hidden] per name, one row per token of the step in chunk order
         # (a verify step's rows keep that order); fresh tensors, valid after later steps
-        self._capture: dict[str, str] = dict(plan.model.get("capture") or {})
+        self._capture_names: dict[str, str] = dict(plan.model.get("capture") or {})
         self.hidden: dict[str, torch.Tensor] = {}
         # inputs of a stage's plan beyond tokens, positions and rows (an MTP head's `hidden`):
         # name -> row width; graph buckets hold a buffer of each
@@ -330,7 +330,7 @@ class CudaExecutor(PlanExecutorBase):
         if step.norm_stats is not None:
             step.norm_stats.zero_()  # the fused RMSNorms' sums of squares (fuse_norm_linear)
         env = self._interpret(step, {**self.weights, **inputs}, step.decode)
-        self.hidden = {name: env[out] for name, out in self._capture.items()}
+        self.hidden = {name: env[out] for name, out in self._capture_names.items()}
         return env[self.plan.outputs[0]]
 
     def _eager(
