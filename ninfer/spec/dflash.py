@@ -230,6 +230,6 @@ def build_dflash_drafter(
     if missing:
         raise ConfigError(
             f"--spec dflash: the target plan does not capture {', '.join(missing)} (the"
-            " drafter's target layers); --device cpu captures them"
+            " drafter's target layers)"
         )
     return DFlashDrafter(model)

@@ -187,15 +187,24 @@ def _shared(executor: object, artifact: Artifact, name: str, dtype: torch.dtype)
     w = getattr(executor, "weights", {}).get(name)
     if isinstance(w, torch.Tensor) and w.dim() == 2:
         return w
-    return torch.from_numpy(artifact.dense(name).copy()).to(dtype)
+    return torch.from_numpy(artifact.dense(name).copy()).to(_device(executor), dtype)
+
+
+def _device(executor: object) -> torch.device:
+    """Where the target computes (the drafter runs beside it)."""
+    return torch.device(getattr(executor, "device", "cpu"))
 
 
 def load_dflash(artifact: Artifact, executor: object, dtype: torch.dtype) -> DFlashModel:
-    """The drafter of `artifact`'s dflash component, in `dtype`, sharing the target's token
-    embedding and LM head (those `executor` loaded when it holds them as plain tensors)."""
+    """The drafter of `artifact`'s dflash component, in `dtype` on the target's device, sharing
+    the target's token embedding and LM head (those `executor` loaded when it holds them as
+    plain tensors)."""
     cfg = dflash_config(artifact)
     names = drafter_tensors(artifact)
-    weights = {n: torch.from_numpy(artifact.dense(t).copy()).to(dtype) for n, t in names.items()}
+    device = _device(executor)
+    weights = {
+        n: torch.from_numpy(artifact.dense(t).copy()).to(device, dtype) for n, t in names.items()
+    }
     embed = _shared(executor, artifact, "model.embed_tokens.weight", dtype)
     tied = model_spec(artifact.architecture, artifact.config).tie_embeddings
     head_name = (  # the head the target's plan reads (ninfer/ir/models/decoder.py)

@@ -1,7 +1,7 @@
 """On a GPU (skipped without one): the CUDA executor outputs the hidden states a plan captures
 exactly as the CPU reference executor does (eager prefill steps, CUDA Graph decode steps and a
-verify step run as decode rows), and `--spec mtp` on CUDA gives token for token the output of
-plain decoding."""
+verify step run as decode rows), and `--spec mtp` and `--spec dflash` (with and without
+`--lm-head-draft`) on CUDA give token for token the output of plain decoding."""
 
 from __future__ import annotations
 
@@ -74,6 +74,23 @@ def test_greedy_mtp_on_cuda_equals_plain_decoding(lm_head_draft, mtp_artifacts):
     with make_engine(target, None, **opts) as plain:
         want = run(plain, _requests())
     spec = {"spec": "mtp", "draft_tokens": 3, "lm_head_draft": lm_head_draft}
+    with make_engine(target, None, **spec, **opts) as engine:
+        outs = run(engine, _requests())
+    assert [o.token_ids for o in outs] == [o.token_ids for o in want]
+    assert sum(o.timings.speculative["rounds"] for o in outs) > 0
+
+
+@pytest.mark.parametrize("lm_head_draft", [False, True])
+def test_greedy_dflash_on_cuda_equals_plain_decoding(
+    lm_head_draft, fixture_artifacts, fixture_root
+):
+    from artifacts.fixture_dflash import build_dflash_fixture
+
+    target = build_dflash_fixture(fixture_artifacts("qwen3"), fixture_root)
+    opts = {"device": "cuda", "dtype": "float32", "max_concurrency": 4}
+    with make_engine(target, None, **opts) as plain:
+        want = run(plain, _requests())
+    spec = {"spec": "dflash", "draft_tokens": 7, "lm_head_draft": lm_head_draft}
     with make_engine(target, None, **spec, **opts) as engine:
         outs = run(engine, _requests())
     assert [o.token_ids for o in outs] == [o.token_ids for o in want]
