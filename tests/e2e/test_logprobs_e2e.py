@@ -149,7 +149,7 @@ def prefilled(server) -> float:
     raise KeyError("ninfer_prefill_tokens_total")
 
 
-SEED = 1236  # its three seed streams give three different answers on this prompt
+SEED = 1240  # its three seed streams give three different answers on this prompt (tiny-agent)
 
 
 def test_n_choices_equal_separately_seeded_requests(client, server) -> None:
