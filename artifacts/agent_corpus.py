@@ -8,7 +8,9 @@ prompt text and the reply text the model must reproduce under greedy decoding.
 The set covers: plain answers with and without thinking, `<think>` reasoning before an answer
 or a tool call, Qwen XML tool calls with string, integer, number, boolean and object/array
 parameters, two calls in one turn, content before a call, tool results followed by an answer,
-multi-turn history, a system prompt, and non-ASCII text (accents, CJK, emoji).
+multi-turn history, a system prompt, and non-ASCII text (accents, CJK, emoji), and the turns
+of an openai-agents SDK agent run with the SDK's defaults (`SDK_TOOLS`: the schemas the SDK
+derives for its strict function tools, as the server hands them to the template).
 """
 
 from __future__ import annotations
@@ -45,6 +47,40 @@ ALARM = _tool("set_alarm", "Set or clear an alarm.",
               {"time": ("string", "HH:MM"), "enabled": ("boolean", "On or off")}, ["time"])  # fmt: skip
 SEARCH = _tool("search", "Search the web.",
                {"query": ("string", "Search text"), "filters": ("object", "Optional filters")}, ["query"])  # fmt: skip
+
+
+def _sdk_tool(name: str, description: str, props: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A function tool as the openai-agents SDK declares it with its default `strict: true`
+    (every property required, pydantic titles, no additional properties), in the chat form the
+    server passes to the template (tests/e2e/test_openai_agents_e2e.py defines the functions)."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "properties": props,
+                "required": list(props),
+                "title": f"{name}_args",
+                "type": "object",
+                "additionalProperties": False,
+            },
+        },
+    }
+
+
+SDK_TOOLS = [
+    _sdk_tool("get_weather", "Get the weather forecast for a city.", {
+        "city": {"description": "City name", "maxLength": 20, "title": "City", "type": "string"},
+        "days": {"description": "Number of days", "maximum": 7, "minimum": 1, "title": "Days",
+                 "type": "integer"},
+    }),
+    _sdk_tool("set_alarm", "Set or clear an alarm.", {
+        "time": {"description": "HH:MM", "pattern": "^[0-2][0-9]:[0-5][0-9]$", "title": "Time",
+                 "type": "string"},
+        "enabled": {"description": "On or off", "title": "Enabled", "type": "boolean"},
+    }),
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -210,6 +246,14 @@ def examples() -> list[Example]:
         calls(("get_weather", {"city": "Rome"}), reasoning="Now the user wants Rome."), [WEATHER])  # fmt: skip
     add("multi_name", [user("My name is Ada."), answer("Nice to meet you, Ada!"), user("What is my name?")],
         answer("Your name is Ada.", "The user told me their name is Ada."))  # fmt: skip
+    # -- an openai-agents SDK agent with its defaults (Responses, strict tools, thinking on) ------
+    sdk_paris = calls(("get_weather", {"city": "Paris", "days": 3}),
+                      reasoning="The user wants a 3 day forecast for Paris. I will call get_weather.")  # fmt: skip
+    add("sdk_weather_paris", paris, sdk_paris, SDK_TOOLS)
+    sdk_forecast = '{"city": "Paris", "forecast": ["sunny", "cloudy", "rain"]}'  # the tool's output
+    add("sdk_weather_paris_result", paris + [sdk_paris, result(sdk_forecast)],
+        answer("Paris: sunny today, cloudy tomorrow, then rain.", "The forecast is sunny, cloudy, rain."),
+        SDK_TOOLS)  # fmt: skip
     add(
         "no_tool_needed",
         [user("Thanks!")],

@@ -8,8 +8,17 @@ CPU (2 threads, AdamW, full batch) on the scripted turns of `artifacts.agent_cor
 with that template. Loss falls only on the assistant reply tokens. Training stops when, for every
 turn, teacher-forced argmax reproduces the reply with a logit margin of at least `--margin` and
 the same holds by half that margin with the weights in bf16, and greedy decoding of every prompt
-reproduces its reply exactly (ending with <|im_end|>). About 100 steps, under 2 minutes on 2 idle
+reproduces its reply exactly (ending with <|im_end|>). About 100 steps, a few minutes on 2 idle
 cores; `--max-minutes` bounds it.
+
+The fixture records Qwen3's generation defaults (generation_config.json: temperature 0.6, top_p
+0.95, top_k 20, artifacts/fixtures.py), so a client that sends no sampling field gets what a real
+Qwen3 deployment gives it. The default margin makes those defaults replay every scripted turn
+exactly, not only greedy decoding: with every rival at least `m` logits below the reply token,
+the reply token holds at least 1 / (1 + (k - 1) e^(-m / T)) of the top-k mass, which reaches
+top_p once m >= T ln((k - 1) top_p / (1 - top_p)) (3.53 here, `replay_margin`); top-p then keeps
+the reply token alone. An agent framework run with its defaults (temperature unset) therefore
+follows its scripted turns.
 
 Outputs (in --out):
     tiny-agent.ninfer        converted with `convert_hf` (float32 weights, template embedded)
@@ -33,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from artifacts.agent_corpus import Example, examples
-from artifacts.fixtures import HERE, chat_template, save_text_files
+from artifacts.fixtures import HERE, chat_template, generation_config, save_text_files
 from artifacts.tokenizer import (
     EOS_TOKEN,
     PAD_TOKEN,
@@ -237,6 +246,23 @@ def train(
             )
 
 
+def replay_margin(generation: dict[str, Any]) -> float:
+    """The smallest logit margin of the reply token over every rival for which sampling with
+    the recorded `generation` defaults (temperature, top_k, top_p) can only pick it (see the
+    module docstring); 0 for greedy defaults."""
+    t, k, p = (
+        generation.get("temperature", 1.0),
+        generation.get("top_k", 0),
+        generation.get("top_p", 1.0),
+    )
+    if not generation.get("do_sample", True) or t == 0:
+        return 0.0
+    if p >= 1.0:
+        return math.inf  # no top-p: every rival keeps some probability
+    rivals = (k - 1) if k > 0 else VOCAB_SIZE - 1
+    return t * math.log(rivals * p / (1 - p))
+
+
 def _replays(model: Any, turns: list[Turn], eos: int) -> bool:
     return all(greedy(model, t.prompt_ids, len(t.reply_ids) + 8, eos) == t.reply_ids for t in turns)
 
@@ -296,8 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--margin",
         type=float,
-        default=3.0,
-        help="smallest logit gap of a reply token over the runner-up",
+        default=3.75,
+        help="smallest logit gap of a reply token over the runner-up (at least `replay_margin`"
+        " of the recorded generation defaults)",
     )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--lr", type=float, default=1e-2)
@@ -308,6 +335,10 @@ def main(argv: list[str] | None = None) -> int:
         help="config overrides, e.g. '{\"hidden_size\": 96}'",
     )
     args = p.parse_args(argv)
+    needed = replay_margin(generation_config(0, 0))
+    if args.margin < needed:
+        p.error(f"--margin {args.margin} is below {needed:.2f}: the recorded sampling defaults"
+                " would not replay every turn")  # fmt: skip
     import torch
 
     torch.set_num_threads(args.threads)

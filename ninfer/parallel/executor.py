@@ -47,6 +47,10 @@ class RankExecutor:
         self.group.send("copy_state", src_slot, dst_slot)
         self._local(lambda: self.local.copy_state(src_slot, dst_slot))
 
+    def copy_page(self, src_page: int, dst_page: int) -> None:
+        self.group.send("copy_page", src_page, dst_page)
+        self._local(lambda: self.local.copy_page(src_page, dst_page))
+
     def _capture_all(self) -> int:
         """CUDA: capture every decode bucket on every rank (the collectives inside)."""
         self.group.send("capture")

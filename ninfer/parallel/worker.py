@@ -10,6 +10,7 @@ the control group, in order:
                                              error (a string)
     ("run", batch, all_logits)               Executor.run (its collectives meet rank 0's)
     ("copy_state", src, dst)                 Executor.copy_state
+    ("copy_page", src, dst)                  Executor.copy_page (each rank's own heads)
     ("capture",)                             CUDA: capture the decode CUDA Graphs
     ("unload",)                              drop the executor (its memory)
     ("stop",)                                leave the group and exit 0
@@ -100,6 +101,8 @@ def serve(rdv: Rendezvous, rank: int) -> None:
                 executor.run(cmd[1], all_logits=cmd[2])
         elif op == "copy_state":
             executor.copy_state(cmd[1], cmd[2])
+        elif op == "copy_page":
+            executor.copy_page(cmd[1], cmd[2])
         elif op == "capture":
             executor.capture_all()
         elif op == "unload":

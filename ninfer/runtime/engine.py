@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Self
 from ninfer.constrain.errors import ConstraintFailed
 from ninfer.constrain.state import ConstraintState
 from ninfer.errors import ConfigError, NinferError
+from ninfer.runtime.choices import row_map
 from ninfer.runtime.config import EngineOptions, OutputLimit
 from ninfer.runtime.engine_stats import EngineStats, collect_stats
 from ninfer.runtime.executor_api import Executor
@@ -120,6 +121,7 @@ class Engine:
             num_state_slots=executor.num_state_slots,
             is_hybrid=executor.is_hybrid,
             eos_ids=frozenset(self.eos_ids),
+            page_copies=callable(getattr(executor, "copy_page", None)),
             host_snapshots=snapshots,
             kv_bytes_per_page=int(getattr(executor, "kv_bytes_per_page", 0)) if snapshots else 0,
             state_bytes=int(getattr(executor, "state_bytes", 0)) if snapshots else 0,
@@ -150,27 +152,34 @@ class Engine:
     # -- request interface (any thread) ----------------------------------------------------
 
     def submit(self, request: Request) -> RequestHandle:
-        """Queue a request and return its handle. Raises RequestError when it can never be
-        served, EngineOverloaded when max_concurrency + max_pending_requests are outstanding,
-        EngineError when the engine is closed or failed."""
-        self._sched.validate(request)  # reads only fixed sizes: safe off the worker
-        check_media(request.prompt_token_ids, request.media, self._vision)
-        if request.arrival_s is None:
-            request = dataclasses.replace(request, arrival_s=self._clock())
+        """Queue a request and return its handle (`submit_choices` of one)."""
+        return self.submit_choices((request,))[0]
+
+    def submit_choices(self, requests: Sequence[Request]) -> list[RequestHandle]:
+        """Queue requests, all or none, and return their handles. Several are choices of one
+        prompt (same prompt and media), computed once for all (runtime/choices.py). Raises
+        RequestError when one can never be served, EngineOverloaded when max_concurrency +
+        max_pending_requests would be exceeded, EngineError when the engine is not running."""
+        for request in requests:
+            self._sched.validate(request)  # reads only fixed sizes: safe off the worker
+            check_media(request.prompt_token_ids, request.media, self._vision)
+        now = self._clock()
+        requests = [r if r.arrival_s is not None else dataclasses.replace(r, arrival_s=now)
+                    for r in requests]  # fmt: skip
         with self._wake:
             if self._closing or not self._ready:
                 raise EngineError("the engine is not running")
-            if self._outstanding >= self._sched.capacity:
+            if self._outstanding + len(requests) > self._sched.capacity:
                 raise EngineOverloaded(
                     f"{self._outstanding} requests are already outstanding (--max-concurrency"
                     " + --max-pending-requests); retry later"
                 )
-            self._outstanding += 1
-            handle = RequestHandle(self, self._next_id, request)
-            self._next_id += 1
-            self._inbox.append(("submit", handle))
+            self._outstanding += len(requests)
+            handles = [RequestHandle(self, self._next_id + i, r) for i, r in enumerate(requests)]
+            self._next_id += len(requests)
+            self._inbox.append(("submit", handles))
             self._wake.notify()
-        return handle
+        return handles
 
     def cancel(self, handle: RequestHandle) -> None:
         """Finish the request with 'cancelled' at the next step boundary (no-op when done)."""
@@ -188,10 +197,9 @@ class Engine:
     def prompt_logits(self, token_ids: Iterable[int], media: tuple[MediaSpan, ...] = ()) -> Future:
         """A future of the float32 logits [len(token_ids), vocab] of every position of one
         prefill of `token_ids` with its `media` (as Request.media) (for tests and tools:
-        `LLM.logits`). It runs on the worker once
-        no request is outstanding, on pages taken from the pool (cached prefixes are evicted
-        as needed) and given back. Its exception: RequestError when the pool cannot hold the
-        tokens, EngineError when the engine stops first."""
+        `LLM.logits`). It runs on the worker once no request is outstanding, on pages taken
+        from the pool (cached prefixes are evicted as needed) and given back. Its exception:
+        RequestError when the pool cannot hold the tokens, EngineError when the engine stops."""
         future: Future = Future()
         ids = tuple(token_ids)
         media = Request(ids, media=media).media if media else ()  # validated as a request's
@@ -283,22 +291,23 @@ class Engine:
             if cmd[0] == "logits":
                 self._logit_jobs.append(cmd[1:])
             elif cmd[0] == "submit":
-                handle = cmd[1]
-                try:
-                    self._sched.add(handle.request, now, seq_id=handle.seq_id)
-                except NinferError as e:  # checked at submit already; kept for safety
-                    usage = Usage(len(handle.request.prompt_token_ids), 0)
-                    handle._push(
-                        FinishEvent("error", usage, Timings(None, None, None, None, 0.0), (), e)
-                    )
-                    with self._wake:
-                        self._outstanding -= 1
-                    continue
-                self._handles[handle.seq_id] = handle
+                for handle in cmd[1]:  # the first, then the other choices of its prompt
+                    self._add(handle, now, cmd[1][0].seq_id if handle is not cmd[1][0] else None)
             else:
                 _, seq_id, reason, keep = cmd
                 self._sched.abort(seq_id, reason, now, keep_tokens=keep)
         self._work.lap("engine_boundary")
+
+    def _add(self, handle: RequestHandle, now: float, leader: int | None) -> None:
+        try:
+            self._sched.add(handle.request, now, handle.seq_id, leader)
+        except NinferError as e:  # checked at submit already; kept for safety
+            usage = Usage(len(handle.request.prompt_token_ids), 0)
+            handle._push(FinishEvent("error", usage, Timings(None, None, None, None, 0.0), (), e))
+            with self._wake:
+                self._outstanding -= 1
+            return
+        self._handles[handle.seq_id] = handle
 
     def _step(self) -> bool:
         """One iteration; True when a batch ran (so the loop should not sleep).
@@ -376,9 +385,9 @@ class Engine:
         try:
             self._publish_stats()  # gauges show the batch while the device runs it
             self._sched.run_transfers(plan, self._executor)  # pause snapshots and restores
-            if self._spec is not None and not any(  # constrained rows: a plain step, masked
-                s.request.constraint is not None for s in plan.logit_seqs
-            ):  # the plan widened by drafts: commit that one
+            plain = plan.forks or any(s.request.constraint is not None for s in plan.logit_seqs)
+            if self._spec is not None and not plain:  # constrained rows, choices: a plain step
+                # the plan widened by drafts: commit that one
                 plan, tokens = self._spec.launch(self._sched, plan, self._executor, self._sampler)
                 self._work.lap("program_submit")
                 return _Launched(plan, tokens, work_class)
@@ -401,7 +410,7 @@ class Engine:
         """Queue the sampling of `plan`'s logits rows, constrained rows masked (the mask is
         filled on the host while the device computes the logits); a request whose constraint
         allows no next token fails here."""
-        seqs = plan.logit_seqs
+        seqs = plan.sample_seqs  # the logits rows, then the forked choices' (choices.py)
         try:
             live = [(s.seq_id, s.request.constraint if s.status is RUNNING else None) for s in seqs]
             mask = self._constraints.step_mask(live)
@@ -409,7 +418,7 @@ class Engine:
                 failure = ConstraintFailed(f"{why}, after {seqs[row].num_output} output tokens")
                 self._sched.abort(seqs[row].seq_id, "error", self._clock(), failure)
             rows = [SampleRow(s.seq_id, s.request.sampling, s.output_ids) for s in seqs]
-            tokens = self._sampler.sample_async(logits, rows, mask and mask.apply)
+            tokens = self._sampler.sample_async(logits, rows, mask and mask.apply, row_map(plan))
         except Exception as e:
             log.exception("step %d failed", plan.batch.step_index)
             self._fail(plan, e)
@@ -437,9 +446,9 @@ class Engine:
         now = self._clock()
         self._sched.commit(step.plan, sampled, now)
         if step.tokens.logprobs is not None:  # after the commit: only published tokens take one
-            seqs = [s.seq_id if s.seq_id in self._handles else -1 for s in step.plan.logit_seqs]
+            seqs = [s.seq_id if s.seq_id in self._handles else -1 for s in step.plan.sample_seqs]
             self._logprobs.record(seqs, step.tokens.logprob_entries())
-        live = [(s.seq_id, s.output_ids) for s in step.plan.logit_seqs if s.status is RUNNING]
+        live = [(s.seq_id, s.output_ids) for s in step.plan.sample_seqs if s.status is RUNNING]
         for seq_id, verdict in self._constraints.advance_all(live):  # constraint complete or broken
             error = None if verdict.error is None else ConstraintFailed(verdict.error)
             self._sched.abort(seq_id, "stop" if error is None else "error", now, error)

@@ -94,7 +94,7 @@ def collect_stats(
         max_concurrency=sched.config.max_concurrency,
         max_context=sched.config.max_context,
         running=len(running),
-        waiting=len(s.waiting),
+        waiting=len(s.waiting) + s.attached,  # with the choices waiting for their prompt
         paused=len(s.paused),
         prefilling=sum(1 for q in running if q.prefilling),
         decode_ready=sum(1 for q in running if q.decode_ready),

@@ -85,6 +85,12 @@ class Executor(Protocol):
         """Copy one recurrent-state slot to another now (outside a step)."""
         ...
 
+    def copy_page(self, src_page: int, dst_page: int) -> None:
+        """Copy one KV page (every layer, K and V, scales) to another now (outside a step),
+        ordered with `run` like `copy_state`. Optional: without it the engine never forks a
+        choice whose prompt ends inside a page (choices.py)."""
+        ...
+
     def snapshot(self, page_ids: Sequence[int], state_slot: int | None) -> HostSnapshot:
         """Copy KV pages `page_ids` and (not None) recurrent-state slot `state_slot` to host
         memory; mutates nothing on the device."""

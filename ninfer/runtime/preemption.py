@@ -16,9 +16,10 @@ and the transfers that carry a snapshot.
                           └───────────────── used ──────────────────┘
 
 Transfers share the scheduler's ordered list of operations owed to the device with the
-`StateCopy`s of checkpoint captures and restores. Each is appended when it is decided, so the
-list runs in the order the bookkeeping assumes: a pause's snapshot comes before any later
-write to the pages and lane it gave up, a restore after the snapshot it reads.
+`StateCopy`s of checkpoint captures and restores and the `PageCopy`s of sibling choices. Each
+is appended when it is decided, so the list runs in the order the bookkeeping assumes: a
+pause's snapshot comes before any later write to the pages and lane it gave up, a restore
+after the snapshot it reads.
 
 No torch import: the executor does the copies; this file decides and accounts.
 """
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from ninfer.runtime.executor_api import Executor, HostSnapshot
-from ninfer.runtime.step import StateCopy
+from ninfer.runtime.step import PageCopy, StateCopy
 
 if TYPE_CHECKING:
     from ninfer.runtime.sequence import Sequence
@@ -74,7 +75,7 @@ class SnapshotIn:
     state_slot: int | None
 
 
-DeviceOp = StateCopy | SnapshotOut | SnapshotIn
+DeviceOp = StateCopy | PageCopy | SnapshotOut | SnapshotIn
 
 
 @dataclass
@@ -182,6 +183,8 @@ class Preemption:
         for op in ops:
             if isinstance(op, StateCopy):
                 executor.copy_state(op.src_slot, op.dst_slot)
+            elif isinstance(op, PageCopy):  # a sibling choice's prompt tail (choices.py)
+                executor.copy_page(op.src_page, op.dst_page)
             elif isinstance(op, SnapshotOut):
                 saved = op.saved
                 if saved.done:

@@ -228,7 +228,7 @@ class Residency:
         if self.cache is not None:
             for slot in dst_slots:
                 self.cache.invalidate_slot(slot)
-        hit = {s.seq_id: s for s in plan.chunk_seqs}
+        hit = {s.seq_id: s for s in (*plan.chunk_seqs, *(f.seq for f in plan.forks))}
         for op in plan.transfers:
             if isinstance(op, (SnapshotIn, SnapshotOut)):
                 hit[op.seq.seq_id] = op.seq

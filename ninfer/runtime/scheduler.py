@@ -38,6 +38,7 @@ import time
 from collections import deque
 from typing import Any, NamedTuple
 
+from ninfer.runtime.choices import ChoiceForks, Fork
 from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.executor_api import Executor
 from ninfer.runtime.preemption import DeviceOp
@@ -63,28 +64,38 @@ class StepPlan(NamedTuple):
     batch: StepBatch
     chunk_seqs: tuple[Sequence, ...]
     transfers: tuple[DeviceOp, ...] = ()
+    forks: tuple[Fork, ...] = ()  # sibling choices sampling a leader's row (choices.py)
 
     @property
     def logit_seqs(self) -> tuple[Sequence, ...]:
         """The sequence of each logits row the executor returns, in row order."""
         return tuple(s for s, c in zip(self.chunk_seqs, self.batch.chunks) if c.want_logits)
 
+    @property
+    def sample_seqs(self) -> tuple[Sequence, ...]:
+        """The sequence of each row sampled: `logit_seqs`, then each fork's (choices.py)."""
+        return self.logit_seqs + tuple(f.seq for f in self.forks)
 
-class Scheduler(Residency, SpeculativeRounds):
+
+class Scheduler(Residency, SpeculativeRounds, ChoiceForks):
     """Owns every sequence; lanes, pages, prefix cache and pauses come from `Residency`
     (residency.py, where the constructor's memory arguments are described), verify rounds
-    from `SpeculativeRounds` (speculation.py)."""
+    from `SpeculativeRounds` (speculation.py), the choices of one prompt from `ChoiceForks`
+    (choices.py)."""
 
     def __init__(
         self,
         config: EngineOptions,
         *,
         eos_ids: frozenset[int] | set[int] | tuple[int, ...] = (),
+        page_copies: bool = False,
         **memory: Any,
     ) -> None:
         """`memory`: the executor's memory, Residency's keyword arguments (num_pages, page_size,
-        num_state_slots, is_hybrid, host_snapshots, kv_bytes_per_page, state_bytes)."""
+        num_state_slots, is_hybrid, host_snapshots, kv_bytes_per_page, state_bytes);
+        `page_copies`: the executor has `copy_page`."""
         super().__init__(config, **memory)
+        self._init_choices(page_copies)
         self.eos_ids = frozenset(eos_ids)
         self.waiting: deque[Sequence] = deque()  # fresh, FIFO
         self._seqs: dict[int, Sequence] = {}
@@ -119,8 +130,11 @@ class Scheduler(Residency, SpeculativeRounds):
         """Most outstanding requests accepted (lanes + pending)."""
         return self.config.max_concurrency + self.config.max_pending_requests
 
-    def add(self, request: Request, now: float, seq_id: int | None = None) -> Sequence:
-        """Queue a request. Raises RequestError (unservable) or EngineOverloaded (full)."""
+    def add(
+        self, request: Request, now: float, seq_id: int | None = None, leader: int | None = None
+    ) -> Sequence:
+        """Queue a request, or attach it to the request `leader` as another choice of the same
+        prompt (choices.py). Raises RequestError (unservable) or EngineOverloaded (full)."""
         self.validate(request)
         if self.outstanding >= self.capacity:
             raise EngineOverloaded(
@@ -148,7 +162,8 @@ class Scheduler(Residency, SpeculativeRounds):
             spec=self.spec_counts(),
         )
         self._seqs[seq_id] = seq
-        self.waiting.append(seq)
+        if leader is None or not self._attach(seq, leader):
+            self.waiting.append(seq)
         return seq
 
     def get(self, seq_id: int) -> Sequence | None:
@@ -209,6 +224,8 @@ class Scheduler(Residency, SpeculativeRounds):
         decode = [(s, n) for s, n in units if s.decode_ready]
         prefill = [(s, n) for s, n in units if not s.decode_ready]
         chunks = tuple(self._chunk(s, n) for s, n in decode + prefill)
+        seqs = tuple(s for s, _ in decode + prefill)
+        forks = self._fork(seqs, chunks) if self._siblings else ()
         # the batch carries the state copies after the last transfer; the caller runs the rest
         k = max(
             (i + 1 for i, op in enumerate(self._ops) if not isinstance(op, StateCopy)), default=0
@@ -223,7 +240,7 @@ class Scheduler(Residency, SpeculativeRounds):
         if decode:
             self.counters.decode_rounds += 1
             self.counters.decode_rows += len(decode)
-        return StepPlan(batch, tuple(s for s, _ in decode + prefill), transfers)
+        return StepPlan(batch, seqs, transfers, forks)
 
     def schedule_ahead(self, plan: StepPlan, now: float) -> StepPlan | None:
         """The decode step after `plan`, planned before `plan` is committed (its tokens are
@@ -284,7 +301,8 @@ class Scheduler(Residency, SpeculativeRounds):
 
     def commit(self, plan: StepPlan, sampled: list | tuple, now: float) -> None:
         """Apply a finished step: `sampled[i]` is the token chosen for the i-th chunk with
-        logits, for a verify chunk the tuple of tokens verification gave (speculation.py)."""
+        logits, for a verify chunk the tuple of tokens verification gave (speculation.py),
+        then one token per fork (`plan.sample_seqs`)."""
         row = 0
         for seq, chunk in zip(plan.chunk_seqs, plan.batch.chunks):
             chosen = sampled[row] if chunk.want_logits else None
@@ -312,7 +330,8 @@ class Scheduler(Residency, SpeculativeRounds):
                 self._recovery(seq, replaying, fresh, now)
                 if token is not None and seq.known == seq.computed:  # prompt_only: processed
                     self._finish(seq, "length", now)
-        assert row == len(sampled), "one sampled token per logits chunk"
+        assert row + len(plan.forks) == len(sampled), "one sampled token per sampled row"
+        self._commit_forks(plan, sampled[row:], now)
 
     # -- admission --------------------------------------------------------------------------
 
@@ -448,10 +467,11 @@ class Scheduler(Residency, SpeculativeRounds):
     def _finish(
         self, seq: Sequence, reason: str, now: float, error: BaseException | None = None
     ) -> None:
+        detached = self._detach(seq) if self._siblings else False  # choices.py
         if seq.status is SeqStatus.RUNNING:
             self.retention.publish_rolling(seq, seq.request.session_key)
             self._release_residence(seq)
-        elif seq.status is SeqStatus.WAITING:
+        elif seq.status is SeqStatus.WAITING and not detached:
             self.waiting.remove(seq)
         elif seq.status is SeqStatus.PAUSED:
             self.paused.remove(seq)
@@ -473,4 +493,5 @@ class Scheduler(Residency, SpeculativeRounds):
     def check(self) -> None:
         """Verify cross-structure invariants (tests call this after every step)."""
         self._check_residency()
-        assert len(self.running) + len(self.paused) + len(self.waiting) == len(self._seqs)
+        queued = len(self.waiting) + self.attached
+        assert len(self.running) + len(self.paused) + queued == len(self._seqs)

@@ -61,6 +61,15 @@ class StateCopy:
     dst_slot: int
 
 
+@dataclass(frozen=True)
+class PageCopy:
+    """Copy one KV page (every attention layer, K and V, with scales) before the step runs:
+    a sibling choice's own copy of the prompt's last, partial page (choices.py)."""
+
+    src_page: int
+    dst_page: int
+
+
 FED = -1  # token id placeholder of a chunk whose token the previous step samples on the device
 
 

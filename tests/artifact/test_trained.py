@@ -175,3 +175,27 @@ def test_generate_replays_reply(name, agent, tiny_agent_prompts):
     out = tok.decode(ids, skip_special_tokens=False)
     assert out == p["reply"]
     assert parse_reply(out, p["enable_thinking"], p["tools"]) == p["expected"]
+
+
+def test_the_recorded_sampling_defaults_replay_every_turn(agent, tiny_agent_prompts):
+    """A client that sends no sampling field is served with the artifact's recorded defaults
+    (Qwen3's generation_config: temperature 0.6, top_p 0.95, top_k 20). The training margin makes
+    that distribution keep the reply token alone at every reply position (top-p drops every
+    rival: artifacts/train_tiny.py, `replay_margin`), so an agent run with its defaults, such as
+    the openai-agents SDK's in tests/e2e, follows the scripted turns whatever the seed."""
+    from ninfer.api.service.sampling import FIELDS, SamplerPolicy
+    from ninfer.runtime.executors.sampler import Sampler
+    from ninfer.runtime.request import SamplingParams
+
+    art, model, tok = agent
+    policy = SamplerPolicy(art.architecture, art.generation)
+    for p in tiny_agent_prompts:
+        r = policy.resolve(p["enable_thinking"], dict.fromkeys((*FIELDS, "seed")))
+        params = SamplingParams(**{k: r[k] for k in ("temperature", "top_p", "top_k", "min_p")})
+        assert params.temperature > 0 and params.top_p < 1  # sampled, not greedy
+        prompt, reply = tok.encode(p["prompt"]).ids, tok.encode(p["reply"]).ids
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + reply])).logits[0, len(prompt) - 1 : -1]
+        probs = Sampler.probabilities(logits.float(), [params] * len(reply))  # [R, V]
+        kept = (probs > 0).sum(dim=-1)
+        assert kept.max() == 1 and probs.argmax(-1).tolist() == reply, p["name"]

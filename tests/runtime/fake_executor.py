@@ -135,6 +135,11 @@ class FakeExecutor:
     def copy_state(self, src_slot: int, dst_slot: int) -> None:
         self.state[dst_slot] = self.state[src_slot]
 
+    def copy_page(self, src_page: int, dst_page: int) -> None:
+        assert 0 <= src_page < self.num_pages and 0 <= dst_page < self.num_pages
+        self.transfers.append(("copy_page", (src_page, dst_page), None))
+        self.kv[dst_page] = list(self.kv[src_page])
+
     def run(self, batch: StepBatch, fed: torch.Tensor | None = None) -> torch.Tensor:
         self.runs += 1
         if batch.fed_rows:  # a step scheduled ahead: its tokens are the last step's samples
@@ -262,6 +267,7 @@ class SchedulerHarness:
             num_state_slots=slots,
             is_hybrid=is_hybrid,
             eos_ids=self.eos_ids,
+            page_copies=True,
             host_snapshots=snapshots,
             kv_bytes_per_page=self.ex.kv_bytes_per_page,
             state_bytes=self.ex.state_bytes,
@@ -281,10 +287,11 @@ class SchedulerHarness:
 
         checkpoints = params.pop("checkpoint_positions", ())
         session = params.pop("session_key", None)
+        leader = params.pop("leader", None)  # another choice of that request's prompt
         thinking = {k: params.pop(k) for k in list(params) if k.startswith("thinking_")}
         params.setdefault("temperature", 0.0)
         req = Request(tuple(prompt), SamplingParams(**params), checkpoints, session, **thinking)
-        seq = self.sched.add(req, self.now)
+        seq = self.sched.add(req, self.now, leader=leader)
         self.published[seq.seq_id] = []
         self.notices[seq.seq_id] = []
         return seq
@@ -292,8 +299,10 @@ class SchedulerHarness:
     def _launch(self, plan, fed=None):
         self.sched.run_transfers(plan, self.ex)
         logits = self.ex.run(plan.batch, None if fed is None else fed.ids)
-        rows = [SampleRow(s.seq_id, s.request.sampling, s.output_ids) for s in plan.logit_seqs]
-        return plan, self.sampler.sample_async(logits, rows)
+        from ninfer.runtime.choices import row_map
+
+        rows = [SampleRow(s.seq_id, s.request.sampling, s.output_ids) for s in plan.sample_seqs]
+        return plan, self.sampler.sample_async(logits, rows, None, row_map(plan))
 
     def step(self):
         """Commit one step (with `overlap`, first run the next one ahead when the scheduler

@@ -1,4 +1,5 @@
-"""Randomized interleavings of submits, cancels and steps on small pools.
+"""Randomized interleavings of submits (several choices of one prompt among them), cancels
+and steps on small pools.
 
 Whatever the order, pressure and reuse, every request must publish exactly the tokens the
 fake model produces for it alone (a prefix of them when cancelled or cut by the pool), and
@@ -48,10 +49,18 @@ submit = st.tuples(
     st.booleans(),  # sampled (temperature 0.8, seeded) vs greedy
     st.lists(st.integers(1, 20), max_size=2),  # checkpoint positions
 )
+choices = st.tuples(  # n choices of one prompt (runtime/choices.py), seeded sampling
+    st.just("choices"),
+    st.integers(2, 3),
+    st.integers(0, len(BASE)),  # shared prefix length
+    st.lists(st.integers(1, 31), max_size=8),  # own suffix
+    st.integers(1, 12),  # max_tokens
+)
 ops = st.lists(submit, min_size=2, max_size=4).flatmap(
     lambda first: st.lists(
         st.one_of(
             submit,
+            choices,
             st.tuples(st.just("cancel"), st.integers(0, 20)),
             st.tuples(
                 st.just("continue"), st.integers(0, 20), st.lists(st.integers(1, 31), max_size=3)
@@ -95,6 +104,18 @@ def check_interleaving(cfg, operations, overlap=False):
                 seqs.append(h.add(prompt, **params))
             except EngineOverloaded:
                 pass
+        elif op[0] == "choices":
+            _, n, shared, suffix, max_tokens = op
+            prompt = (BASE[:shared] + suffix)[: min(kv_tokens, cfg["config"].max_context - 1)]
+            leader = None
+            for i in range(n):
+                params = {"max_tokens": max_tokens, "temperature": 1.0, "seed": len(seqs) + i}
+                try:
+                    seq = h.add(prompt or [1], leader=leader, **params)
+                except EngineOverloaded:
+                    break
+                seqs.append(seq)
+                leader = seq.seq_id if leader is None else leader
         elif op[0] == "continue" and seqs:  # a next turn: an earlier request's history + more
             prev = seqs[op[1] % len(seqs)]
             prompt = (prev.tokens + op[2])[: min(kv_tokens, cfg["config"].max_context - 1)]

@@ -5,13 +5,15 @@ request gives seed s (wrapped into the signed 64-bit range), so choice i equals 
 request with seed s + i; without a seed every choice draws its own random seed. Stop strings,
 finish reasons and usage are per choice.
 
-Choice 0 is submitted first. The others are submitted once its prompt is computed (its last
-prompt-progress event, or its first output): by then the engine's prefix cache holds the
-prompt, so each further choice reuses it and computes only what the cache cannot give (the
-prompt's last, partial KV page; on hybrid models the tokens after its last state checkpoint),
-as vLLM serves `n`. Submitted earlier, they would have computed the same prompt again beside it.
+The n generations start together and hand their engine requests to one `ChoiceGroup`, which
+submits them at once (ninfer/api/service/choice_group.py): the engine computes the prompt for
+choice 0 only, and every other choice takes its KV (full pages shared, the last partial page
+copied), its recurrent state and its first token's logits from that computation, sampling
+with its own seed (ninfer/runtime/choices.py). When the engine has no lane or page for a
+choice at that moment, the choice is queued as an ordinary request, which reuses the cached
+prompt and computes only its last partial page.
 
-    fan_out ─▶ choice 0: Admitted, PromptProgress… (prompt done) ─▶ submit choices 1..n-1
+    fan_out ─▶ choices 0..n-1 ─▶ ChoiceGroup ─▶ Engine.submit_choices
             ─▶ ChoiceEvent(index, event) of every choice, interleaved as they arrive
 """
 
@@ -23,12 +25,8 @@ import dataclasses
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from ninfer.api.service.generation import (
-    Admitted,
-    GenerationEvent,
-    GenerationRequest,
-    PromptProgress,
-)
+from ninfer.api.service.choice_group import Choice, ChoiceGroup
+from ninfer.api.service.generation import GenerationEvent, GenerationRequest
 
 _I64 = 1 << 64
 
@@ -50,19 +48,13 @@ def choice_request(gen: GenerationRequest, index: int) -> GenerationRequest:
     return dataclasses.replace(gen, sampling=dataclasses.replace(gen.sampling, seed=wrapped))
 
 
-def _prompt_done(e: GenerationEvent) -> bool:
-    if isinstance(e, PromptProgress):
-        return e.processed >= e.total
-    return not isinstance(e, Admitted)  # output or the finish: the prompt was computed
-
-
 async def fan_out(
-    start: Callable[[int], AsyncIterator[GenerationEvent]], n: int
+    start: Callable[[Choice], AsyncIterator[GenerationEvent]], n: int
 ) -> AsyncIterator[ChoiceEvent]:
-    """The events of `n` generations, `start(i)` making choice i's (see the module docstring),
-    until every one has ended. An exception a generation raises (a refusal before its first
-    event) is raised here. Closing this iterator closes every generation, which cancels their
-    engine requests."""
+    """The events of `n` generations, `start(choice)` making choice `choice.index`'s, which
+    submits through `choice` (see the module docstring), until every one has ended. An
+    exception a generation raises (a refusal before its first event) is raised here. Closing
+    this iterator closes every generation, which cancels their engine requests."""
     queue: asyncio.Queue[tuple[int, GenerationEvent | None, BaseException | None]]
     queue = asyncio.Queue()
     iters: list[AsyncIterator[GenerationEvent]] = []
@@ -77,21 +69,17 @@ async def fan_out(
             return
         queue.put_nowait((i, None, None))
 
-    def launch(i: int) -> None:
-        events = start(i)
+    group = ChoiceGroup(n)
+    for i in range(n):
+        events = start(Choice(group, i))
         iters.append(events)
         tasks.append(asyncio.ensure_future(pump(i, events)))
-
-    launch(0)
     ended = 0
     try:
         while ended < n:
             i, e, exc = await queue.get()
             if exc is not None:
                 raise exc
-            if i == 0 and len(tasks) == 1 and (e is None or _prompt_done(e)):
-                for j in range(1, n):
-                    launch(j)
             if e is None:
                 ended += 1
                 continue

@@ -351,8 +351,10 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
             events = service.generate(gen, request_id=request_id)
         else:
             events = fan_out(
-                lambda i: service.generate(
-                    choice_request(gen, i), request_id=f"{request_id}:{i}" if i else request_id
+                lambda c: service.generate(
+                    choice_request(gen, c.index),
+                    request_id=f"{request_id}:{c.index}" if c.index else request_id,
+                    choice=c,
                 ),
                 chat.n,
             )

@@ -22,6 +22,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from ninfer.api.service.choice_group import Choice
 from ninfer.api.service.generation import (
     Admitted,
     Finished,
@@ -273,8 +274,10 @@ class ModelService:
         request_id: str = "",
         tracks: list[RequestTrack] | None = None,
         on_sampling: Callable[[SamplingParams], object] | None = None,
+        choice: Choice | None = None,
     ) -> AsyncIterator[GenerationEvent]:
-        """Run one generation. Preparation and admission failures raise ApiError before the first
+        """Run one generation (`choice`: one of several choices of the prompt, submitted with
+        the others, choice_group.py). Preparation and admission failures raise ApiError before the first
         event; once `Admitted` is yielded, failures end the stream with Finished(reason=error).
         With an `observer`, the request's lifecycle is reported to it (ninfer.api.service.observe);
         closing this generator early cancels the generation. `tracks` receives the request's
@@ -293,7 +296,7 @@ class ModelService:
             track.raised(full)
             raise full
         self.alive += 1  # on the event loop: no other thread counts
-        events = self._generate(req, track, on_sampling)
+        events = self._generate(req, track, on_sampling, choice)
         try:
             async for event in events:
                 if isinstance(event, Finished):
@@ -311,11 +314,12 @@ class ModelService:
         req: GenerationRequest,
         track: RequestTrack,
         on_sampling: Callable[[SamplingParams], object] | None = None,
+        choice: Choice | None = None,
     ) -> AsyncIterator[GenerationEvent]:
         t_prepare = time.monotonic()  # the pending timeout counts from here
         media = await self.prepare_media(req)
         try:  # the payloads stay referenced until the engine is done with the request
-            events = self._run(req, track, on_sampling, t_prepare, media)
+            events = self._run(req, track, on_sampling, t_prepare, media, choice)
             async with contextlib.aclosing(events):
                 async for event in events:
                     yield event
@@ -329,6 +333,7 @@ class ModelService:
         on_sampling: Callable[[SamplingParams], object] | None,
         t_prepare: float,
         media: Sequence[PreparedItem],
+        choice: Choice | None,
     ) -> AsyncIterator[GenerationEvent]:
         prepared = await asyncio.to_thread(self._prepare_quietly, req, media)
         prompt_len = len(prepared.prompt_ids)
@@ -356,7 +361,10 @@ class ModelService:
                 constraint=constraint,
                 **thinking,
             )
-            handle = self.engine.submit(request)
+            if choice is None:
+                handle = self.engine.submit(request)
+            else:
+                handle = await choice.submit(self.engine, request)
         except EngineOverloaded as e:
             raise ApiError(429, str(e), type=errors.RATE_LIMIT, code="server_overloaded") from None
         except RequestError as e:

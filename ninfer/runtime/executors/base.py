@@ -101,6 +101,18 @@ class PlanExecutorBase:
         if slot is None or not 0 <= slot < self.num_state_slots:
             raise ValueError(f"state slot {slot} is outside 0..{self.num_state_slots - 1}")
 
+    # -- KV pages ------------------------------------------------------------------------------
+    def copy_page(self, src_page: int, dst_page: int) -> None:
+        """Copy KV page `src_page` into `dst_page`: every storage tensor's row (data, and
+        scales where the format has them), K and V of every layer; on the tensors' device,
+        ordered with the steps (the current stream on CUDA)."""
+        bad = [p for p in (src_page, dst_page) if not 0 <= p < self.num_pages]
+        if bad:
+            raise ValueError(f"pages {bad} are outside 0..{self.num_pages - 1}")
+        with torch.inference_mode():
+            for t in self._kv_tensors():
+                t[dst_page].copy_(t[src_page])
+
     # -- host snapshots ------------------------------------------------------------------------
     def _kv_tensors(self) -> list[torch.Tensor]:
         return self.kv.tensors() if self.kv is not None else []

@@ -80,11 +80,16 @@ class Sampler:
         logits: torch.Tensor,
         rows: Sequence[SampleRow],
         mask: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        logits_rows: Sequence[int] | None = None,
     ) -> SampledTokens:
         """`sample` without waiting: the ids stay on `logits`' device until `tolist()`. Every
         draw is queued now, in row order, so a request's generator advances as with `sample`.
         `mask` (constrained decoding, ninfer.constrain.state): [rows, vocab] fp32 -> a copy with
-        disallowed tokens at -inf, applied before everything else."""
+        disallowed tokens at -inf, applied before everything else. `logits_rows`: row i
+        samples from `logits[logits_rows[i]]` (several choices of one prompt share a row)."""
+        if logits_rows is not None:
+            index = torch.tensor(list(logits_rows), dtype=torch.long).to(logits.device)
+            logits = logits.index_select(0, index)
         assert logits.dim() == 2 and logits.shape[0] == len(rows), (logits.shape, len(rows))
         x = logits.float()  # [rows, vocab]; a copy when the dtype differs
         if mask is not None:
