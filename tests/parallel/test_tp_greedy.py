@@ -1,6 +1,6 @@
 """Tensor parallelism on CPU (gloo, 2 ranks): every fixture architecture, float32 weights,
-generates greedily the same tokens sharded over two processes as whole in one, and its logits
-agree within float32 reduction-order noise.
+generates greedily the same tokens sharded over two processes as whole in one (several choices
+of one prompt among them), and its logits agree within float32 reduction-order noise.
 
 One rank group (one worker process) serves every architecture in turn: each engine loads its
 model onto the running group and unloads it when closed, so the module spawns once.
@@ -55,6 +55,10 @@ def generate(engine: Engine) -> list[tuple[int, ...]]:
         out += [tuple(h.result(timeout=120).token_ids) for h in handles]
         computed.append(engine.executor.tokens_computed - before)
     assert computed[1] < computed[0]  # the second round started from the prefix cache
+    # two choices of one prompt: the second forks from the first, its prompt's partial last
+    # page copied (copy_page on every rank; a rank without its copy would change the tokens)
+    handles = engine.submit_choices([Request(PROMPTS[0], params)] * 2)
+    out += [tuple(h.result(timeout=120).token_ids) for h in handles]
     return out
 
 
