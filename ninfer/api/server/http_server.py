@@ -13,6 +13,13 @@ and enough of them exhaust the process's file descriptors, after which `accept()
   has no request in progress (HTTP/1.1 lets a server close an idle connection at any time;
   clients retry), or is itself closed when every connection is busy. So `accept()` never runs
   out of descriptors and /health keeps answering.
+
+It also turns Nagle's algorithm off on every TCP connection (TCP_NODELAY). asyncio does that
+only for sockets whose `proto` is IPPROTO_TCP, and a listening socket made as
+`socket.socket(AF_INET, SOCK_STREAM)` (ninfer serve's, uvicorn's own) has proto 0, so its
+connections kept Nagle: a response is written as headers then body, the body waited for the
+client's delayed ACK of the headers, and every request after the first on a keep-alive
+connection took 40+ ms more (/health: 44 ms instead of 1 ms), SSE events waited the same way.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import os
 import resource
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -67,6 +75,7 @@ class GuardedH11Protocol(H11Protocol):
         self._cycle_seen: Any = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        no_delay(transport)
         super().connection_made(transport)
         self._arm()
         if len(self.connections) > self.max_connections:
@@ -138,6 +147,16 @@ class GuardedH11Protocol(H11Protocol):
             c._close()
         if len(idle) < excess and not self.busy():
             self._close()
+
+
+def no_delay(transport: asyncio.BaseTransport) -> None:
+    """TCP_NODELAY on `transport`'s socket when it is TCP (module docstring: why)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:  # the peer is already gone: connection_lost follows
+            pass
 
 
 def _closing(protocol: Any) -> bool:
