@@ -50,7 +50,7 @@ def sample_health(client: httpx.Client, server, until: threading.Event | None) -
 
 
 @pytest.mark.parametrize("path", list(BODIES))
-def test_health_answers_while_a_maximal_body_is_prepared(patient_server, path):
+def test_health_answers_while_a_maximal_body_is_prepared(patient_server, path, record_property):
     raw = json.dumps(BODIES[path], ensure_ascii=False).encode()
     assert MAX_BODY - 65536 < len(raw) <= MAX_BODY
     result = {}
@@ -71,6 +71,7 @@ def test_health_answers_while_a_maximal_body_is_prepared(patient_server, path):
         sender.start()
         during = sample_health(client, patient_server, done)
         sender.join()
+    record_property("health_ms", {"idle": round(baseline, 1), "during": round(max(during), 1)})
     assert result["status"] == 400 and "context_length_exceeded" in result["text"]
     assert len(during) >= 3, "the request finished before /health could be sampled"
     assert max(during) < baseline + 100, f"/health took {max(during):.0f} ms (idle {baseline:.0f})"
@@ -91,7 +92,7 @@ def longest_wait(work: Callable[[], object]) -> float:
     return max(gaps)
 
 
-def test_preparing_a_maximal_body_never_stalls_the_event_loop(tiny_agent):
+def test_preparing_a_maximal_body_never_stalls_the_event_loop(tiny_agent, record_property):
     """The handler's work for a maximal body (decode and validate in a thread, then render and
     count), run as the server runs it, while this thread measures how late 1 ms sleeps wake.
     A regression guard against GIL holds of a large fraction of a second: alone it measures
@@ -130,10 +131,11 @@ def test_preparing_a_maximal_body_never_stalls_the_event_loop(tiny_agent):
                 waits.append(longest_wait(work))
         finally:
             gc.unfreeze()
+    record_property("waits_ms", [round(w * 1000, 1) for w in waits])
     assert min(waits) < 0.1, f"the event loop would have waited {min(waits) * 1000:.0f} ms"
 
 
-def test_encoding_a_long_prompt_lets_other_threads_run(tiny_agent):
+def test_encoding_a_long_prompt_lets_other_threads_run(tiny_agent, record_property):
     """A prompt within a long context is encoded whole: HF tokenizers' `encode` held the GIL
     throughout (785 ms for these 262k characters), `encode_batch` releases it."""
     tokenizer = Tokenizer.from_str(Artifact(tiny_agent).tokenizer_json)
@@ -141,5 +143,6 @@ def test_encoding_a_long_prompt_lets_other_threads_run(tiny_agent):
     text = (TEXT * (1 + (1 << 18) // len(TEXT)))[: 1 << 18]
     ids: list[int] = []
     wait = longest_wait(lambda: ids.extend(encoder.encode(text)))
+    record_property("wait_ms", round(wait * 1000, 1))
     assert ids == tokenizer.encode(text, add_special_tokens=False).ids
     assert wait < 0.1, f"another thread waited {wait * 1000:.0f} ms"
