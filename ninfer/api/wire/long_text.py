@@ -1,10 +1,11 @@
 """Searches over long strings in bounded GIL holds.
 
 One `re` search or `str.find` is one C call: over the 8M characters of a maximal prompt (32 MB
-once one character needs four bytes) it holds the GIL for 3-30 ms, and a request makes several,
-each a stall of the event loop (/health included) in the server's other thread. These do the
-same searches window by window (`WINDOW` characters, ~1 ms each), so the thread gives the GIL
-back between two windows when another thread asks for it (sys.getswitchinterval).
+once one character needs four bytes) it holds the GIL for 3-30 ms (the template's restore scan:
+20-30 ms), and a request makes several, each a stall of the event loop (/health included) in
+the server's other thread. These do the same searches window by window (`WINDOW` characters:
+under 1 ms for a find, ~2 ms for that scan's alternation), so the thread gives the GIL back
+between two windows when another thread asks for it (sys.getswitchinterval).
 
 Same results as the one-call forms for the patterns they are given: a pattern whose matches are
 never empty and at most `longest` characters long, without lookaround or anchors (a window's
