@@ -17,10 +17,10 @@ and enough of them exhaust the process's file descriptors, after which `accept()
 
 It also turns Nagle's algorithm off on every TCP connection (TCP_NODELAY). asyncio does that
 only for sockets whose `proto` is IPPROTO_TCP, and a listening socket made as
-`socket.socket(AF_INET, SOCK_STREAM)` (ninfer serve's, uvicorn's own) has proto 0, so its
-connections kept Nagle: a response is written as headers then body, the body waited for the
-client's delayed ACK of the headers, and every request after the first on a keep-alive
-connection took 40+ ms more (/health: 44 ms instead of 1 ms), SSE events waited the same way.
+`socket.socket(AF_INET, SOCK_STREAM)` (ninfer serve's) has proto 0, so its connections kept
+Nagle: a response is written as headers then body, the body waited for the client's delayed
+ACK of the headers, and every request after the first on a keep-alive connection took 40+ ms
+more (/health: 44 ms instead of 1 ms); a stream's small writes were exposed to the same wait.
 """
 
 from __future__ import annotations
