@@ -1,9 +1,10 @@
-"""Connections that never finish a request are closed after --client-timeout-s (here 1 s), and
-the server keeps answering /health when clients hold more connections than it has descriptors
-(ninfer.api.server.http_server)."""
+"""Connections that never finish a request are closed after --client-timeout-s (here 1 s), the
+server keeps answering /health when clients hold more connections than it has descriptors, and a
+keep-alive connection is not slowed by Nagle's algorithm (ninfer.api.server.http_server)."""
 
 from __future__ import annotations
 
+import statistics
 import time
 from pathlib import Path
 
@@ -87,3 +88,17 @@ def test_health_answers_with_more_connections_than_descriptors(tmp_path):
         for s in conns:
             s.close()
         server.stop()
+
+
+def test_a_keep_alive_connection_answers_without_waiting_for_a_delayed_ack(hostile_server):
+    """Requests after the first on one connection: with Nagle's algorithm on, the response body
+    waited for the client's delayed ACK of the headers, 40 ms at least on Linux (measured 44 ms
+    a /health, against 1 ms with TCP_NODELAY)."""
+    with httpx.Client(timeout=10) as client:
+        times = []
+        for _ in range(15):
+            start = time.perf_counter()
+            assert client.get(f"{hostile_server.base_url}/health").status_code == 200
+            times.append((time.perf_counter() - start) * 1000)
+    median = statistics.median(times[1:])
+    assert median < 20, f"/health on a kept-alive connection took {median:.0f} ms (median)"

@@ -46,7 +46,7 @@ from tokenizers import Tokenizer
 from ninfer.api.service.prompt_encoding import control_token_spellings
 from ninfer.api.service.template_options import TemplateOptions
 from ninfer.api.service.tool_fallback import lower_tools, renders_tools, uses_tools
-from ninfer.api.wire import errors
+from ninfer.api.wire import errors, long_text
 from ninfer.api.wire.fields import parse_json_text
 from ninfer.errors import ConfigError
 
@@ -67,6 +67,7 @@ class TemplateRenderError(errors.ApiError):
 
 _PLACEHOLDER_BASE = 0xF0000  # plane-15 private use: index characters of placeholders
 _MARK_CANDIDATES = [chr(c) for c in range(0xE000, 0xE100)]
+_FIRST_MARK = re.compile("[\ue000-\ue0ff]")  # any candidate
 
 
 def _strings(obj: Any) -> Iterable[str]:
@@ -81,6 +82,24 @@ def _strings(obj: Any) -> Iterable[str]:
             yield from _strings(v)
 
 
+def _unused_marks(strings: Iterable[str]) -> list[str]:
+    """The mark candidates (private-use characters) that occur in none of `strings`, in order.
+    One windowed pass over each string (ninfer.api.wire.long_text) for a class of the
+    candidates still free, narrowed each time it finds one."""
+    free = list(_MARK_CANDIDATES)
+    pattern = _FIRST_MARK
+    for s in strings:
+        pos = 0
+        while free:
+            found = long_text.search(pattern, s, 1, pos)
+            if found is None:
+                break
+            free.remove(found.group())
+            pattern = re.compile("[" + "".join(free) + "]") if free else pattern
+            pos = found.end()
+    return free
+
+
 class _Protector:
     """Replaces control spellings in content by placeholders and undoes it after rendering."""
 
@@ -88,10 +107,7 @@ class _Protector:
         self.controls = sorted({c for c in controls if c}, key=len, reverse=True)
         self.literals: list[str] = []
         self._ids: dict[str, int] = {}
-        used = set()
-        for s in avoid:
-            used.update(ch for ch in s if "\ue000" <= ch <= "\ue0ff")
-        free = [m for m in _MARK_CANDIDATES if m not in used]
+        free = _unused_marks(avoid)
         if not free:  # pragma: no cover - needs 256 distinct private-use characters in a request
             raise TemplateRenderError("request text uses too many private-use characters")
         self.mark = free[0]
@@ -104,6 +120,8 @@ class _Protector:
         self._prefixes = {c[:i] for c in self.controls for i in range(1, len(c))}
         self._suffixes = {c[i:] for c in self.controls for i in range(1, len(c))}
         self._longest = max((len(c) for c in self.controls), default=0)
+        # the longest match of _restore_re: a placeholder (3 characters) or a control spelling
+        self._longest_restore = max(3, self._longest)
 
     def _placeholder(self, literal: str) -> str:
         k = self._ids.get(literal)
@@ -115,7 +133,9 @@ class _Protector:
     def protect_str(self, s: str) -> str:
         if self._control_re is None or not s:
             return s
-        spans = [(m.start(), m.end()) for m in self._control_re.finditer(s)]
+        # window by window: a content string may be megabytes (ninfer.api.wire.long_text)
+        found = long_text.finditer(self._control_re, s, self._longest)
+        spans = [(m.start(), m.end()) for m in found]
         top = min(self._longest - 1, len(s))
         lead = next((n for n in range(top, 0, -1) if s[:n] in self._suffixes), 0)
         trail = next((n for n in range(top, 0, -1) if s[-n:] in self._prefixes), 0)
@@ -152,10 +172,17 @@ class _Protector:
 
     def restore(self, rendered: str) -> tuple[str, tuple[tuple[int, int], ...]]:
         """Final text and the spans of markup control tokens in it."""
+        # window by window, and without rebuilding the text when no placeholder is in it: the
+        # rendering may be megabytes, and each whole-text pass holds the GIL for milliseconds
+        found = list(long_text.finditer(self._restore_re, rendered, self._longest_restore))
+        if all(m.group(1) is None for m in found):
+            if long_text.find(rendered, self.mark) >= 0:
+                raise TemplateRenderError("the chat template altered protected content")
+            return rendered, tuple((m.start(), m.end()) for m in found)
         out: list[str] = []
         spans: list[tuple[int, int]] = []
         pos = n = 0
-        for m in self._restore_re.finditer(rendered):
+        for m in found:
             out.append(rendered[pos : m.start()])
             n += m.start() - pos
             if m.group(1) is not None:
@@ -171,7 +198,7 @@ class _Protector:
             pos = m.end()
         out.append(rendered[pos:])
         text = "".join(out)
-        if self.mark in text:
+        if long_text.find(text, self.mark) >= 0:
             raise TemplateRenderError("the chat template altered protected content")
         return text, tuple(spans)
 

@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from ninfer.api.wire import errors
+from ninfer.api.wire import errors, long_text
 
 # The deepest nesting a request body may have. Protocol bodies need a dozen levels (a tool
 # schema inside a tool inside the request); deeper input only exercises recursion in the
@@ -58,7 +58,10 @@ def parse_json_object(raw: bytes | str) -> dict[str, Any]:
     if isinstance(raw, str):
         surrogates = True
     else:  # the walk looks for surrogates only when the raw bytes can hold one
-        surrogates = bool(_SURROGATE_ESCAPE.search(raw) or _SURROGATE_BYTES.search(raw))
+        surrogates = bool(
+            long_text.search(_SURROGATE_ESCAPE, raw, 4)
+            or long_text.search(_SURROGATE_BYTES, raw, 2)
+        )
     check_tree(value, surrogates=surrogates)
     return value
 
@@ -149,13 +152,8 @@ def _check_text(text: str, path: str, surrogates: bool, key: Any = None) -> None
         raise _surrogate_error(_join(path, key) if key is not None else path or "body", "contains")
 
 
-SEARCH_CHARS = 1 << 20  # characters one regex search covers (one GIL hold)
-
-
 def _has_surrogate(text: str) -> bool:
-    return any(
-        _SURROGATE.search(text, i, i + SEARCH_CHARS) for i in range(0, len(text), SEARCH_CHARS)
-    )
+    return long_text.search(_SURROGATE, text, 1) is not None
 
 
 def _surrogate_error(param: str, what: str) -> errors.ApiError:
