@@ -213,8 +213,7 @@ class Engine:
 
     def output_limit(self, prompt_len: int, max_tokens: int | None) -> OutputLimit:
         """The output limit of a request of `prompt_len` tokens asking for `max_tokens` (None:
-        the default), within the context this engine's KV pool really holds
-        (`EngineOptions.output_limit`)."""
+        the default) within this engine's KV pool (`EngineOptions.output_limit`)."""
         pool = self._executor.num_pages * self._executor.page_size
         return self.config.output_limit(prompt_len, max_tokens, pool)
 
@@ -238,8 +237,7 @@ class Engine:
             self._closing = True
             self._wake.notify()
         self._thread.join(timeout)
-        close = getattr(self._executor, "close", None)
-        if callable(close):
+        if callable(close := getattr(self._executor, "close", None)):
             close()
 
     def __enter__(self) -> Self:
