@@ -23,6 +23,7 @@ running the same random weights (unquantised).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,7 +98,8 @@ class SyntheticTensor:
 
 
 class SyntheticSource:
-    """Artifact-like: `architecture`, `name`, `config`, `tensors`, `info(name)`,
+    """Artifact-like: `architecture`, `name`, `config`, `header` / `components` (the drafters',
+    see build_synthetic), `tensors`, `name in source`, `info(name)`,
     `device_parts(name, device)` (for the CUDA executor) and `dense(name)` (for the reference
     executor on CPU). Holds its parts on the device it was built on."""
 
@@ -126,7 +128,7 @@ class SyntheticSource:
     def __contains__(self, name: object) -> bool:
         return name in self._parts
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self._parts)
 
     def info(self, name: str) -> SyntheticTensor:
@@ -258,9 +260,10 @@ def _add_drafters(
         raise ConfigError(f"synthetic drafters: unknown {unknown[0]!r} (choose mtp, dflash)")
     header: dict[str, Any] = {"components": ["text", *drafters]}
     hidden, n = int(config["hidden_size"]), int(config["num_hidden_layers"])
-    if "mtp" in drafters:  # the converter's names: mtp.* (layer 0's tensors as the target's)
-        layer0 = {k.removeprefix("model.layers.0."): v for k, v in parts.items()
-                  if k.startswith("model.layers.0.")}  # fmt: skip
+    if "mtp" in drafters:  # the converter's names: mtp.*, the layer as the target's first
+        types = config.get("layer_types") or ["full_attention"]  # full-attention layer
+        p = f"model.layers.{types.index('full_attention')}."
+        layer0 = {k.removeprefix(p): v for k, v in parts.items() if k.startswith(p)}
         mtp = {f"mtp.layers.0.{k}": _logical_shape(*v) for k, v in layer0.items()}
         mtp["mtp.fc.weight"] = (hidden, 2 * hidden)
         for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
