@@ -7,6 +7,12 @@ initialised on the device (bf16), wrapped as an artifact-like source whose tenso
 formats: with `weights` fp8 or nvfp4 the attention / MLP / DeltaNet projections are quantised
 on the device by kernels.quant_gemm's quantisers; norms and vectors stay f32; the rest bf16.
 
+`drafters=("mtp", "dflash")` adds random speculative drafters of the real layouts, as an
+artifact with those components holds them: an MTP head (`mtp.*`, ir/models/mtp.py: one layer
+of the target's shapes) and a DFlash drafter (`dflash.*` and header["dflash"],
+artifact/dflash.py: 5 Qwen3 layers of the target's width, block 16, the published default
+target layers), so `--spec mtp` / `--spec dflash` engines can be built on the synthetic model.
+
 The transformers model is returned too: it is the `--peer transformers` side of the benchmark,
 running the same random weights (unquantised).
 
@@ -17,6 +23,7 @@ running the same random weights (unquantised).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,7 +98,8 @@ class SyntheticTensor:
 
 
 class SyntheticSource:
-    """Artifact-like: `architecture`, `name`, `config`, `tensors`, `info(name)`,
+    """Artifact-like: `architecture`, `name`, `config`, `header` / `components` (the drafters',
+    see build_synthetic), `tensors`, `name in source`, `info(name)`,
     `device_parts(name, device)` (for the CUDA executor) and `dense(name)` (for the reference
     executor on CPU). Holds its parts on the device it was built on."""
 
@@ -101,14 +109,27 @@ class SyntheticSource:
         architecture: str,
         config: dict[str, Any],
         parts: dict[str, tuple[str, dict[str, torch.Tensor]]],
+        header: dict[str, Any] | None = None,
     ):
         self.name = name
+        self.path = name  # what error messages name
         self.architecture = architecture
         self.config = config
         self._parts = parts
+        # what the drafters read of an Artifact: components and their configs; no tokenizer
+        self.header = dict(header or {})
+        self.components = self.header.setdefault("components", ["text"])
+        self.tokenizer_json = ""
+        self.special_tokens: dict[str, Any] = {}
         self.tensors = {
             n: SyntheticTensor(n, fmt, _logical_shape(fmt, p)) for n, (fmt, p) in parts.items()
         }
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._parts
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._parts)
 
     def info(self, name: str) -> SyntheticTensor:
         return self.tensors[name]
@@ -187,9 +208,11 @@ def build_synthetic(
     seed: int = 0,
     quantize_lm_head: bool = False,
     overrides: dict[str, Any] | None = None,
+    drafters: tuple[str, ...] = (),
 ) -> tuple[SyntheticSource, Any]:
     """(source, transformers model in bf16 on `device`) of synthetic model `name` (with config
-    `overrides`, see hf_config); `quantize_lm_head` as convert_hf's."""
+    `overrides`, see hf_config); `quantize_lm_head` as convert_hf's; `drafters` (module
+    docstring) are not part of the transformers model."""
     if weights not in WEIGHTS:
         raise ConfigError(f"--weights {weights}: unknown (choose from {', '.join(WEIGHTS)})")
     check_quantize_lm_head(weights, quantize_lm_head)
@@ -211,4 +234,61 @@ def build_synthetic(
     arch = MODEL_TYPES[cfg.model_type]
     head = "-qhead" if quantize_lm_head else ""
     label = re.sub(r"[^A-Za-z0-9_.-]", "-", f"synthetic-{name}-{weights}{head}")
-    return SyntheticSource(label, arch, config, parts), model
+    header = _add_drafters(drafters, config, parts, weights, torch.device(device))
+    return SyntheticSource(label, arch, config, parts, header), model
+
+
+def _random(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """Random weights: norms near 1, projections N(0, 0.02) (bf16, as checkpoints hold them)."""
+    if len(shape) == 1:
+        return 1.0 + 0.1 * torch.randn(shape, device=device)
+    return (0.02 * torch.randn(shape, device=device)).to(torch.bfloat16)
+
+
+def _add_drafters(
+    drafters: tuple[str, ...],
+    config: dict[str, Any],
+    parts: dict[str, tuple[str, dict[str, torch.Tensor]]],
+    weights: str,
+    device: torch.device,
+) -> dict[str, Any]:
+    """Add the `drafters`' tensors to `parts`; the header (components, drafter configs)."""
+    from ninfer.artifact.dflash import DFlashConfig, default_target_layer_ids, layer_tensors
+
+    unknown = [d for d in drafters if d not in ("mtp", "dflash")]
+    if unknown:
+        raise ConfigError(f"synthetic drafters: unknown {unknown[0]!r} (choose mtp, dflash)")
+    header: dict[str, Any] = {"components": ["text", *drafters]}
+    hidden, n = int(config["hidden_size"]), int(config["num_hidden_layers"])
+    if "mtp" in drafters:  # the converter's names: mtp.*, the layer as the target's first
+        types = config.get("layer_types") or ["full_attention"]  # full-attention layer
+        p = f"model.layers.{types.index('full_attention')}."
+        layer0 = {k.removeprefix(p): v for k, v in parts.items() if k.startswith(p)}
+        mtp = {f"mtp.layers.0.{k}": _logical_shape(*v) for k, v in layer0.items()}
+        mtp["mtp.fc.weight"] = (hidden, 2 * hidden)
+        for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+            mtp[f"mtp.{norm}.weight"] = (hidden,)
+        for k, shape in mtp.items():  # stored as convert_hf --weights stores them
+            parts[k] = _store(k, _random(shape, device).float(), weights)
+    if "dflash" in drafters:  # the published config.json of a 5-layer drafter, block 16
+        ids = default_target_layer_ids(n, 5)
+        if not all(0 <= i < n for i in ids):  # a target too shallow for the default
+            ids = list(range(n))
+        raw = {
+            k: config[k]
+            for k in ("hidden_size", "intermediate_size", "num_attention_heads",
+                      "num_key_value_heads", "head_dim", "rms_norm_eps", "vocab_size")
+            if k in config
+        }  # fmt: skip
+        raw |= {
+            "model_type": "qwen3", "num_hidden_layers": 5, "block_size": 16,
+            "num_target_layers": n, "layer_types": ["full_attention"] * 5,
+            "rope_theta": (config.get("rope_parameters") or {}).get("rope_theta", 1e6),
+            "dflash_config": {"mask_token_id": int(config["vocab_size"]) - 1,
+                              "target_layer_ids": ids},
+        }  # fmt: skip
+        cfg = DFlashConfig.from_config(raw, n, hidden)
+        for k, shape in layer_tensors(cfg).items():  # stored as attach_dflash stores them
+            parts[f"dflash.{k}"] = _store(f"dflash.{k}", _random(shape, device), "bf16")
+        header["dflash"] = raw
+    return header

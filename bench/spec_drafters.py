@@ -1,0 +1,199 @@
+"""What the real speculative drafters cost per round, relative to a plain decode step.
+
+    python bench/spec_drafters.py [--synthetic qwen3-8b] [--weights bf16] [--context 512]
+                                  [--repeats 50] [--out bench/results/spec_drafters.md]
+
+The synthetic model (random weights of a real shape, made on the device) carries random
+drafters of the real layouts (build_synthetic(drafters=("mtp", "dflash"))): an MTP head of the
+target's layer shapes and a 5-layer DFlash drafter of its width (block 16). Engines are built
+by `build_engine` as `ninfer serve` builds them (EngineOptions spec "mtp" / "dflash",
+draft_tokens, lm_head_draft), so the drafters run on the plan, executor and kernels that serve.
+Each engine prefills one sequence of `--context` random tokens on its executor and hands the
+captured hidden rows to the drafter through the speculator's `observe`, as the engine does
+after every target step. Then, per engine, timed:
+
+  decode   `executor.run` of one decode row (position `context`) on a plain engine (no
+           --spec, so no hidden-state capture): the denominator of every ratio
+  mtp      `drafter.propose` of that row with k = 1, 2, 3: the head re-runs the tip position
+           (one target row, as a round after no accepted draft) and k - 1 positions of its own
+           output, each with the LM head (full, or the reduced one of --lm-head-draft)
+  dflash   `drafter.propose` with k = 7 and 15: one forward of the 5 layers over the block of
+           16 positions against the context K/V of the `context` positions, and the LM head on
+           the k drafted positions
+
+Not timed: `observe` (MTP keeps the rows; DFlash computes the context K/V of the k + 1
+verified rows, a fraction of a round) and the verify forward (bench/spec_verify.py).
+Each figure is the median of `--repeats` calls after two warm-up calls (the first catches the
+drafter up over the prompt), timed with the host clock around the call and a device sync,
+which is what a round costs the engine loop; all in one process. The issue's H200 targets
+(Qwen3-8B, bf16) are in the table's last column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ninfer.bench.synthetic import build_synthetic
+from ninfer.runtime.build import build_engine
+from ninfer.runtime.config import EngineOptions
+from ninfer.runtime.executors.sampler import Sampler
+from ninfer.runtime.request import SamplingParams
+from ninfer.runtime.step import SeqChunk, StepBatch
+from ninfer.spec.drafter import DraftRow
+
+PAGE = 16
+# (drafter, --lm-head-draft) -> (the k timed, the issue's target ratio per drafted token (MTP)
+# or per round (DFlash))
+CASES: dict[tuple[str, bool], tuple[tuple[int, ...], float]] = {
+    ("mtp", False): ((1, 2, 3), 0.12),
+    ("mtp", True): ((1, 2, 3), 0.06),
+    ("dflash", False): ((7, 15), 0.25),
+    ("dflash", True): ((7, 15), 0.15),
+}
+
+
+def timed(fn, repeats: int) -> float:
+    """Median seconds of `fn()` (synchronised), after two warm-up calls."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    for _ in range(2):
+        fn()
+    sync()
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+class Rig:
+    """An engine of `source` (spec None: plain) with one sequence of `prompt` in its KV pages,
+    its hidden rows handed to the drafter as the engine hands them."""
+
+    def __init__(self, source: Any, device: str, prompt: list[int], next_id: int, **spec: Any):
+        ctx = -(-(len(prompt) + 32) // PAGE) * PAGE
+        # batch 1: one lane (and so few CUDA Graph buckets to capture per engine)
+        options = EngineOptions.of(
+            device=device, max_concurrency=1, max_context=ctx, kv_capacity=ctx + 2 * PAGE,
+            page_size=PAGE, prefill_chunk=max(1024, len(prompt)), prefix_reuse=False, **spec,
+        )  # fmt: skip
+        self.engine = build_engine(source, options)
+        self.ex = self.engine.executor
+        self.table = tuple(range(ctx // PAGE))
+        self.context = len(prompt)
+        self.next_id = next_id
+        batch = StepBatch((SeqChunk(0, tuple(prompt), 0, self.table),))
+        self.ex.run(batch)
+        self.spec = self.engine.speculator
+        if self.spec is not None:
+            self.spec.observe(batch, self.ex)  # as the engine, after every target step
+        self.tokens = (*prompt, next_id)  # committed: the last is the one the target computes
+        self.sampler = Sampler()
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def decode(self) -> torch.Tensor:
+        chunk = SeqChunk(0, (self.next_id,), self.context, self.table)
+        return self.ex.run(StepBatch((chunk,)))
+
+    def propose(self, k: int) -> None:
+        row = DraftRow(0, self.tokens, self.context, k, SamplingParams(temperature=0.0))
+        (draft,) = self.spec.drafter.propose([row], self.sampler)
+        if len(draft.tokens) != k:  # a round that drafted less than asked measures nothing
+            raise RuntimeError(f"{self.spec.name} drafted {len(draft.tokens)} tokens, not {k}")
+
+
+def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One row per (drafter, lm_head_draft, k), plus the decode step first."""
+    source, hf = build_synthetic(
+        args.synthetic, args.weights, args.device, seed=0, drafters=("mtp", "dflash")
+    )
+    del hf  # the transformers model is not used; its weights are the source's
+    vocab = int(source.config["vocab_size"])
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, vocab, (args.context,), generator=g).tolist()
+    next_id = int(torch.randint(0, vocab, (1,), generator=g))
+    plain = Rig(source, args.device, prompt, next_id)
+    base = timed(plain.decode, args.repeats)
+    plain.close()
+    rows = [{"drafter": "decode step", "k": 1, "ms": base * 1e3, "ratio": 1.0, "per": 1.0}]
+    for (name, lm_head), (ks, target) in CASES.items():
+        rig = Rig(source, args.device, prompt, next_id, spec=name, draft_tokens=max(ks),
+                  lm_head_draft=lm_head)  # fmt: skip
+        for k in ks:
+            t = timed(lambda rig=rig, k=k: rig.propose(k), args.repeats)
+            label = name + (" --lm-head-draft" if lm_head else "")
+            per = t / base / (k if name == "mtp" else 1)
+            rows.append({"drafter": label, "k": k, "ms": t * 1e3, "ratio": t / base,
+                         "per": per, "target": target})  # fmt: skip
+            print(f"{label} k={k}: {t * 1e3:.3f} ms", file=sys.stderr)
+        rig.close()
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    """The markdown table: per MTP row the ratio per drafted token, per DFlash row per round
+    (what the targets bound)."""
+    out = [
+        "| drafter | k | ms per round | of a decode step | per drafted token | target |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        per = f"{r['per']:.3f}" if r["drafter"].startswith("mtp") else "-"
+        target = "-"
+        if "target" in r:
+            unit = "per drafted token" if r["drafter"].startswith("mtp") else "per round"
+            ok = "met" if r["per"] <= r["target"] else "missed"
+            target = f"<= {r['target']:.2f} {unit} ({ok})"
+        out.append(
+            f"| {r['drafter']} | {r['k']} | {r['ms']:.3f} | {r['ratio']:.3f} | {per} | {target} |"
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--synthetic", default="qwen3-8b")
+    ap.add_argument("--weights", default="bf16")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--out", default=None, help="also write the markdown report here")
+    args = ap.parse_args(argv)
+    if args.context < 1 or args.repeats < 1:
+        ap.error("--context and --repeats must be at least 1")
+    rows = measure(args)
+    if not all(math.isfinite(r["ratio"]) and r["ratio"] > 0 for r in rows):
+        raise RuntimeError(f"a drafter's time is not a positive finite figure: {rows}")
+    cmd = " ".join(sys.argv[1:] if argv is None else argv)
+    lines = [
+        f"# Drafter cost per round: synthetic {args.synthetic}, {args.weights}, {args.device}",
+        "",
+        f"Command: `python bench/spec_drafters.py {cmd}`",
+        (
+            f"Context {args.context} tokens, batch 1, median of {args.repeats} calls each;"
+            f" ratios to the plain decode step ({rows[0]['ms']:.3f} ms). Targets: the issue's"
+            " for Qwen3-8B bf16 on an H200 (met / missed says how this run compares)."
+        ),
+        "",
+        *table(rows),
+    ]
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if args.out:
+        Path(args.out).write_text(report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
