@@ -169,7 +169,8 @@ class DFlashDrafter:
         starts = torch.tensor([len(rows[i].tokens) - 1 for i in live], device=m.device)
         tokens[:, 0] = torch.tensor([rows[i].tokens[-1] for i in live], device=m.device)
         positions = starts[:, None] + torch.arange(block, device=m.device)[None, :]
-        logits = m.block_logits(tokens, positions, list(zip(ck, cv)), valid)  # [B, block-1, V]
+        drafts = min(max(rows[i].k for i in live), block - 1)  # the LM head runs on these only
+        logits = m.block_logits(tokens, positions, list(zip(ck, cv)), valid, drafts)  # [B, d, V]
         self.steps += 1
         out = [NO_DRAFT] * len(rows)
         for b, i in enumerate(live):

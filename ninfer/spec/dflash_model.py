@@ -127,13 +127,16 @@ class DFlashModel:
         positions: torch.Tensor,
         ctx: list[tuple[torch.Tensor, torch.Tensor]],
         ctx_valid: torch.Tensor,
+        rows: int | None = None,
     ) -> torch.Tensor:
-        """Draft logits [B, block - 1, vocab] fp32 for blocks `tokens` [B, block] (the last
-        committed token, then masks) at `positions` [B, block], over per-layer context
-        (K, V) [B, C, kv_heads * head_dim] of which `ctx_valid` [B, C] marks the real rows."""
+        """Draft logits [B, rows, vocab] fp32 (default rows: block - 1) for blocks `tokens`
+        [B, block] (the last committed token, then masks) at `positions` [B, block], over
+        per-layer context (K, V) [B, C, kv_heads * head_dim] of which `ctx_valid` [B, C] marks
+        the real rows. The whole block runs (its positions attend to each other); only the
+        first `rows` drafts go through the LM head."""
         B, n = tokens.shape
         keep = torch.cat([ctx_valid, ctx_valid.new_ones(B, n)], dim=1)[:, None, None, :]
-        x = self.forward(tokens, positions, ctx, keep)[:, 1:]
+        x = self.forward(tokens, positions, ctx, keep)[:, 1 : 1 + (n - 1 if rows is None else rows)]
         if self.draft_rows is None:
             return F.linear(x, self.head).float()
         full = torch.full((*x.shape[:2], self.head.shape[0]), float("-inf"), device=x.device)
