@@ -32,6 +32,7 @@ which is what a round costs the engine loop; all in one process. The issue's H20
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import sys
@@ -168,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=50)
-    ap.add_argument("--out", default=None, help="also write the markdown report here")
+    ap.add_argument(
+        "--out", default=None, help="also write the markdown report here (and its rows as .json)"
+    )
     args = ap.parse_args(argv)
     if args.context < 1 or args.repeats < 1:
         ap.error("--context and --repeats must be at least 1")
@@ -192,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     print(report)
     if args.out:
         Path(args.out).write_text(report)
+        meta = {"command": f"python bench/spec_drafters.py {cmd}", "context": args.context,
+                "repeats": args.repeats, "synthetic": args.synthetic, "weights": args.weights}  # fmt: skip
+        Path(args.out).with_suffix(".json").write_text(
+            json.dumps({"meta": meta, "rows": rows}, indent=1)
+        )
     return 0
 
 
