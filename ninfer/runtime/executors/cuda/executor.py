@@ -143,7 +143,12 @@ class CudaExecutor(PlanExecutorBase):
         self.hidden: dict[str, torch.Tensor] = {}
         # inputs of a stage's plan beyond tokens, positions and rows (an MTP head's `hidden`):
         # name -> row width; graph buckets hold a buffer of each
-        self._extra = {n: int(plan.model["hidden"]) for n in plan.inputs if n not in _STEP_INPUTS}
+        vision = {n for i in plan.vision_calls for n in plan.calls[i].inputs}  # per item
+        self._extra = {
+            n: int(plan.model["hidden"])
+            for n in plan.inputs
+            if n not in _STEP_INPUTS and n not in vision
+        }
         self._prefill_events: dict[int, tuple[Any, Any]] = {}  # step index -> CUDA events
 
     def step_gpu_seconds(self, step_index: int) -> float | None:
