@@ -78,7 +78,7 @@ def compile_constraint(spec: kinds.ConstraintSpec, info: TokenizerInfo) -> Const
             if tool.strict:
                 json_schema_grammar(tool.parameters, info, strict=True, path=tool.path)
         if isinstance(spec, kinds.ForcedToolCall):
-            lark = forced_calls_lark(spec.tools, info, spec.parallel)
+            lark = forced_calls_lark(spec.tools, info, spec.parallel, spec.call_format)
         else:
             answer = None
             if spec.answer is not None:  # its own errors first, with its path
@@ -86,7 +86,14 @@ def compile_constraint(spec: kinds.ConstraintSpec, info: TokenizerInfo) -> Const
                 json_schema_grammar(
                     answer, info, strict=_strict(spec.answer), path=spec.answer.path
                 )
-            lark = strict_tools_lark(spec.tools, info, spec.parallel, answer, _strict(spec.answer))
+            lark = strict_tools_lark(
+                spec.tools,
+                info,
+                spec.parallel,
+                answer,
+                _strict(spec.answer),
+                spec.call_format,
+            )
         grammar = _checked(llguidance.LLMatcher.grammar_from_lark(lark), info, "tools")
     else:
         raise TypeError(f"not a constraint spec: {spec!r}")

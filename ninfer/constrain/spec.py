@@ -65,10 +65,12 @@ class ToolSpec:
 class ForcedToolCall:
     """The output is one or more Qwen XML tool calls and nothing else (`tool_choice`
     "required": every declared tool; a named function: only that one). `parallel` False allows
-    exactly one call."""
+    exactly one call. `call_format` "json": Hermes JSON calls instead (the chat template's form,
+    ninfer.constrain.tools_json)."""
 
     tools: tuple[ToolSpec, ...]
     parallel: bool = True
+    call_format: Literal["xml", "json"] = "xml"
 
 
 @dataclass(frozen=True)
@@ -77,11 +79,12 @@ class StrictTools:
     `strict: true` tools): a call to a strict tool has arguments valid against its schema; a call
     to a non-strict tool names one of its declared parameters with free text values.
     `answer` (a JSON response format sent with the tools): the output is either that JSON
-    answer or calls, never free text."""
+    answer or calls, never free text. `call_format` as in ForcedToolCall."""
 
     tools: tuple[ToolSpec, ...]
     parallel: bool = True
     answer: JsonObject | JsonSchema | None = None
+    call_format: Literal["xml", "json"] = "xml"
 
 
 ConstraintSpec = JsonObject | JsonSchema | Grammar | Regex | ForcedToolCall | StrictTools

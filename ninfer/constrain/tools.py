@@ -23,6 +23,7 @@ from ninfer.constrain.errors import ConstraintError, join_path
 from ninfer.constrain.schema import JSON_OPTIONS
 from ninfer.constrain.spec import ToolSpec
 from ninfer.constrain.tokenizer_info import TokenizerInfo
+from ninfer.constrain.tools_json import json_call_rules
 
 TOOL_OPEN = "<tool_call>"
 TOOL_CLOSE = "</tool_call>"
@@ -41,12 +42,15 @@ def _string_value_lexeme(body: str) -> str:
     return f"(({body}) & {_NO_MARKUP}) {_CLOSE}"
 
 
-def forced_calls_lark(tools: tuple[ToolSpec, ...], info: TokenizerInfo, parallel: bool) -> str:
-    """Only tool calls: at least one (exactly one unless `parallel`) to the given tools."""
+def forced_calls_lark(
+    tools: tuple[ToolSpec, ...], info: TokenizerInfo, parallel: bool, fmt: str = "xml"
+) -> str:
+    """Only tool calls: at least one (exactly one unless `parallel`) to the given tools, in the
+    Qwen XML form or (`fmt` "json") the Hermes JSON one (ninfer.constrain.tools_json)."""
     # up to two newlines first: Qwen models (and our template) put a blank line after </think>
     more = ' ("\\n" call)*' if parallel else ""
     lines = ["%llguidance {}", f"start: LEAD? call{more}", "LEAD: /\\n\\n?/"]
-    return "\n".join(lines + _call_rules(tools, info)) + "\n"
+    return "\n".join(lines + _call_rules(tools, info, fmt)) + "\n"
 
 
 def strict_tools_lark(
@@ -55,9 +59,11 @@ def strict_tools_lark(
     parallel: bool,
     answer: Mapping[str, Any] | bool | None = None,
     answer_strict: bool = True,
+    fmt: str = "xml",
 ) -> str:
     """Free text without `<tool_call>`, optionally followed by valid calls (and nothing after).
-    With an `answer` schema: that JSON value, or calls (after at most one blank line)."""
+    With an `answer` schema: that JSON value, or calls (after at most one blank line). `fmt`
+    as in `forced_calls_lark`."""
     more = ' ("\\n" call)*' if parallel else ""
     if answer is not None:
         schema = {"anyOf": [answer]} if isinstance(answer, bool) else dict(answer)
@@ -68,7 +74,7 @@ def strict_tools_lark(
             "LEAD: /\\n\\n?/",
             f"answer: %json {json.dumps({**schema, 'x-guidance': options})}",
         ]
-        return "\n".join(lines + _call_rules(tools, info)) + "\n"
+        return "\n".join(lines + _call_rules(tools, info, fmt)) + "\n"
     calls = "call" + more
     no_call = f"/(.|\\n)*/ & ~/(.|\\n)*{re.escape(TOOL_OPEN)}(.|\\n)*/"
     if TOOL_OPEN in info.added_tokens:
@@ -87,17 +93,22 @@ def strict_tools_lark(
             f"first_open[lazy]: /(.|\\n)*/ {json.dumps(TOOL_OPEN)}",
             "first_call: first_open call_body",
         ]
-    return "\n".join(lines + _call_rules(tools, info)) + "\n"
+    return "\n".join(lines + _call_rules(tools, info, fmt)) + "\n"
 
 
 def _marker(text: str, info: TokenizerInfo) -> str:
     return text if text in info.added_tokens else json.dumps(text)
 
 
-def _call_rules(tools: tuple[ToolSpec, ...], info: TokenizerInfo) -> list[str]:
+def _call_rules(tools: tuple[ToolSpec, ...], info: TokenizerInfo, fmt: str) -> list[str]:
     if not tools:
         raise ConstraintError("tools", "no tool to call")
+    for tool in tools:
+        if not _TOOL_NAME.fullmatch(tool.name):
+            raise ConstraintError(tool.path.rsplit(".", 1)[0] + ".name", "invalid tool name")
     close = _marker(TOOL_CLOSE, info)
+    if fmt == "json":
+        return json_call_rules(tools, _marker(TOOL_OPEN, info), close)
     rules = [
         f"call: {_marker(TOOL_OPEN, info)} call_body",
         "call_body: " + " | ".join(f"fn_{i}" for i in range(len(tools))),

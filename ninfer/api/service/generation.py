@@ -96,7 +96,8 @@ class GenerationRequest:
       optional "tool_call_id" on tool results}.
     tools: OpenAI-style function tools [{"type": "function", "function": {"name",
       "description", "parameters"}}] (member order preserved) or None.
-    parse_tools: parse Qwen XML tool calls out of the output (False when tool_choice is none).
+    parse_tools: parse tool calls (the chat template's format) out of the output (False when
+      tool_choice is none).
     callable_tools: the subset of `tools` whose calls the output may make (allowed_tools);
       None means all of `tools`. Calls of any other tool stay ordinary text.
     max_tokens: output cap; None = --default-max-tokens; 0 = prompt processing only.

@@ -52,6 +52,8 @@ from ninfer.constrain import (
     Constraint,
     ConstraintError,
     ConstraintSpec,
+    ForcedToolCall,
+    StrictTools,
     TokenizerInfo,
     compile_constraint,
 )
@@ -185,6 +187,9 @@ class ModelService:
                         "response_format", "constrained decoding (no tokenizer information)"
                     )
                 self._info = self._tokenizer_info()
+        if isinstance(spec, (ForcedToolCall, StrictTools)):
+            # calls in the form the chat template teaches, which the output parser reads
+            spec = dataclasses.replace(spec, call_format=self.template.tool_call_format)
         try:
             constraint = compile_constraint(spec, self._info)
             return constraint.after_thinking() if thinking else constraint
@@ -389,6 +394,7 @@ class ModelService:
             starts_in_thinking=prepared.starts_in_thinking,
             t_submit=time.monotonic(),
             entries=self.logprob_entries if req.logprobs is not None else None,
+            tool_call_format=self.template.tool_call_format,
         )
         admitted = first_token = False
         try:

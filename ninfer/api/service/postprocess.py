@@ -28,6 +28,7 @@ from ninfer.api.service.generation import (
 from ninfer.api.service.logprob_entries import ContentLogprobs, EntryFormatter
 from ninfer.api.service.output_text import OutputText
 from ninfer.api.service.reasoning import ReasoningParser
+from ninfer.api.service.toolcalls_json import ToolCallFormat, tool_call_parser
 from ninfer.runtime.request import FinishEvent, TokenLogprob
 
 
@@ -39,7 +40,8 @@ class PostProcessor:
     `t_submit` is the monotonic submission time. The caller sets `t_admit` and `cached` when the
     engine admits the request, and reads `stop_match`, `finish_sent` and `kept_tokens` to end a
     generation at a stop string. With `req.logprobs` set, `entries` formats the answer tokens'
-    log probabilities, which ContentText events and Finished carry (logprob_entries.py)."""
+    log probabilities, which ContentText events and Finished carry (logprob_entries.py).
+    `tool_call_format`: the calls the chat template teaches, "xml" (Qwen) or "json" (Hermes)."""
 
     def __init__(
         self,
@@ -51,6 +53,7 @@ class PostProcessor:
         starts_in_thinking: bool,
         t_submit: float,
         entries: EntryFormatter | None = None,
+        tool_call_format: ToolCallFormat = "xml",
     ) -> None:
         self.eos_ids = eos_ids
         self.prompt_len = prompt_len
@@ -67,7 +70,7 @@ class PostProcessor:
         self.reasoning = ReasoningParser(starts_in_thinking)
         callable_tools = req.tools if req.callable_tools is None else req.callable_tools
         self.tools = (
-            toolcalls.ToolCallParser(callable_tools)
+            tool_call_parser(tool_call_format, callable_tools)
             if req.tools and callable_tools and req.parse_tools
             else None
         )

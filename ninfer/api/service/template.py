@@ -46,6 +46,7 @@ from tokenizers import Tokenizer
 from ninfer.api.service.prompt_encoding import control_token_spellings
 from ninfer.api.service.template_options import TemplateOptions
 from ninfer.api.service.tool_fallback import lower_tools, renders_tools, uses_tools
+from ninfer.api.service.toolcalls_json import template_tool_format
 from ninfer.api.wire import errors, long_text
 from ninfer.api.wire.fields import parse_json_text
 from ninfer.errors import ConfigError
@@ -315,6 +316,8 @@ class ChatTemplate:
         except jinja2.TemplateSyntaxError as e:
             raise ConfigError(f"chat template does not parse: line {e.lineno}: {e.message}") from e
         self.renders_tools = renders_tools(env, source)  # (declarations, calls); else lower_tools
+        # which parser (and forced-call grammar) reads the calls the template teaches
+        self.tool_call_format = template_tool_format(source, self.renders_tools[0])
 
     @classmethod
     def from_file(cls, path: str | Path, **kwargs: Any) -> ChatTemplate:
