@@ -67,14 +67,28 @@ def test_health_answers_while_a_maximal_body_is_prepared(patient_server, path, r
     (50-220 ms idle in suite runs: an SSL context, this process's collector over the suite's
     heap), and a kept-alive one waited 40 ms for a delayed ACK (Nagle, now off). Measured in five
     runs of tests/adversarial on the shared 2-core machine (load 7-9): 22-93 ms during, against
-    3-61 ms idle; with CPython's 5 ms switch interval, 30-489 ms, failing 4 runs of 5."""
+    3-61 ms idle; with CPython's 5 ms switch interval, 30-489 ms, failing 4 runs of 5. A full
+    suite run beside another test process (load 4) measured 145 and 265 ms once: a try over the
+    bound is measured once more, as the in-process test does (a stall of the server recurs on
+    every request, a descheduled thread of a busy machine does not)."""
     raw = json.dumps(BODIES[path], ensure_ascii=False).encode()
     assert MAX_BODY - 65536 < len(raw) <= MAX_BODY
+    tries = [_health_during(patient_server, path, raw)]
+    if tries[0][1] >= tries[0][0] + 100:  # a stall of the server recurs; one of the machine not
+        tries.append(_health_during(patient_server, path, raw))
+    record_property("health_ms", [{"idle": round(b, 1), "during": round(d, 1)} for b, d in tries])
+    baseline, during = tries[-1]
+    assert during < baseline + 100, f"/health took {during:.0f} ms (idle {baseline:.0f}): {tries}"
+
+
+def _health_during(server, path: str, raw: bytes) -> tuple[float, float]:
+    """(slowest of 20 idle /health samples, slowest while `raw` is sent to `path` and refused),
+    in ms, on one kept-alive connection."""
     result = {}
     done = threading.Event()
 
     def send() -> None:
-        r = httpx.post(f"{patient_server.base_url}{path}", content=raw, timeout=120,
+        r = httpx.post(f"{server.base_url}{path}", content=raw, timeout=120,
                        headers={"content-type": "application/json"})  # fmt: skip
         result["status"], result["text"] = r.status_code, r.text
         done.set()
@@ -83,15 +97,14 @@ def test_health_answers_while_a_maximal_body_is_prepared(patient_server, path, r
     # making a client (an SSL context) and a connection; this process's own collector paused,
     # so that a collection over the test suite's heap is not taken for the server's stall
     with httpx.Client(timeout=10) as client, gc_paused():
-        baseline = max(sample_health(client, patient_server, None))
+        baseline = max(sample_health(client, server, None))
         sender = threading.Thread(target=send)
         sender.start()
-        during = sample_health(client, patient_server, done)
+        during = sample_health(client, server, done)
         sender.join()
-    record_property("health_ms", {"idle": round(baseline, 1), "during": round(max(during), 1)})
     assert result["status"] == 400 and "context_length_exceeded" in result["text"]
     assert len(during) >= 3, "the request finished before /health could be sampled"
-    assert max(during) < baseline + 100, f"/health took {max(during):.0f} ms (idle {baseline:.0f})"
+    return baseline, max(during)
 
 
 def longest_wait(work: Callable[[], object]) -> float:
