@@ -34,15 +34,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ninfer.bench.synthetic import build_synthetic
+from ninfer.bench.timing import timed
 from ninfer.runtime.build import build_engine
 from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.executors.sampler import Sampler
@@ -59,21 +58,6 @@ CASES: dict[tuple[str, bool], tuple[tuple[int, ...], float]] = {
     ("dflash", False): ((7, 15), 0.25),
     ("dflash", True): ((7, 15), 0.15),
 }
-
-
-def timed(fn, repeats: int) -> float:
-    """Median seconds of `fn()` (synchronised), after two warm-up calls."""
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    for _ in range(2):
-        fn()
-    sync()
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
 
 
 class Rig:

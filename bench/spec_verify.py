@@ -31,15 +31,14 @@ sync, which is what a round costs the engine loop), all in one process.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ninfer.bench.synthetic import build_synthetic
+from ninfer.bench.timing import timed
 from ninfer.runtime.build import build_engine
 from ninfer.runtime.config import EngineOptions
 from ninfer.runtime.step import SeqChunk, StepBatch
@@ -86,21 +85,6 @@ class Rig:
     def chunk(self, n: int) -> torch.Tensor:
         c = SeqChunk(0, tuple(self.next_ids[:n]), self.context, self.table)
         return self.ex.run(StepBatch((c,)), all_logits=True)
-
-
-def timed(fn, repeats: int) -> float:
-    """Median seconds of `fn()` (synchronised), after two warm-up calls."""
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    for _ in range(2):
-        fn()
-    sync()
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
 
 
 def rows_match_sequential(rig: Rig, n: int) -> float:

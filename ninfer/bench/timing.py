@@ -1,0 +1,25 @@
+"""How the benchmark scripts time one call: what a step or a round costs the engine loop."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def timed(fn: Callable[[], object], repeats: int) -> float:
+    """Median seconds of `fn()` over `repeats` calls after two warm-up calls: the host clock
+    around each call and a device sync after it (none on a machine without CUDA)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    for _ in range(2):
+        fn()
+    sync()
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
