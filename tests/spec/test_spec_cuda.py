@@ -68,30 +68,21 @@ def _requests() -> list[Request]:
 
 
 @pytest.mark.parametrize("lm_head_draft", [False, True])
-def test_greedy_mtp_on_cuda_equals_plain_decoding(lm_head_draft, mtp_artifacts):
-    target = mtp_artifacts("qwen3")
-    opts = {"device": "cuda", "dtype": "float32", "max_concurrency": 4}
-    with make_engine(target, None, **opts) as plain:
-        want = run(plain, _requests())
-    spec = {"spec": "mtp", "draft_tokens": 3, "lm_head_draft": lm_head_draft}
-    with make_engine(target, None, **spec, **opts) as engine:
-        outs = run(engine, _requests())
-    assert [o.token_ids for o in outs] == [o.token_ids for o in want]
-    assert sum(o.timings.speculative["rounds"] for o in outs) > 0
-
-
-@pytest.mark.parametrize("lm_head_draft", [False, True])
-def test_greedy_dflash_on_cuda_equals_plain_decoding(
-    lm_head_draft, fixture_artifacts, fixture_root
+@pytest.mark.parametrize(("spec", "k"), [("mtp", 3), ("dflash", 7)])
+def test_greedy_speculation_on_cuda_equals_plain_decoding(
+    spec, k, lm_head_draft, mtp_artifacts, fixture_artifacts, fixture_root
 ):
     from artifacts.fixture_dflash import build_dflash_fixture
 
-    target = build_dflash_fixture(fixture_artifacts("qwen3"), fixture_root)
+    if spec == "mtp":
+        target = mtp_artifacts("qwen3")
+    else:
+        target = build_dflash_fixture(fixture_artifacts("qwen3"), fixture_root)
     opts = {"device": "cuda", "dtype": "float32", "max_concurrency": 4}
     with make_engine(target, None, **opts) as plain:
         want = run(plain, _requests())
-    spec = {"spec": "dflash", "draft_tokens": 7, "lm_head_draft": lm_head_draft}
-    with make_engine(target, None, **spec, **opts) as engine:
+    options = {"spec": spec, "draft_tokens": k, "lm_head_draft": lm_head_draft}
+    with make_engine(target, None, **options, **opts) as engine:
         outs = run(engine, _requests())
     assert [o.token_ids for o in outs] == [o.token_ids for o in want]
     assert sum(o.timings.speculative["rounds"] for o in outs) > 0
