@@ -41,7 +41,7 @@ from ninfer.errors import ConfigError
 from ninfer.runtime.executors.sampler import Sampler, SampleRow
 from ninfer.runtime.step import StepBatch
 from ninfer.spec.dflash_model import DFlashModel, load_dflash
-from ninfer.spec.drafter import NO_DRAFT, Draft, DraftRow
+from ninfer.spec.drafter import NO_DRAFT, Draft, DraftRow, TimedDrafter
 from ninfer.spec.verify import processed_logits
 
 
@@ -90,7 +90,7 @@ def _grown(old: torch.Tensor | None, cap: int, n: int, like: torch.Tensor) -> to
     return buf
 
 
-class DFlashDrafter:
+class DFlashDrafter(TimedDrafter):
     """Drafts a block per round with `model` from the target's captured hidden states."""
 
     name = "dflash"
@@ -124,13 +124,6 @@ class DFlashDrafter:
             ctx.append(range(c.start_pos, c.start_pos + n), c.token_ids, rows)
             begin += n
         self.seconds += time.perf_counter() - t0
-
-    def propose(self, rows: Sequence[DraftRow], sampler: Sampler) -> list[Draft]:
-        t0 = time.perf_counter()
-        try:
-            return self._propose(rows, sampler)
-        finally:
-            self.seconds += time.perf_counter() - t0
 
     def _valid(self, row: DraftRow) -> _Context:
         """The row's context, cut to the positions still valid for its committed tokens."""

@@ -16,7 +16,6 @@ Attention-only draft models only: a recurrent draft state could not be rolled ba
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -25,7 +24,7 @@ import torch
 from ninfer.runtime.executors.sampler import Sampler, SampleRow
 from ninfer.runtime.pages import PagePool
 from ninfer.runtime.step import SeqChunk, StepBatch
-from ninfer.spec.drafter import NO_DRAFT, Draft, DraftRow
+from ninfer.spec.drafter import NO_DRAFT, Draft, DraftRow, TimedDrafter
 from ninfer.spec.verify import processed_logits
 
 
@@ -35,7 +34,7 @@ class _DraftSeq:
     fed: list[int] = field(default_factory=list)  # tokens whose KV the pages hold, position order
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(TimedDrafter):
     """Drafts with `executor` (a plan executor of the draft model; attention only)."""
 
     name = "draft"
@@ -55,13 +54,6 @@ class DraftModelDrafter:
         st = self._seqs.pop(seq_id, None)
         if st is not None:
             self.pool.release(st.pages)
-
-    def propose(self, rows: Sequence[DraftRow], sampler: Sampler) -> list[Draft]:
-        t0 = time.perf_counter()
-        try:
-            return self._propose(rows, sampler)
-        finally:
-            self.seconds += time.perf_counter() - t0
 
     def _propose(self, rows: Sequence[DraftRow], sampler: Sampler) -> list[Draft]:
         live = [i for i, r in enumerate(rows) if r.k > 0 and self._prepare(r, rows)]

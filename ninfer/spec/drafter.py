@@ -11,6 +11,7 @@ speculator calls after every target step with the rows the plan captured
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
@@ -56,3 +57,20 @@ class Drafter(Protocol):
     def forget(self, seq_id: int) -> None:
         """The request finished: drop its state and give back what it holds."""
         ...
+
+
+class TimedDrafter:
+    """What the drafters share: `propose` runs their `_propose` and adds its wall time to
+    `seconds` (bench: the drafter's cost per round)."""
+
+    seconds: float = 0.0
+
+    def propose(self, rows: Sequence[DraftRow], sampler: Sampler) -> list[Draft]:
+        t0 = time.perf_counter()
+        try:
+            return self._propose(rows, sampler)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def _propose(self, rows: Sequence[DraftRow], sampler: Sampler) -> list[Draft]:
+        raise NotImplementedError

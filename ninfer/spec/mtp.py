@@ -30,7 +30,6 @@ still verified exactly and greedy output is unchanged.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,7 +40,7 @@ from ninfer.runtime.executors.sampler import Sampler
 from ninfer.runtime.pages import PagePool
 from ninfer.runtime.step import SeqChunk, StepBatch
 from ninfer.spec.draft_model import choose_draft
-from ninfer.spec.drafter import NO_DRAFT, Draft, DraftRow
+from ninfer.spec.drafter import NO_DRAFT, Draft, DraftRow, TimedDrafter
 
 
 @dataclass
@@ -53,7 +52,7 @@ class _HeadSeq:
     fed: list[int] = field(default_factory=list)  # head position i holds (h[base+i], fed[i])
 
 
-class MtpDrafter:
+class MtpDrafter(TimedDrafter):
     """Drafts with `executor`, a plan executor of the artifact's MTP head (module docstring).
     `head` [len(vocab), hidden] with `vocab` (token ids): the reduced draft head of
     --lm-head-draft, whose logits the drafter computes from the head's output hidden (the plan
@@ -107,13 +106,6 @@ class MtpDrafter:
             self.pool.release(st.pages)
 
     # -- proposing -----------------------------------------------------------------------------
-    def propose(self, rows: Sequence[DraftRow], sampler: Sampler) -> list[Draft]:
-        t0 = time.perf_counter()
-        try:
-            return self._propose(rows, sampler)
-        finally:
-            self.seconds += time.perf_counter() - t0
-
     def _propose(self, rows: Sequence[DraftRow], sampler: Sampler) -> list[Draft]:
         live = [i for i, r in enumerate(rows) if r.k > 0 and self._prepare(r, rows)]
         self._catch_up([rows[i] for i in live])
