@@ -9,13 +9,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from ninfer import LLM, SamplingParams
 from tests.e2e.conftest import TINY_AGENT, start_server
+from tests.e2e.test_spec_e2e import _metric
 from tests.spec.test_spec_options import parse
 
 
@@ -31,14 +30,6 @@ def server(tmp_path_factory):
     )  # fmt: skip
     yield s
     s.stop()
-
-
-def _metric(base_url: str, name: str) -> float:
-    for fam in text_string_to_metric_families(httpx.get(base_url + "/metrics").text):
-        for s in fam.samples:
-            if s.name == name:
-                return s.value
-    raise KeyError(name)
 
 
 def test_dflash_chat_is_the_plain_reply_with_draft_work(server):
