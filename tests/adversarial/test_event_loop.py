@@ -130,7 +130,7 @@ def longest_wait(work: Callable[[], object]) -> float:
 def test_preparing_a_maximal_body_never_stalls_the_event_loop(tiny_agent, record_property):
     """The handler's work for a maximal body (decode and validate in a thread, then render and
     count), run as the server runs it (collector paused, startup heap frozen, 1 ms switch
-    interval), while this thread measures how late 1 ms sleeps wake: under 100 ms. Measured
+    interval), while this thread measures how late 1 ms sleeps wake: under BOUND_S (150 ms; the target is 100). Measured
     in five runs of tests/adversarial on the shared 2-core machine (load 7-9): 16-37 ms; 18-68
     ms with the 5 ms switch interval; before the windowed searches and the GIL-free encoding,
     111-148 ms in full suite runs (when the bound had been loosened to 250 ms)."""
