@@ -1,7 +1,8 @@
 """What the real speculative drafters cost per round, relative to a plain decode step.
 
     python bench/spec_drafters.py [--synthetic qwen3-8b] [--weights bf16] [--context 512]
-                                  [--repeats 50] [--out bench/results/spec_drafters.md]
+                                  [--repeats 50] [--drafters mtp,dflash]
+                                  [--out bench/results/spec_drafters.md]
 
 The synthetic model (random weights of a real shape, made on the device) carries random
 drafters of the real layouts (build_synthetic(drafters=("mtp", "dflash"))): an MTP head of the
@@ -113,6 +114,8 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     plain.close()
     rows = [{"drafter": "decode step", "k": 1, "ms": base * 1e3, "ratio": 1.0, "per": 1.0}]
     for (name, lm_head), (ks, target) in CASES.items():
+        if name not in args.drafters:
+            continue
         rig = Rig(source, args.device, prompt, next_id, spec=name, draft_tokens=max(ks),
                   lm_head_draft=lm_head)  # fmt: skip
         for k in ks:
@@ -154,11 +157,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument(
+        "--drafters", default="mtp,dflash", help="which drafters to time (comma-separated)"
+    )
+    ap.add_argument(
         "--out", default=None, help="also write the markdown report here (and its rows as .json)"
     )
     args = ap.parse_args(argv)
     if args.context < 1 or args.repeats < 1:
         ap.error("--context and --repeats must be at least 1")
+    args.drafters = tuple(d.strip() for d in args.drafters.split(",") if d.strip())
+    unknown = sorted(set(args.drafters) - {name for name, _ in CASES})
+    if unknown or not args.drafters:
+        ap.error(f"--drafters: unknown {', '.join(unknown) or 'none given'} (mtp, dflash)")
     rows = measure(args)
     if not all(math.isfinite(r["ratio"]) and r["ratio"] > 0 for r in rows):
         raise RuntimeError(f"a drafter's time is not a positive finite figure: {rows}")
