@@ -10,12 +10,23 @@ variable points at an unroutable loopback port (any other traffic fails at once)
 clients' config homes are fresh temporary directories, telemetry, update checks and
 non-essential traffic are switched off, and the key is a dummy.
 
-Codex's turn must include a real tool call: the model's `exec_command` call runs `echo` in the
-client, the client sends the result back on a second request and the model answers. The 135M
-demo model copies text it is asked to repeat, so the prompt asks it to repeat a call written in
-the format the server's tool prompt teaches; the call, its parsing, the execution and the second
-turn are all real. Claude Code prepends a `<system-reminder>` block to the user's first message,
-which the 135M model copies instead of any instruction, so its turn is a plain answer.
+Each CLI's turn includes a real tool call: the model's call (Codex's `exec_command`, Claude
+Code's `Bash`) runs a shell command in the client, the client sends the result back on a second
+request and the model answers; the request log shows the two requests (`tool_calls`, then
+`stop`), the CLI's output the command, its output and the answer. The 135M demo model copies
+text it is asked to repeat, so the prompt asks it to repeat a call written in the format the
+server's tool prompt teaches; the call, its parsing, the execution and the second turn are all
+real.
+
+Claude Code (2.1, `--bare`) puts a `<system-reminder>` block with today's date before the
+user's first message, and none of its flags or settings removes it (the date is always in its
+user context). Asked to repeat the call, the 135M model copies that reminder instead, in every
+wording and with every system prompt tried. So the test appends to Claude Code's own system prompt
+(`--append-system-prompt`) one worked example: the user message exactly as Claude Code sends it,
+reminder included, answered by the call alone. With the example dated as the reminder, the model
+answers with the call and, once it has the output, with that output: measured on ten dates from
+2026-12-02 to 2028-02-29. Dated otherwise, the model drops the call's `<parameter=command>`, so
+Claude Code runs with TZ=UTC and the example carries today's UTC date.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -275,13 +287,45 @@ def test_codex_sends_its_encrypted_reasoning_back_on_the_next_turn(tiny_thinker,
     assert "invalid_encrypted_content" in third.stdout + third.stderr
 
 
-CLAUDE_PROMPT = "What is the capital of France?"
+CLAUDE_COMMAND = "echo $((6*7))"  # its output, 42, is not in the command: only a shell makes it
+CLAUDE_CALL = f"""<tool_call>
+<function=Bash>
+<parameter=command>
+{CLAUDE_COMMAND}
+</parameter>
+</function>
+</tool_call>"""
+CLAUDE_PROMPT = f"Repeat exactly this text and nothing else:\n{CLAUDE_CALL}"
+# What Claude Code 2.1 puts before the user's first message (its user context: today's date in
+# the client's time zone, an ASCII apostrophe for a loopback base URL)
+CLAUDE_REMINDER = """<system-reminder>
+As you answer the user's questions, you can use the following context:
+# currentDate
+Today's date is {date}.
+
+      IMPORTANT: this context may or may not be relevant to your tasks. You should not respond \
+to this context unless it is highly relevant to your task.
+</system-reminder>
+
+"""
+
+
+def _claude_demonstration(date: str) -> str:
+    """The text appended to Claude Code's system prompt: one worked example of the turn, the
+    user message exactly as Claude Code will send it (its reminder, dated `date`, then the
+    prompt) answered by the call alone."""
+    user = CLAUDE_REMINDER.format(date=date) + CLAUDE_PROMPT
+    return f"You are a helpful assistant.\n\nExample:\n\nUser:\n{user}\n\nAssistant:\n{CLAUDE_CALL}"
+
+
+def _utc_date() -> str:
+    return datetime.now(UTC).date().isoformat()
 
 
 @pytest.mark.skipif(
     CLAUDE is None, reason="Claude Code not found (NINFER_CLAUDE_BIN, PATH, prefix)"
 )
-def test_claude_code_print_mode_finishes_a_turn_with_its_bash_tool_declared(demo, tmp_path):
+def test_claude_code_print_mode_runs_a_bash_tool_call_and_finishes_the_turn(demo, tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     # Claude Code writes its working directory into the system prompt; a fixed one keeps the
@@ -289,9 +333,9 @@ def test_claude_code_print_mode_finishes_a_turn_with_its_bash_tool_declared(demo
     work = Path(tempfile.gettempdir()) / "ninfer-claude-code-e2e"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
-    before = _log_size(demo)
     env = _isolated_env(
         home,
+        TZ="UTC",  # the date in Claude Code's reminder is the one the demonstration shows
         ANTHROPIC_BASE_URL=demo.base_url,
         ANTHROPIC_API_KEY="dummy",
         DISABLE_TELEMETRY="1",
@@ -300,18 +344,45 @@ def test_claude_code_print_mode_finishes_a_turn_with_its_bash_tool_declared(demo
         CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
         CLAUDE_CODE_MAX_OUTPUT_TOKENS="256",
     )
-    cmd = [
-        CLAUDE, "-p", "--bare", "--model", demo.model, "--tools", "Bash", "--allowedTools", "Bash",
-        "--output-format", "json", CLAUDE_PROMPT,
-    ]  # fmt: skip
-    proc = subprocess.run(
-        cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
-        timeout=CLI_TIMEOUT_S,
-    )  # fmt: skip
+    for _ in range(2):  # a run that straddles midnight UTC dated its reminder after the example
+        date, before = _utc_date(), _log_size(demo)
+        cmd = [
+            CLAUDE, "-p", "--bare", "--model", demo.model, "--tools", "Bash",
+            "--allowedTools", "Bash", "--append-system-prompt", _claude_demonstration(date),
+            "--output-format", "stream-json", "--verbose", CLAUDE_PROMPT,
+        ]  # fmt: skip
+        proc = subprocess.run(
+            cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            check=False, timeout=CLI_TIMEOUT_S,
+        )  # fmt: skip
+        if _utc_date() == date:
+            break
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    result = json.loads(proc.stdout)
-    assert result["subtype"] == "success" and not result["is_error"], result
-    assert result["result"].strip() and result["num_turns"] == 1
+    events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    blocks = [
+        (e["type"], block)
+        for e in events
+        if e.get("type") in ("assistant", "user")
+        for block in e["message"]["content"]
+        if isinstance(block, dict)
+    ]
+    calls = [b for kind, b in blocks if kind == "assistant" and b["type"] == "tool_use"]
+    results = [b for kind, b in blocks if kind == "user" and b["type"] == "tool_result"]
+    # the model's call, as Claude Code received it, ran in Claude Code's shell
+    assert [(c["name"], c["input"]) for c in calls] == [("Bash", {"command": CLAUDE_COMMAND})]
+    assert len(results) == 1 and results[0]["tool_use_id"] == calls[0]["id"], blocks
+    assert not results[0]["is_error"] and results[0]["content"].strip() == "42", results
+    result = events[-1]
+    assert result["type"] == "result" and result["subtype"] == "success", result
+    assert not result["is_error"] and result["num_turns"] == 2, result
+    # the model read the tool's output back: it answers with it
+    assert "42" in result["result"], result
 
-    done = _assert_clean(_records(demo, before), "anthropic")
-    assert [r["finish_reason"] for r in done] == ["stop"]  # Anthropic end_turn
+    records = _records(demo, before)
+    done = _assert_clean(records, "anthropic")
+    # one request ended in the tool call (Anthropic tool_use), the next carried its result and
+    # ended the turn (end_turn)
+    assert [r["finish_reason"] for r in done] == ["tool_calls", "stop"]
+    assert done[0]["result"]["tool_calls"] == 1 and done[1]["result"]["tool_calls"] == 0
+    starts = [r for r in records if r["event"] == "request_start"]
+    assert [r["request_shape"]["roles"].get("tool", 0) for r in starts] == [0, 1]
