@@ -76,6 +76,7 @@ class MtpDrafter(TimedDrafter):
         # False: every round step by step through choose_draft (the tests compare the two)
         self.device_rounds = device_rounds
         self.fed_rounds = 0  # rounds that took the device-fed path
+        self._gemv: dict[int, tuple[int, ...] | None] = {}  # rows -> the reduced head's launch
         self.page_size: int = executor.page_size
         self.pool = PagePool(executor.num_pages)
         self.max_chunk = max_chunk  # longest catch-up chunk (the head plan's prefill chunk)
@@ -228,7 +229,7 @@ class MtpDrafter(TimedDrafter):
         if self.head is None:
             pick = out.argmax(-1)
         else:
-            pick = self.vocab[(final.to(self.head.dtype) @ self.head.T).argmax(-1)]
+            pick = self.vocab[self._draft_logits(final).argmax(-1)]
         return pick, {"hidden": final}
 
     def _run(self, batch: StepBatch, hidden: torch.Tensor) -> torch.Tensor:
@@ -243,8 +244,31 @@ class MtpDrafter(TimedDrafter):
         ).cumsum(0) - 1  # fmt: skip
         h = self.executor.hidden["final"][ends]
         full = torch.full((h.shape[0], self.vocab_size), float("-inf"), device=h.device)
-        full[:, self.vocab] = (h.to(self.head.dtype) @ self.head.T).float()
+        full[:, self.vocab] = self._draft_logits(h).float()
         return full
+
+    def _draft_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The reduced head's logits [rows, len(vocab)] of output rows `h`, in the head's
+        dtype: on CUDA by the GEMV kernel and launch shape the compiler gives a weight of that
+        shape at that batch (kernels/gemv.py: at batch 1 it beat cuBLAS at every measured
+        shape), else a matmul. Both rounds (step by step and device-fed) call this."""
+        h = h.to(self.head.dtype).contiguous()
+        rows = h.shape[0]
+        if rows not in self._gemv:
+            self._gemv[rows] = None
+            if h.is_cuda:
+                from ninfer.passes.gemm_launch import GEMV, dense_launches
+
+                n, k = self.head.shape
+                for lo, hi, kernel, cfg in dense_launches(n, k, False):
+                    if lo <= rows <= hi and kernel == GEMV:
+                        self._gemv[rows] = tuple(cfg)
+        cfg = self._gemv[rows]
+        if cfg is None:
+            return h @ self.head.T
+        from kernels.gemv import DenseGemvConfig, dense_gemv
+
+        return dense_gemv(h, self.head, DenseGemvConfig(*cfg))
 
     def _catch_up(self, rows: Sequence[DraftRow]) -> None:
         """Feed long backlogs (a new prompt, a replay) in chunks of at most `max_chunk` tokens
