@@ -23,6 +23,13 @@ head's position 0 (rotary attention is relative, so this is exactly the head att
 the positions from `base` on; the target's hidden state at each position still carries the
 whole context). A recomputation from before `base` (a replay) starts it over from there.
 
+A round of argmax rows (greedy, no penalties: every row of the round) is fed on the device
+(`_greedy_round`): each step's pick and output hidden are the next step's inputs without a
+host round trip, and the round syncs once, for its drafts; on CUDA the steps replay as one
+CUDA Graph chain (ninfer/runtime/executors/cuda/chain.py). Any other round goes step by step
+through choose_draft (sampled rows need q for rejection sampling). The target's rows wait in
+`HiddenRows` (ninfer/spec/mtp_rows.py): blocks by position on the device, read as slices.
+
 `vocab` (--lm-head-draft, FR-Spec): the head's logits use only those lm_head rows (token ids,
 ranked by frequency; ninfer/spec/draft_vocab.py); q is zero outside them, so sampled rows are
 still verified exactly and greedy output is unchanged.

@@ -63,6 +63,8 @@ def _rounds(target, device: str, device_rounds: bool, lm_head_draft: bool) -> tu
             spec.observe(StepBatch(chunks), ex)
             for i, (d, a) in enumerate(zip(drafts, accept)):
                 tokens[i] = (*tokens[i], *d.tokens[:a], 300 + len(tokens[i]))
+        chains = getattr(spec.drafter.executor, "_chains", {})  # CUDA: the graph chains run
+        assert not device_rounds or device == "cpu" or chains
         return seen, spec.drafter.fed_rounds
     finally:
         engine.close()

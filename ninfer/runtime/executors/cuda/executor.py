@@ -29,7 +29,9 @@ Per step:
     row per verified position, when those rows fit a decode bucket: row i of a sequence writes
     its KV in the layer's prologue before the attention kernel reads positions <= its own, so
     k + 1 rows compute what the k+1-token chunk would, from the decode kernels and graphs;
-  - any other step (prefill, mixed, `all_logits`, --no-cuda-graph) runs eagerly.
+  - any other step (prefill, mixed, `all_logits`, --no-cuda-graph) runs eagerly;
+  - `run_chain` (a drafter's round, chain.py): decode steps feeding each other on the device,
+    replayed as one graph.
 
 With a vision plan (--vision) positions are 3-axis [3, T] (each chunk's `mrope`, decode rows
 included: their rope delta), rotated by torch.rotary_mrope; a step whose chunks cover image or
