@@ -23,6 +23,13 @@ head's position 0 (rotary attention is relative, so this is exactly the head att
 the positions from `base` on; the target's hidden state at each position still carries the
 whole context). A recomputation from before `base` (a replay) starts it over from there.
 
+A round of argmax rows (greedy, no penalties: every row of the round) is fed on the device
+(`_greedy_round`): each step's pick and output hidden are the next step's inputs without a
+host round trip, and the round syncs once, for its drafts; on CUDA the steps replay as one
+CUDA Graph chain (ninfer/runtime/executors/cuda/chain.py). Any other round goes step by step
+through choose_draft (sampled rows need q for rejection sampling). The target's rows wait in
+`HiddenRows` (ninfer/spec/mtp_rows.py): blocks by position on the device, read as slices.
+
 `vocab` (--lm-head-draft, FR-Spec): the head's logits use only those lm_head rows (token ids,
 ranked by frequency; ninfer/spec/draft_vocab.py); q is zero outside them, so sampled rows are
 still verified exactly and greedy output is unchanged.
@@ -38,9 +45,11 @@ import torch
 
 from ninfer.runtime.executors.sampler import Sampler
 from ninfer.runtime.pages import PagePool
-from ninfer.runtime.step import SeqChunk, StepBatch
+from ninfer.runtime.request import SamplingParams
+from ninfer.runtime.step import FED, SeqChunk, StepBatch
 from ninfer.spec.draft_model import choose_draft
 from ninfer.spec.drafter import NO_DRAFT, Draft, DraftRow, TimedDrafter
+from ninfer.spec.mtp_rows import HiddenRows
 
 
 @dataclass
@@ -48,7 +57,7 @@ class _HeadSeq:
     pages: list[int] = field(default_factory=list)
     base: int = 0  # the target position of the head's position 0 (module docstring)
     seen: list[int] = field(default_factory=list)  # target tokens computed at base + i
-    hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # position -> row, not fed yet
+    rows: HiddenRows = field(default_factory=HiddenRows)  # the target's rows, not fed yet
     fed: list[int] = field(default_factory=list)  # head position i holds (h[base+i], fed[i])
 
 
@@ -67,8 +76,14 @@ class MtpDrafter(TimedDrafter):
         vocab: torch.Tensor | None = None,
         head: torch.Tensor | None = None,
         vocab_size: int | None = None,
+        device_rounds: bool = True,
     ) -> None:
         self.executor = executor
+        # argmax rows drafted with each step's pick fed back on the device (_greedy_round);
+        # False: every round step by step through choose_draft (the tests compare the two)
+        self.device_rounds = device_rounds
+        self.fed_rounds = 0  # rounds that took the device-fed path
+        self._gemv: dict[int, tuple[int, ...] | None] = {}  # rows -> the reduced head's launch
         self.page_size: int = executor.page_size
         self.pool = PagePool(executor.num_pages)
         self.max_chunk = max_chunk  # longest catch-up chunk (the head plan's prefill chunk)
@@ -92,12 +107,8 @@ class MtpDrafter(TimedDrafter):
             if not st.base <= s <= st.base + len(st.seen):  # a gap, or recomputed from before
                 st.base, st.seen, st.fed = s, [], []
             del st.seen[s - st.base :]
-            for p in [p for p in st.hidden if p >= s]:
-                del st.hidden[p]
             st.seen.extend(c.token_ids)
-            block = rows[r : r + n].clone()
-            for i in range(n):
-                st.hidden[s + i] = block[i]
+            st.rows.put(s, rows[r : r + n].clone())
             r += n
 
     def forget(self, seq_id: int) -> None:
@@ -107,8 +118,11 @@ class MtpDrafter(TimedDrafter):
 
     # -- proposing -----------------------------------------------------------------------------
     def _propose(self, rows: Sequence[DraftRow], sampler: Sampler) -> list[Draft]:
-        live = [i for i, r in enumerate(rows) if r.k > 0 and self._prepare(r, rows)]
+        depth = self._device_depth(rows)
+        live = [i for i, r in enumerate(rows) if r.k > 0 and self._prepare(r, rows, depth)]
         self._catch_up([rows[i] for i in live])
+        if depth and live:
+            return self._greedy_round(rows, live, depth)
         drafts: list[list[int]] = [[] for _ in rows]
         probs: list[list[torch.Tensor]] = [[] for _ in rows]
         last: dict[int, torch.Tensor] = {}  # row index -> the head's output hidden at its tip
@@ -120,10 +134,9 @@ class MtpDrafter(TimedDrafter):
                 if step == 0:  # the rest of the target's rows: positions base+len(fed) .. n-1
                     start, n, b = len(st.fed), len(r.tokens) - 1, st.base
                     ids = tuple(r.tokens[b + start + 1 : n + 1])
-                    hid.append(torch.stack([st.hidden[p] for p in range(b + start, n)]))
+                    hid.append(st.rows.take(b + start, n))
                     st.fed.extend(ids)
-                    for p in range(b + start, n - 1):  # fed; the last stays for a repeat
-                        del st.hidden[p]
+                    st.rows.drop_below(n - 1)  # fed; the last stays for a repeat
                 else:  # the head's own output at the previous position, and the last draft
                     start = len(r.tokens) - 2 + step - st.base
                     ids = (drafts[i][-1],)
@@ -146,6 +159,86 @@ class MtpDrafter(TimedDrafter):
             result.append(Draft(tuple(drafts[i]), torch.stack(probs[i]) if probs[i] else None))
         return result
 
+    # -- the device-fed greedy round -----------------------------------------------------------
+    def _device_depth(self, rows: Sequence[DraftRow]) -> int:
+        """The steps of a device-fed round (`_greedy_round`) for `rows`, 0 when it does not
+        apply: a row that samples or has penalties (choose_draft needs the host), or a row
+        whose last draft position would pass the head's context with the round's depth."""
+        asked = [r for r in rows if r.k > 0]
+        if not self.device_rounds or not asked or not all(_argmax_greedy(r.params) for r in asked):
+            return 0
+        depth = max(r.k for r in asked)
+        limit = self.executor.plan.options.max_context
+        return depth if all(len(r.tokens) + depth - 2 <= limit for r in asked) else 0
+
+    def _greedy_round(self, rows: Sequence[DraftRow], live: list[int], depth: int) -> list[Draft]:
+        """`depth` head steps for argmax rows with each draft and output hidden fed back on
+        the device, one host sync at the end: the steps after the first (all of them when the
+        first is one token per row) run as one CUDA Graph (executor.run_chain), else one
+        `run` each. Every row runs `depth` steps (its pages cover them: _prepare); a row keeps
+        its first row.k drafts. The drafts are those of the step-by-step path (choose_draft's
+        argmax; the reduced head's argmax mapped through `vocab`, which is ascending)."""
+        chunks, hid = [], []
+        for i in live:
+            r, st = rows[i], self._seqs[rows[i].seq_id]
+            start, n, b = len(st.fed), len(r.tokens) - 1, st.base
+            ids = tuple(r.tokens[b + start + 1 : n + 1])
+            hid.append(st.rows.take(b + start, n))
+            st.fed.extend(ids)
+            st.rows.drop_below(n - 1)  # fed; the last stays for a repeat
+            chunks.append(SeqChunk(r.seq_id, ids, start, tuple(st.pages)))
+        fed_rows = tuple(range(len(chunks)))
+        later = tuple(
+            StepBatch(
+                tuple(
+                    SeqChunk(
+                        c.seq_id, (FED,), c.start_pos + len(c.token_ids) - 1 + j, c.block_table
+                    )
+                    for c in chunks
+                ),
+                fed_rows=fed_rows,
+            )
+            for j in range(1, depth)
+        )
+        first, hidden = StepBatch(tuple(chunks)), hid[0] if len(hid) == 1 else torch.cat(hid)
+        chain = getattr(self.executor, "run_chain", None)
+        self.steps += depth
+        self.fed_rounds += 1
+        picks = None
+        if chain is not None and all(len(c.token_ids) == 1 for c in chunks):
+            picks = chain((first, *later), {"hidden": hidden}, self._link)
+        if picks is None:
+            out = self.executor.run(first, inputs={"hidden": hidden})
+            final = self.executor.hidden["final"]
+            if final.shape[0] != len(chunks):  # the rows at each chunk's last position
+                ends = [len(c.token_ids) for c in chunks]
+                index = torch.tensor(ends).cumsum(0).sub_(1).to(final.device, non_blocking=True)
+                final = final.index_select(0, index)
+            pick, nxt = self._link(out, final)
+            rest = chain(later, nxt, self._link, fed=pick) if chain and later else None
+            steps = [pick[None]] if rest is None else [pick[None], rest]
+            for batch in later if rest is None else ():
+                out = self.executor.run(batch, fed=pick, inputs=nxt)
+                pick, nxt = self._link(out, self.executor.hidden["final"])
+                steps.append(pick[None])
+            picks = torch.cat(steps)
+        table = picks.tolist()  # the round's one sync: [depth][rows]
+        result = [NO_DRAFT] * len(rows)
+        for row, i in enumerate(live):
+            result[i] = Draft(tuple(t[row] for t in table[: rows[i].k]))
+        return result
+
+    def _link(
+        self, out: torch.Tensor, final: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """A head step's pick per row (the argmax of its logits `out`, or of the reduced
+        head's over the output hidden `final` [rows, hidden]) and the next step's inputs."""
+        if self.head is None:
+            pick = out.argmax(-1)
+        else:
+            pick = self.vocab[self._draft_logits(final).argmax(-1)]
+        return pick, {"hidden": final}
+
     def _run(self, batch: StepBatch, hidden: torch.Tensor) -> torch.Tensor:
         """One head forward; logits [rows, vocab] (full vocabulary; -inf outside the reduced
         head's `vocab`)."""
@@ -158,8 +251,31 @@ class MtpDrafter(TimedDrafter):
         ).cumsum(0) - 1  # fmt: skip
         h = self.executor.hidden["final"][ends]
         full = torch.full((h.shape[0], self.vocab_size), float("-inf"), device=h.device)
-        full[:, self.vocab] = (h.to(self.head.dtype) @ self.head.T).float()
+        full[:, self.vocab] = self._draft_logits(h).float()
         return full
+
+    def _draft_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The reduced head's logits [rows, len(vocab)] of output rows `h`, in the head's
+        dtype: on CUDA by the GEMV kernel and launch shape the compiler gives a weight of that
+        shape at that batch (kernels/gemv.py: at batch 1 it beat cuBLAS at every measured
+        shape), else a matmul. Both rounds (step by step and device-fed) call this."""
+        h = h.to(self.head.dtype).contiguous()
+        rows = h.shape[0]
+        if rows not in self._gemv:
+            self._gemv[rows] = None
+            if h.is_cuda:
+                from ninfer.passes.gemm_launch import GEMV, dense_launches
+
+                n, k = self.head.shape
+                for lo, hi, kernel, cfg in dense_launches(n, k, False):
+                    if lo <= rows <= hi and kernel == GEMV:
+                        self._gemv[rows] = tuple(cfg)
+        cfg = self._gemv[rows]
+        if cfg is None:
+            return h @ self.head.T
+        from kernels.gemv import DenseGemvConfig, dense_gemv
+
+        return dense_gemv(h, self.head, DenseGemvConfig(*cfg))
 
     def _catch_up(self, rows: Sequence[DraftRow]) -> None:
         """Feed long backlogs (a new prompt, a replay) in chunks of at most `max_chunk` tokens
@@ -172,7 +288,8 @@ class MtpDrafter(TimedDrafter):
                 if n - start > self.max_chunk:
                     end = start + self.max_chunk
                     ids = tuple(r.tokens[b + start + 1 : b + end + 1])
-                    hid.append(torch.stack([st.hidden.pop(b + p) for p in range(start, end)]))
+                    hid.append(st.rows.take(b + start, b + end))
+                    st.rows.drop_below(b + end)
                     chunks.append(SeqChunk(r.seq_id, ids, start, tuple(st.pages), None, False))
                     st.fed.extend(ids)
             if not chunks:
@@ -183,38 +300,31 @@ class MtpDrafter(TimedDrafter):
     def _evict(self, st: _HeadSeq) -> None:
         """Give back a sequence's head KV; it restarts at its oldest target row still held."""
         self.pool.release(st.pages)
-        base = min(st.hidden, default=st.base + len(st.seen))
+        first = st.rows.first()
+        base = st.base + len(st.seen) if first is None else first
         st.pages, st.fed, st.seen, st.base = [], [], st.seen[base - st.base :], base
 
-    def _prepare(self, row: DraftRow, rows: Sequence[DraftRow]) -> bool:
+    def _prepare(self, row: DraftRow, rows: Sequence[DraftRow], depth: int = 0) -> bool:
         """Drop what the committed tokens no longer support, check the target's rows cover
-        the positions the head still needs, and hold pages through the last draft position;
-        False when they do not, or the pool cannot give the pages (after taking back those of
-        requests not in this round)."""
+        the positions the head still needs, and hold pages through the last draft position
+        (of `depth` drafts, when given, else of row.k); False when they do not, or the pool
+        cannot give the pages (after taking back those of requests not in this round)."""
         st = self._seqs.get(row.seq_id)
         if st is None:
             return False
         tokens, b = row.tokens, st.base
         n = len(tokens) - 1 - b  # the target computed head positions 0 .. n-1 (b .. b+n-1)
-        valid = 0  # target rows computed from the committed tokens
-        limit = min(len(st.seen), n)
-        while valid < limit and st.seen[valid] == tokens[b + valid]:
-            valid += 1
+        valid = _agree(st.seen, tokens, b, min(len(st.seen), n))  # rows of committed tokens
         del st.seen[valid:]
-        for p in [p for p in st.hidden if p >= b + valid]:
-            del st.hidden[p]
-        fed = 0  # head positions computed from committed tokens and rows
-        limit = min(len(st.fed), valid)
-        while fed < limit and st.fed[fed] == tokens[b + fed + 1]:
-            fed += 1
-        if fed == n and b + n - 1 in st.hidden:  # proposing again with nothing new: redo the tip
+        st.rows.drop_from(b + valid)
+        fed = _agree(st.fed, tokens, b + 1, min(len(st.fed), valid))  # head positions still good
+        if fed == n and b + n - 1 in st.rows:  # proposing again with nothing new: redo the tip
             fed = n - 1
         del st.fed[fed:]
-        if n < 1 or valid < n or fed == n or any(b + p not in st.hidden for p in range(fed, n)):
+        if n < 1 or valid < n or fed == n or not st.rows.has(b + fed, b + n):
             return False  # no target rows for what the head needs (not computed here)
-        for p in [p for p in st.hidden if p < b + fed]:
-            del st.hidden[p]
-        end = n + row.k - 1  # positions computed: 0 .. n-1, then k - 1 draft positions
+        st.rows.drop_below(b + fed)
+        end = n + (depth or row.k) - 1  # positions computed: 0 .. n-1, then k - 1 drafts
         need = -(-end // self.page_size) - len(st.pages)
         if need > self.pool.num_free:
             keep = {r.seq_id for r in rows}
@@ -228,3 +338,20 @@ class MtpDrafter(TimedDrafter):
                 return False
             st.pages += pages
         return True
+
+
+def _agree(have: list[int], tokens: Sequence[int], offset: int, limit: int) -> int:
+    """How many leading have[i] == tokens[offset + i], for i < limit (one C-level comparison in
+    the usual case, where all of them do)."""
+    if have[:limit] == list(tokens[offset : offset + limit]):
+        return limit
+    i = 0
+    while i < limit and have[i] == tokens[offset + i]:
+        i += 1
+    return i
+
+
+def _argmax_greedy(params: SamplingParams) -> bool:
+    """Whether a row's draft is the argmax of the head's raw logits (choose_draft: greedy,
+    and no penalty that depends on the drafts before it)."""
+    return params.greedy and not (params.presence_penalty or params.frequency_penalty)

@@ -29,7 +29,9 @@ Per step:
     row per verified position, when those rows fit a decode bucket: row i of a sequence writes
     its KV in the layer's prologue before the attention kernel reads positions <= its own, so
     k + 1 rows compute what the k+1-token chunk would, from the decode kernels and graphs;
-  - any other step (prefill, mixed, `all_logits`, --no-cuda-graph) runs eagerly.
+  - any other step (prefill, mixed, `all_logits`, --no-cuda-graph) runs eagerly;
+  - `run_chain` (a drafter's round, chain.py): decode steps feeding each other on the device,
+    replayed as one graph.
 
 With a vision plan (--vision) positions are 3-axis [3, T] (each chunk's `mrope`, decode rows
 included: their rope delta), rotated by torch.rotary_mrope; a step whose chunks cover image or
@@ -57,6 +59,7 @@ from ninfer.ir.plan import Plan
 from ninfer.passes.options import HEADROOM
 from ninfer.runtime.executors.base import PlanExecutorBase
 from ninfer.runtime.executors.cpu.weights import TORCH_DTYPES
+from ninfer.runtime.executors.cuda.chain import ChainGraph, Link, run_chain
 from ninfer.runtime.executors.cuda.kv_cache import CudaKVCache, CudaStateSlots
 from ninfer.runtime.executors.cuda.ops import CUDA_KERNELS, DeviceStep
 from ninfer.runtime.executors.cuda.step_layout import StepLayout, StepRecord, verify_rows
@@ -119,6 +122,7 @@ class CudaExecutor(PlanExecutorBase):
         if not plan.options.cuda_graphs:
             self.graph_buckets = set()
         self._graphs: dict[int, _DecodeGraph] = {}
+        self._chains: dict[tuple[int, int], ChainGraph] = {}  # (rows, steps): chain.py
         self._pool = torch.cuda.graph_pool_handle() if self.graph_buckets else None
         self._inv_freq: dict[str, torch.Tensor] = {}
         slots = 1 + max((int(c.attrs.get("stats_slot", -1)) for c in plan.calls), default=-1)
@@ -432,6 +436,7 @@ class CudaExecutor(PlanExecutorBase):
         fresh memory pool: torch refuses a capture into a pool whose graphs have all been freed
         while its memory is still held (an internal assert at capture_begin)."""
         self._graphs.clear()
+        self._chains.clear()
         if self.graph_buckets:
             self._pool = torch.cuda.graph_pool_handle()
 
@@ -443,6 +448,15 @@ class CudaExecutor(PlanExecutorBase):
                 if b not in self._graphs:
                     self._capture(b)
         return len(self._graphs)
+
+    @torch.inference_mode()
+    def run_chain(
+        self, batches: tuple[StepBatch, ...], inputs: dict[str, torch.Tensor], link: Link,
+        fed: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:  # fmt: skip
+        """A drafter's chain of decode steps as one CUDA Graph (chain.py): the picks [steps,
+        rows], or None when the chain cannot run as one (the caller then runs each step)."""
+        return run_chain(self, batches, inputs, link, fed)
 
     def _replay(
         self, g: _DecodeGraph, batch: StepBatch, fed: torch.Tensor | None, t0: float, timing: bool
