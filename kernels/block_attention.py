@@ -30,7 +30,7 @@ import triton.language as tl
 
 from kernels.launch import f32_dot
 
-NEG = -1.0e30  # a masked score: exp(NEG - m) == 0 for any real max m, and never NaN
+NEG = tl.constexpr(-1.0e30)  # a masked score: exp(NEG - m) == 0 for any real max m, never NaN
 BLOCK_N = 64  # keys per tile
 
 
