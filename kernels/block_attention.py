@@ -19,7 +19,8 @@ keys, with an online softmax in fp32. With splits > 1, the ranges' partial sums 
 (max, sum) go to a scratch buffer and a second kernel combines them, so a long context is read by
 many programs at once (flash-decoding). The key loop bound is read from `lengths` on the device:
 no host sync, so the launch can be captured in a CUDA Graph and replayed for any lengths that fit
-the buffer.
+the buffer. Both kernels are launched with programmatic dependent launch where the device has it
+(kernels/launch.py): they wait for the kernel before them before their first load.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch import f32_dot
+from kernels.launch import f32_dot, pdl_args, pdl_wait
 
 NEG = tl.constexpr(-1.0e30)  # a masked score: exp(NEG - m) == 0 for any real max m, never NaN
 BLOCK_N = 64  # keys per tile
@@ -40,8 +41,9 @@ def _split_kernel(
     HKV, n, rep, D, scale,
     sq_t, sq_h, sk_p, sk_t, sk_h, sv_p, sv_t, sv_h, so_t, so_h,
     SPLITS: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr, F32_DOT: tl.constexpr,
+    BLOCK_N: tl.constexpr, F32_DOT: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_wait(PDL)
     bg = tl.program_id(0)
     sp = tl.program_id(1)
     b = bg // HKV
@@ -102,8 +104,9 @@ def _split_kernel(
 @triton.jit
 def _combine_kernel(
     acc_ptr, ml_ptr, out_ptr, HKV, n, rep, D, so_t, so_h,
-    SPLITS: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
+    SPLITS: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_wait(PDL)
     bg = tl.program_id(0)
     b = bg // HKV
     g = bg % HKV
@@ -172,12 +175,13 @@ def block_attention(
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), k_buf.stride(2),
         v_buf.stride(0), v_buf.stride(1), v_buf.stride(2), out.stride(0), out.stride(1),
         SPLITS=splits, BLOCK_Q=block_q, BLOCK_D=block_d, BLOCK_N=BLOCK_N,
-        F32_DOT=f32_dot(q.dtype), num_warps=4,
+        F32_DOT=f32_dot(q.dtype), num_warps=4, **pdl_args(q.device),
     )  # fmt: skip
     if splits > 1:
         _combine_kernel[(B * Hkv,)](
             acc, ml, out, Hkv, n, rep, D, out.stride(0), out.stride(1),
             SPLITS=splits, BLOCK_Q=block_q, BLOCK_D=block_d, num_warps=4,
+            **pdl_args(q.device),
         )  # fmt: skip
     return out
 

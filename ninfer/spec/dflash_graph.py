@@ -40,9 +40,10 @@ import torch.nn.functional as F
 
 from kernels.attn_prologue import attention_prologue
 from kernels.block_attention import block_attention, block_splits
-from kernels.gemv import DenseGemvConfig, SkinnyConfig, dense_gemv, dense_skinny
+from kernels.gemv import DenseGemvConfig, SkinnyConfig, dense_gemv
 from kernels.rmsnorm import rmsnorm
 from kernels.silu_mul import silu_mul
+from kernels.skinny_pdl import skinny_pdl
 from ninfer.passes.gemm_launch import (
     GEMV,
     KERNELS_DIR,
@@ -52,6 +53,7 @@ from ninfer.passes.gemm_launch import (
 )
 from ninfer.spec.dflash_model import DFlashModel
 
+FUSE_SWIGLU = True  # the down projection reads gate/up through a SwiGLU input (no silu_mul)
 STAGING_MAX_BYTES = 1 << 30  # the eager path's per-round context tensors are as large
 MIN_CONTEXT = 256  # the smallest staging context (C): fewer early reallocations
 
@@ -69,9 +71,10 @@ class Staged(Protocol):
 class _Graph:
     rows: int
     graph: Any  # torch.cuda.CUDAGraph; None: not captured (the body runs each round)
-    host: torch.Tensor  # pinned int64 [rows * (n + 2)]: tokens, first positions, lengths
+    host: torch.Tensor  # pinned int64 [rows * (2n + 1)]: tokens, their positions, lengths
     device: torch.Tensor  # its device copy, the graph's input
     copied: Any  # torch.cuda.Event: the last host-to-device copy has read `host` (captured)
+    slots: torch.Tensor  # [rows * n] the block's staging rows (read by the graph)
     ids: torch.Tensor  # [rows, n - 1] int64: the argmax draft of each position
     logits: torch.Tensor  # [rows * n, V]: the head's logits (V: the reduced head's rows)
 
@@ -85,24 +88,27 @@ def _skinny_table() -> dict:
     return read_skinny_table(KERNELS_DIR / "skinny_table.json")
 
 
-def _gemm_fn(N: int, K: int, M: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """x [M, K] @ w [N, K]ᵀ by the kernel the sweeps chose (module docstring)."""
-    for lo, hi, kernel, cfg in dense_launches(N, K, False):
+def _gemm_fn(
+    N: int, K: int, M: int, glu: bool = False
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """f(x) @ wᵀ for x [M, K] (glu: [M, 2K], f = silu(gate) * up) and w [N, K] by the kernel
+    the sweeps chose (module docstring)."""
+    for lo, hi, kernel, cfg in dense_launches(N, K, glu):
         if lo <= M <= hi and kernel == GEMV:
             gemv = DenseGemvConfig(*cfg)
-            return lambda x, w: dense_gemv(x, w, gemv)
+            return lambda x, w: dense_gemv(x, w, gemv, glu=glu)
         if lo <= M <= hi and kernel == SKINNY:
             tiles = SkinnyConfig(*cfg)
-            return lambda x, w: dense_skinny(x, w, tiles)
+            return lambda x, w: skinny_pdl(x, w, tiles, glu=glu)
     table = _skinny_table()
     bucket = 8 if M <= 8 else 16
     if 5 <= M <= 16 and not any((N, K, b) in table for b in (8, 16)):  # not measured
-        near = [
-            (abs(w.bit_length() - N.bit_length()), w) for w, k, b in table if k == K and b == bucket
-        ]
+        near = [(abs(n.bit_length() - N.bit_length()), n) for n, k, b in table if k == K and b == bucket]  # fmt: skip
         if near:
             tiles = SkinnyConfig(*table[(min(near)[1], K, bucket)])
-            return lambda x, w: dense_skinny(x, w, tiles)
+            return lambda x, w: skinny_pdl(x, w, tiles, glu=glu)
+    if glu:
+        return lambda x, w: F.linear(silu_mul(x), w)
     return F.linear
 
 
@@ -202,15 +208,15 @@ class DFlashGraphs:
             g.copied.synchronize()  # the previous round's copy has read the pinned buffer
         h = g.host.numpy()
         R, n = g.rows, self.n
-        h[:] = 0
         h[: R * n] = self.m.cfg.mask_token_id
+        h[R * n :] = 0
         for b, (_, _, c, token, pos) in enumerate(rows):
             h[b * n] = token
-            h[R * n + b] = pos
-            h[R * n + R + b] = c
+            h[R * n + b * n : R * n + (b + 1) * n] = range(pos, pos + n)
+            h[2 * R * n + b] = c
         g.device.copy_(g.host, non_blocking=True)
         if g.graph is None:
-            g.ids, g.logits = self._forward(g.device, R)
+            g.ids, g.logits = self._forward(g.device, g.slots, R)
             self.rounds += 1
             return g.ids, g.logits
         g.copied.record()
@@ -220,39 +226,38 @@ class DFlashGraphs:
 
     def _capture(self, R: int) -> _Graph:
         n = self.n
-        host = torch.zeros(R * (n + 2), dtype=torch.int64, pin_memory=self.capture)
+        host = torch.zeros(R * (2 * n + 1), dtype=torch.int64, pin_memory=self.capture)
         host[: R * n] = self.m.cfg.mask_token_id
         dev = host.to(self.m.device)
+        slots = torch.arange(R * n, device=self.m.device)
+        slots += (slots // n) * self._C  # row b's block: staging rows [b, 0 : n)
         if not self.capture:
-            g = _Graph(R, None, host, dev, None, *self._forward(dev, R))
+            g = _Graph(R, None, host, dev, None, slots, *self._forward(dev, slots, R))
             self._graphs[R] = g
             return g
         side = torch.cuda.Stream(self.m.device)
         side.wait_stream(torch.cuda.current_stream(self.m.device))
         with torch.cuda.stream(side):
             for _ in range(2):  # compile every kernel variant before capture
-                self._forward(dev, R)
+                self._forward(dev, slots, R)
         torch.cuda.current_stream(self.m.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            ids, logits = self._forward(dev, R)
-        g = _Graph(R, graph, host, dev, torch.cuda.Event(), ids, logits)
+            ids, logits = self._forward(dev, slots, R)
+        g = _Graph(R, graph, host, dev, torch.cuda.Event(), slots, ids, logits)
         g.copied.record()
         self._graphs[R] = g
         self.captures += 1
         return g
 
-    def _forward(self, dev: torch.Tensor, R: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The graph body (module docstring) over the input buffer `dev`."""
+    def _forward(
+        self, dev: torch.Tensor, slots: torch.Tensor, R: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The graph body (module docstring) over the input buffer `dev` (tokens, positions,
+        lengths) with the block's staging rows `slots`."""
         m, s, n = self.m, self.m.cfg.spec, self.n
         T, H, Hkv, D = R * n, s.heads, s.kv_heads, s.head_dim
-        tokens = dev[:T]
-        start, lengths = dev[T : T + R], dev[T + R :]
-        ar = torch.arange(n, device=dev.device)
-        positions = (start[:, None] + ar[None, :]).reshape(-1)
-        slots = (torch.arange(R, device=dev.device)[:, None] * (n + self._C) + ar[None, :]).reshape(
-            -1
-        )
+        tokens, positions, lengths = dev[:T], dev[T : 2 * T], dev[2 * T :]
         splits = block_splits(n + self._C)
         w = m.w
         x = F.embedding(tokens, m.embed)
@@ -275,7 +280,9 @@ class DFlashGraphs:
             )
             a = self._mm(o.view(T, H * D), w[f"{p}.self_attn.o_proj.weight"])
             h, res = rmsnorm(a, w[f"{p}.post_attention_layernorm.weight"], s.eps, residual=res)
-            x = self._mm(silu_mul(self._mm(h, self.gate_up[i])), w[f"{p}.mlp.down_proj.weight"])
+            gu = self._mm(h, self.gate_up[i])
+            down = w[f"{p}.mlp.down_proj.weight"]
+            x = self._mm(gu, down, glu=True) if FUSE_SWIGLU else self._mm(silu_mul(gu), down)
         y, _ = rmsnorm(x, w["norm.weight"], s.eps, residual=res)
         head = m.head if m.draft_rows is None else m.draft_rows
         logits = self._mm(y, head)
@@ -283,8 +290,8 @@ class DFlashGraphs:
         ids = best if m.draft_ids is None else m.draft_ids[best]
         return ids, logits
 
-    def _mm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return _gemm_fn(w.shape[0], w.shape[1], x.shape[0])(x, w)
+    def _mm(self, x: torch.Tensor, w: torch.Tensor, glu: bool = False) -> torch.Tensor:
+        return _gemm_fn(w.shape[0], w.shape[1], x.shape[0], glu)(x, w)
 
 
 def _fuse(w: dict[str, torch.Tensor], names: list[str]) -> torch.Tensor:
