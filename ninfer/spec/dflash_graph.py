@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -53,7 +54,11 @@ from ninfer.passes.gemm_launch import (
 )
 from ninfer.spec.dflash_model import DFlashModel
 
-FUSE_SWIGLU = True  # the down projection reads gate/up through a SwiGLU input (no silu_mul)
+# H200, Qwen3-8B shapes, --lm-head-draft, graph replay: the GEMM tiles launched with PDL and a
+# silu_mul launch before the down projection 0.70 ms; the down projection reading gate/up
+# through its SwiGLU input, both GEMMs with PDL, 1.91 ms (kernels/skinny_pdl.py)
+SKINNY_PDL = True
+FUSE_SWIGLU = False
 STAGING_MAX_BYTES = 1 << 30  # the eager path's per-round context tensors are as large
 MIN_CONTEXT = 256  # the smallest staging context (C): fewer early reallocations
 
@@ -99,14 +104,14 @@ def _gemm_fn(
             return lambda x, w: dense_gemv(x, w, gemv, glu=glu)
         if lo <= M <= hi and kernel == SKINNY:
             tiles = SkinnyConfig(*cfg)
-            return lambda x, w: skinny_pdl(x, w, tiles, glu=glu)
+            return lambda x, w: skinny_pdl(x, w, tiles, glu=glu, pdl=SKINNY_PDL)
     table = _skinny_table()
     bucket = 8 if M <= 8 else 16
     if 5 <= M <= 16 and not any((N, K, b) in table for b in (8, 16)):  # not measured
         near = [(abs(n.bit_length() - N.bit_length()), n) for n, k, b in table if k == K and b == bucket]  # fmt: skip
         if near:
             tiles = SkinnyConfig(*table[(min(near)[1], K, bucket)])
-            return lambda x, w: skinny_pdl(x, w, tiles, glu=glu)
+            return lambda x, w: skinny_pdl(x, w, tiles, glu=glu, pdl=SKINNY_PDL)
     if glu:
         return lambda x, w: F.linear(silu_mul(x), w)
     return F.linear
@@ -132,6 +137,9 @@ class DFlashGraphs:
             self.qkv.append(_fuse(w, [f"{p}.self_attn.{x}_proj.weight" for x in "qkv"]))
             self.gate_up.append(_fuse(w, [f"{p}.mlp.{x}_proj.weight" for x in ("gate", "up")]))
         self.inv = model._inv.float().contiguous()
+        elt = torch.empty((), dtype=model.dtype).element_size()
+        self._row_bytes = s.layers * 2 * s.kv_heads * s.head_dim * elt  # per staged position
+        self._ar = np.arange(self.n)
         self._buf: torch.Tensor | None = None  # the staging buffer
         self._P = self._C = 0
         self._owner: list[Staged | None] = []
@@ -148,12 +156,7 @@ class DFlashGraphs:
         """Whether a round of `rows` rows of up to `context` context rows stays within
         STAGING_MAX_BYTES (else the caller runs it eagerly)."""
         P, C = self._need(rows, context)
-        s = self.m.cfg.spec
-        elt = torch.empty((), dtype=self.m.dtype).element_size()
-        return (
-            s.layers * 2 * P * (self.n + C) * self.kv_heads * self.head_dim * elt
-            <= STAGING_MAX_BYTES
-        )
+        return P * (self.n + C) * self._row_bytes <= STAGING_MAX_BYTES
 
     def _ensure(self, rows: int, context: int) -> None:
         P, C = self._need(rows, context)
@@ -212,7 +215,7 @@ class DFlashGraphs:
         h[R * n :] = 0
         for b, (_, _, c, token, pos) in enumerate(rows):
             h[b * n] = token
-            h[R * n + b * n : R * n + (b + 1) * n] = range(pos, pos + n)
+            np.add(self._ar, pos, out=h[R * n + b * n : R * n + (b + 1) * n])
             h[2 * R * n + b] = c
         g.device.copy_(g.host, non_blocking=True)
         if g.graph is None:
