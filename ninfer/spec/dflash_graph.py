@@ -3,20 +3,22 @@ DFlashModel.forward stays the reference and the CPU path, ninfer/spec/dflash_mod
 
 Eager, a round of Qwen3-8B's 5-layer drafter launched ~390 kernels for 1.6 ms of GPU work and
 built zeroed per-layer context tensors on the host each round (6.5 ms in all, 1.6x a decode
-step). Here a round is one graph replay of ~60 kernels:
+step). Here a round is one graph replay of ~55 kernels:
 
     staging  one device buffer [layers, 2 (K, V), P rows, n + C, kv_heads, head_dim]: row b's
              first n entries are its block's own K/V (the graph writes them each round), then
              its context. A sequence keeps its row from round to round and only the context rows
              added or recomputed since are copied in (one copy per row and round, all layers).
-    graph    per B rows (B a power of two, B <= P): inputs tokens [B, n], first position [B],
-             context length [B] (one host-to-device copy per round); body: the embedding, per
-             layer kernels.rmsnorm (+ residual) -> fused q/k/v GEMM -> kernels.attn_prologue (q/k
-             norm, rope, the block's K/V into its staging rows) -> kernels.block_attention
-             (GQA, split over the context, its length read on the device) -> o GEMM -> rmsnorm
-             (+ residual) -> fused gate/up GEMM -> kernels.silu_mul -> down GEMM; the final
-             norm, the LM head (full, or the reduced one of --lm-head-draft) over the n
-             positions, and the argmax of positions 1 .. n-1 mapped to token ids.
+    graph    per B rows (B a power of two, B <= P): inputs tokens [B, n], their positions
+             [B, n] and context lengths [B] (one host-to-device copy per round; the block's
+             staging rows are fixed at capture, so the graph does no index math); body: the
+             embedding, per layer kernels.rmsnorm (+ residual) -> fused q/k/v GEMM ->
+             kernels.attn_prologue (q/k norm, rope, the block's K/V into its staging rows) ->
+             kernels.block_attention (GQA, split over the context, its length read on the
+             device) -> o GEMM -> rmsnorm (+ residual) -> fused gate/up GEMM ->
+             kernels.silu_mul -> down GEMM; the final norm, the LM head (full, or the reduced
+             one of --lm-head-draft) over the n positions, and the argmax of positions
+             1 .. n-1 mapped to token ids.
     GEMMs    the launch the H200 sweeps chose for that weight shape and row count
              (ninfer/passes/gemm_launch.py: kernels.gemv for 1-4 rows, the tensor-core skinny
              tiles for 5-16, else cuBLAS); a shape the sweep did not measure (the reduced head)
@@ -41,10 +43,9 @@ import torch.nn.functional as F
 
 from kernels.attn_prologue import attention_prologue
 from kernels.block_attention import block_attention, block_splits
-from kernels.gemv import DenseGemvConfig, SkinnyConfig, dense_gemv
+from kernels.gemv import DenseGemvConfig, SkinnyConfig, dense_gemv, dense_skinny
 from kernels.rmsnorm import rmsnorm
 from kernels.silu_mul import silu_mul
-from kernels.skinny_pdl import skinny_pdl
 from ninfer.passes.gemm_launch import (
     GEMV,
     KERNELS_DIR,
@@ -54,11 +55,6 @@ from ninfer.passes.gemm_launch import (
 )
 from ninfer.spec.dflash_model import DFlashModel
 
-# H200, Qwen3-8B shapes, --lm-head-draft, graph replay: the GEMM tiles launched with PDL and a
-# silu_mul launch before the down projection 0.70 ms; the down projection reading gate/up
-# through its SwiGLU input, both GEMMs with PDL, 1.91 ms (kernels/skinny_pdl.py)
-SKINNY_PDL = True
-FUSE_SWIGLU = False
 STAGING_MAX_BYTES = 1 << 30  # the eager path's per-round context tensors are as large
 MIN_CONTEXT = 256  # the smallest staging context (C): fewer early reallocations
 
@@ -93,27 +89,22 @@ def _skinny_table() -> dict:
     return read_skinny_table(KERNELS_DIR / "skinny_table.json")
 
 
-def _gemm_fn(
-    N: int, K: int, M: int, glu: bool = False
-) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """f(x) @ wᵀ for x [M, K] (glu: [M, 2K], f = silu(gate) * up) and w [N, K] by the kernel
-    the sweeps chose (module docstring)."""
-    for lo, hi, kernel, cfg in dense_launches(N, K, glu):
+def _gemm_fn(N: int, K: int, M: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """x [M, K] @ wᵀ for w [N, K] by the kernel the sweeps chose (module docstring)."""
+    for lo, hi, kernel, cfg in dense_launches(N, K, False):
         if lo <= M <= hi and kernel == GEMV:
             gemv = DenseGemvConfig(*cfg)
-            return lambda x, w: dense_gemv(x, w, gemv, glu=glu)
+            return lambda x, w: dense_gemv(x, w, gemv)
         if lo <= M <= hi and kernel == SKINNY:
             tiles = SkinnyConfig(*cfg)
-            return lambda x, w: skinny_pdl(x, w, tiles, glu=glu, pdl=SKINNY_PDL)
+            return lambda x, w: dense_skinny(x, w, tiles)
     table = _skinny_table()
     bucket = 8 if M <= 8 else 16
     if 5 <= M <= 16 and not any((N, K, b) in table for b in (8, 16)):  # not measured
         near = [(abs(n.bit_length() - N.bit_length()), n) for n, k, b in table if k == K and b == bucket]  # fmt: skip
         if near:
             tiles = SkinnyConfig(*table[(min(near)[1], K, bucket)])
-            return lambda x, w: skinny_pdl(x, w, tiles, glu=glu, pdl=SKINNY_PDL)
-    if glu:
-        return lambda x, w: F.linear(silu_mul(x), w)
+            return lambda x, w: dense_skinny(x, w, tiles)
     return F.linear
 
 
@@ -283,9 +274,7 @@ class DFlashGraphs:
             )
             a = self._mm(o.view(T, H * D), w[f"{p}.self_attn.o_proj.weight"])
             h, res = rmsnorm(a, w[f"{p}.post_attention_layernorm.weight"], s.eps, residual=res)
-            gu = self._mm(h, self.gate_up[i])
-            down = w[f"{p}.mlp.down_proj.weight"]
-            x = self._mm(gu, down, glu=True) if FUSE_SWIGLU else self._mm(silu_mul(gu), down)
+            x = self._mm(silu_mul(self._mm(h, self.gate_up[i])), w[f"{p}.mlp.down_proj.weight"])
         y, _ = rmsnorm(x, w["norm.weight"], s.eps, residual=res)
         head = m.head if m.draft_rows is None else m.draft_rows
         logits = self._mm(y, head)
@@ -293,8 +282,8 @@ class DFlashGraphs:
         ids = best if m.draft_ids is None else m.draft_ids[best]
         return ids, logits
 
-    def _mm(self, x: torch.Tensor, w: torch.Tensor, glu: bool = False) -> torch.Tensor:
-        return _gemm_fn(w.shape[0], w.shape[1], x.shape[0], glu)(x, w)
+    def _mm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return _gemm_fn(w.shape[0], w.shape[1], x.shape[0])(x, w)
 
 
 def _fuse(w: dict[str, torch.Tensor], names: list[str]) -> torch.Tensor:
