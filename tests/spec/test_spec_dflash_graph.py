@@ -4,8 +4,8 @@ and its argmax on the device) against the eager forward: on the CPU its kernels 
 Triton interpreter (in a child process: TRITON_INTERPRET is read when a kernel is defined),
 uncaptured. Rows of different context lengths, contexts that grow, are cut back (a rejected
 draft) and move between staging rows, a finished sequence's row reused, greedy and sampled
-rows, the full and the reduced (--lm-head-draft) head. tests/spec/test_spec_cuda.py runs the
-captured graphs on a GPU."""
+rows, the full and the reduced (--lm-head-draft) head, and a round too large for the staging
+buffer run eagerly. tests/spec/test_spec_cuda.py runs the captured graphs on a GPU."""
 
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ def compare(reduced: bool) -> None:
     from ninfer.runtime.executors.sampler import Sampler
     from ninfer.runtime.request import SamplingParams
     from ninfer.runtime.step import SeqChunk, StepBatch
+    from ninfer.spec import dflash_graph
     from ninfer.spec.dflash import DFlashDrafter
     from ninfer.spec.dflash_graph import DFlashGraphs
     from ninfer.spec.drafter import DraftRow
@@ -93,6 +94,9 @@ def compare(reduced: bool) -> None:
     observe(4, 0, [9] * 10)
     round_([4, 3], temperature=0.8)  # sampled rows: q from the graph's logits
     assert graphs.rounds == 8 and graphs._P == 4 and graphs._C == 512
+    dflash_graph.STAGING_MAX_BYTES = 0  # a round whose staging would not fit runs eagerly
+    round_([4, 3])
+    assert graphs.rounds == 8
 
 
 @pytest.mark.parametrize("reduced", [False, True])
