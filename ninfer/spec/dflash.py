@@ -47,47 +47,55 @@ from ninfer.spec.verify import processed_logits
 
 @dataclass
 class _Context:
-    """The context K/V of one sequence: rows [0, n) of growable per-layer buffers."""
+    """The context K/V of one sequence: rows [0, n) of a growable buffer `kv` [layers, 2 (K,
+    V), capacity, kv_heads * head_dim] (one tensor: a graph round stages all of it at once)."""
 
     positions: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)  # the token fed at each position
-    k: list[torch.Tensor] = field(default_factory=list)  # per layer [capacity, kv_heads * d]
-    v: list[torch.Tensor] = field(default_factory=list)
+    kv: torch.Tensor | None = None
     # rows [0, checked) matched the committed tokens once: committed tokens never change, so
     # they stay valid until observe() replaces them (a replay recomputes them)
     checked: int = 0
+    # the graph path's staging (ninfer/spec/dflash_graph.py): the sequence's row there, and
+    # how many of its rows that row holds as they are now
+    slot: int | None = None
+    synced: int = 0
 
     @property
     def n(self) -> int:
         return len(self.positions)
 
+    @property
+    def k(self) -> list[torch.Tensor]:
+        """Per layer K [capacity, width] (views of `kv`)."""
+        return [] if self.kv is None else list(self.kv[:, 0])
+
+    @property
+    def v(self) -> list[torch.Tensor]:
+        return [] if self.kv is None else list(self.kv[:, 1])
+
     def truncate(self, n: int) -> None:
         del self.positions[n:], self.tokens[n:]
         self.checked = min(self.checked, n)
+        self.synced = min(self.synced, n)  # a staged copy past n is stale from here on
 
     def append(self, positions: Sequence[int], tokens: Sequence[int], kv: list) -> None:
         """Add rows after the held ones; kv: per layer (K, V) [len(positions), width]."""
         n, m = self.n, len(positions)
-        if not self.k or n + m > self.k[0].shape[0]:  # grow by doubling: appends stay O(1)
-            cap = max(64, 2 * (n + m))
-            self.k = [
-                _grown(old, cap, n, new) for old, (new, _) in zip(self.k or [None] * len(kv), kv)
-            ]
-            self.v = [
-                _grown(old, cap, n, new) for old, (_, new) in zip(self.v or [None] * len(kv), kv)
-            ]
+        if self.kv is None or n + m > self.kv.shape[2]:  # grow by doubling: appends stay O(1)
+            like = kv[0][0]
+            buf = torch.empty(
+                len(kv), 2, max(64, 2 * (n + m)), like.shape[-1], dtype=like.dtype,
+                device=like.device,
+            )  # fmt: skip
+            if self.kv is not None and n:
+                buf[:, :, :n] = self.kv[:, :, :n]
+            self.kv = buf
         for i, (k, v) in enumerate(kv):
-            self.k[i][n : n + m] = k
-            self.v[i][n : n + m] = v
+            self.kv[i, 0, n : n + m] = k
+            self.kv[i, 1, n : n + m] = v
         self.positions.extend(positions)
         self.tokens.extend(tokens)
-
-
-def _grown(old: torch.Tensor | None, cap: int, n: int, like: torch.Tensor) -> torch.Tensor:
-    buf = torch.empty(cap, like.shape[-1], dtype=like.dtype, device=like.device)
-    if old is not None and n:
-        buf[:n] = old[:n]
-    return buf
 
 
 class DFlashDrafter(TimedDrafter):
@@ -95,15 +103,20 @@ class DFlashDrafter(TimedDrafter):
 
     name = "dflash"
 
-    def __init__(self, model: DFlashModel) -> None:
+    def __init__(self, model: DFlashModel, graphs: Any = None) -> None:
+        """`graphs`: run rounds from CUDA Graphs (ninfer/spec/dflash_graph.py) where they fit;
+        None: every round eagerly (the CPU path, --no-cuda-graph)."""
         self.model = model
+        self.graphs = graphs
         self.capture = model.cfg.capture  # the capture names observe() needs, in fc's order
         self._ctx: dict[int, _Context] = {}
         self.steps = 0  # drafter forwards run (bench: drafter cost per round)
         self.seconds = 0.0  # wall time spent observing and proposing
 
     def forget(self, seq_id: int) -> None:
-        self._ctx.pop(seq_id, None)
+        ctx = self._ctx.pop(seq_id, None)
+        if ctx is not None and self.graphs is not None:
+            self.graphs.release(ctx)
 
     @torch.inference_mode()
     def observe(self, batch: StepBatch, hidden: Mapping[str, torch.Tensor]) -> None:
@@ -147,6 +160,23 @@ class DFlashDrafter(TimedDrafter):
         block = m.cfg.block_size
         ctxs = [self._valid(rows[i]) for i in live]
         C = max(c.n for c in ctxs)
+        drafts = min(max(rows[i].k for i in live), block - 1)  # the LM head runs on these only
+        self.steps += 1
+        out = [NO_DRAFT] * len(rows)
+        if self.graphs is not None and self.graphs.fits(len(live), C):
+            staged = [(c, c.kv, c.n, rows[i].tokens[-1], len(rows[i].tokens) - 1)
+                      for c, i in zip(ctxs, live)]  # fmt: skip
+            ids, logits = self.graphs.run(staged)
+            greedy = [b for b, i in enumerate(live) if _plain_greedy(rows[i])]
+            best = ids[: max(greedy) + 1].tolist() if greedy else []  # one sync for them all
+            logits = logits.view(ids.shape[0], block, -1)
+            for b, i in enumerate(live):
+                k = min(rows[i].k, block - 1)
+                if b in greedy:
+                    out[i] = Draft(tuple(best[b][:k]))
+                else:
+                    out[i] = self._choose(m.full_logits(logits[b, 1 : 1 + k]), rows[i], sampler)
+            return out
         layers = m.cfg.spec.layers
         width = m.cfg.spec.kv_heads * m.cfg.spec.head_dim
         B = len(live)
@@ -154,18 +184,16 @@ class DFlashDrafter(TimedDrafter):
         cv = [torch.zeros(B, C, width, dtype=m.dtype, device=m.device) for _ in range(layers)]
         valid = torch.zeros(B, C, dtype=torch.bool, device=m.device)
         for b, c in enumerate(ctxs):
-            for i in range(layers):
-                ck[i][b, : c.n] = c.k[i][: c.n] if c.n else 0
-                cv[i][b, : c.n] = c.v[i][: c.n] if c.n else 0
+            if c.n:
+                for i in range(layers):
+                    ck[i][b, : c.n] = c.kv[i, 0, : c.n]
+                    cv[i][b, : c.n] = c.kv[i, 1, : c.n]
             valid[b, : c.n] = True
         tokens = torch.full((B, block), m.cfg.mask_token_id, dtype=torch.long, device=m.device)
         starts = torch.tensor([len(rows[i].tokens) - 1 for i in live], device=m.device)
         tokens[:, 0] = torch.tensor([rows[i].tokens[-1] for i in live], device=m.device)
         positions = starts[:, None] + torch.arange(block, device=m.device)[None, :]
-        drafts = min(max(rows[i].k for i in live), block - 1)  # the LM head runs on these only
         logits = m.block_logits(tokens, positions, list(zip(ck, cv)), valid, drafts)  # [B, d, V]
-        self.steps += 1
-        out = [NO_DRAFT] * len(rows)
         for b, i in enumerate(live):
             out[i] = self._choose(logits[b, : min(rows[i].k, block - 1)], rows[i], sampler)
         return out
@@ -173,8 +201,7 @@ class DFlashDrafter(TimedDrafter):
     def _choose(self, logits: torch.Tensor, row: DraftRow, sampler: Sampler) -> Draft:
         """Drafts from one row's block logits [n, vocab], position by position (module
         docstring)."""
-        p = row.params
-        if p.greedy and not (p.presence_penalty or p.frequency_penalty):  # one argmax per row
+        if _plain_greedy(row):  # one argmax per row
             return Draft(tuple(logits.argmax(dim=-1).tolist()))
         output = list(row.tokens[row.num_prompt :])
         drafts: list[int] = []
@@ -191,6 +218,12 @@ class DFlashDrafter(TimedDrafter):
             drafts.append(int(torch.multinomial(q, 1, generator=gen)))
             probs.append(q)
         return Draft(tuple(drafts), torch.stack(probs) if probs else None)
+
+
+def _plain_greedy(row: DraftRow) -> bool:
+    """Greedy without penalties: the drafts are the argmax of each position's raw logits."""
+    p = row.params
+    return p.greedy and not (p.presence_penalty or p.frequency_penalty)
 
 
 def dflash_capture(artifact: Any) -> tuple[str, ...]:
@@ -226,4 +259,10 @@ def build_dflash_drafter(
             f"--spec dflash: the target plan does not capture {', '.join(missing)} (the"
             " drafter's target layers)"
         )
-    return DFlashDrafter(model)
+    graphs = None
+    plan = getattr(executor, "plan", None)
+    if model.device.type == "cuda" and (plan is None or plan.options.cuda_graphs):
+        from ninfer.spec.dflash_graph import DFlashGraphs
+
+        graphs = DFlashGraphs(model)
+    return DFlashDrafter(model, graphs)

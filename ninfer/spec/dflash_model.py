@@ -137,10 +137,19 @@ class DFlashModel:
         B, n = tokens.shape
         keep = torch.cat([ctx_valid, ctx_valid.new_ones(B, n)], dim=1)[:, None, None, :]
         x = self.forward(tokens, positions, ctx, keep)[:, 1 : 1 + (n - 1 if rows is None else rows)]
+        return self.full_logits(
+            F.linear(x, self.head if self.draft_rows is None else self.draft_rows)
+        )
+
+    def full_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """fp32 logits [..., vocab] of the head's output [..., rows of the head]: --lm-head-draft
+        gives -inf to every token outside the reduced head (reduce_head)."""
         if self.draft_rows is None:
-            return F.linear(x, self.head).float()
-        full = torch.full((*x.shape[:2], self.head.shape[0]), float("-inf"), device=x.device)
-        full[..., self.draft_ids] = F.linear(x, self.draft_rows).float()
+            return logits.float()
+        full = torch.full(
+            (*logits.shape[:-1], self.head.shape[0]), float("-inf"), device=logits.device
+        )
+        full[..., self.draft_ids] = logits.float()
         return full
 
     def forward(

@@ -84,5 +84,65 @@ def test_greedy_speculation_on_cuda_equals_plain_decoding(
     options = {"spec": spec, "draft_tokens": k, "lm_head_draft": lm_head_draft}
     with make_engine(target, None, **options, **opts) as engine:
         outs = run(engine, _requests())
+        graphs = getattr(engine.speculator.drafter, "graphs", None)
     assert [o.token_ids for o in outs] == [o.token_ids for o in want]
     assert sum(o.timings.speculative["rounds"] for o in outs) > 0
+    if spec == "dflash":  # the rounds ran from the drafter's CUDA Graphs, for 1 to 4 rows
+        assert graphs is not None and graphs.rounds > 0 and graphs.captures >= 2
+
+
+def test_dflash_graph_logits_equal_the_eager_forwards():
+    """The captured DFlash graph (Qwen3-8B's layer shapes, bf16: the kernels the H200 bench
+    runs, the reduced head's unmeasured width included) gives the eager forward's logits within
+    bf16 rounding, over rows of different context lengths, and its argmax drafts."""
+    from artifacts.fixture_dflash import dflash_config, random_state
+    from ninfer.artifact.dflash import DFlashConfig
+    from ninfer.spec.dflash_graph import DFlashGraphs
+    from ninfer.spec.dflash_model import DFlashModel
+
+    target = {"num_hidden_layers": 4, "hidden_size": 4096, "intermediate_size": 12288,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+              "vocab_size": 32768, "rope_theta": 1e6, "rms_norm_eps": 1e-6}  # fmt: skip
+    cfg = dflash_config(target, layers=2, block_size=16, target_layer_ids=[0, 2])
+    gen = torch.Generator().manual_seed(0)
+    embed = torch.randn(32768, 4096, generator=gen).cuda().bfloat16()
+    head = (0.02 * torch.randn(32768, 4096, generator=gen)).cuda().bfloat16()
+    W = {k: v.cuda().bfloat16() for k, v in random_state(cfg, 0, 0.02).items()}
+    model = DFlashModel(DFlashConfig.from_config(cfg, 4, 4096), W, embed, head)
+    for reduced in (False, True):
+        if reduced:
+            ids = torch.arange(1, 32768, 3, device="cuda")
+            model.reduce_head(ids, head[ids])
+        graphs = DFlashGraphs(model)
+        lengths = (700, 37)
+        feats = torch.randn(sum(lengths), 2 * 4096, generator=gen).cuda().bfloat16()
+        kv, rows, at = [], [], 0
+        for b, n in enumerate(lengths):
+            pairs = model.context_kv(feats[at : at + n], torch.arange(n, device="cuda"))
+            at += n
+            st = type("St", (), {"slot": None, "synced": 0})()
+            kv.append(torch.stack([torch.stack(p) for p in pairs]))  # [layers, 2, n, width]
+            rows.append((st, kv[-1], n, 100 + b, n))
+        for _ in range(2):  # captured on the first call, replayed on the second
+            ids, logits = graphs.run(rows)
+        assert graphs.captures == 1 and graphs.rounds == 2
+        C = max(lengths)
+        mask = cfg["dflash_config"]["mask_token_id"]
+        ctx = [(torch.zeros(2, C, 1024, dtype=torch.bfloat16, device="cuda"),
+                torch.zeros(2, C, 1024, dtype=torch.bfloat16, device="cuda")) for _ in range(2)]  # fmt: skip
+        valid = torch.zeros(2, C, dtype=torch.bool, device="cuda")
+        for b, n in enumerate(lengths):
+            for i in range(2):
+                ctx[i][0][b, :n], ctx[i][1][b, :n] = kv[b][i, 0], kv[b][i, 1]
+            valid[b, :n] = True
+        tokens = torch.tensor([[100 + b] + [mask] * 15 for b in range(2)], device="cuda")
+        positions = torch.stack([torch.arange(n, n + 16, device="cuda") for n in lengths])
+        want = model.block_logits(tokens, positions, ctx, valid)  # [2, 15, vocab] fp32
+        got = model.full_logits(logits.view(2, 16, -1)[:, 1:])
+        keep = torch.isfinite(want)
+        assert torch.equal(keep, torch.isfinite(got))
+        err = float((got[keep] - want[keep]).abs().max() / want[keep].abs().max())
+        assert err < 0.03, err
+        assert torch.equal(ids[:2], got.argmax(dim=-1))  # the drafts: its own logits' argmax
+        agree = float((want.argmax(dim=-1) == ids[:2]).float().mean())
+        assert agree > 0.5, agree
