@@ -110,38 +110,56 @@ def _conv_kernel(
             other=0.0,
         )
         val = tl.where((src >= 0)[:, None], xv.to(tl.float32), sv.to(tl.float32))
-        spill = False
-        if HAS_SPILL:
-            spill = tl.load(spill_ptr + start, mask=L > 0, other=-1) >= 0
-        if spill:
-            # the old tail [j, c] (column j < W-1), read before the barrier like every other
-            # state read: a spill row may be this sequence's own row
-            old = tl.load(st_base + j[:, None], mask=jmask[:, None] & cmask[None, :], other=0.0)
-            old = old.to(tl.float32)
-            tl.debug_barrier()
-            for t in range(L):
-                dst = tl.maximum(tl.load(spill_ptr + start + t), 0).to(tl.int64)
-                for i in tl.static_range(W - 1):  # column i: position t - (W-2) + i
-                    p = c * 0 + (t - (W - 2) + i)  # [BC], all equal
-                    xi = tl.load(
-                        x_ptr + (start + p).to(tl.int64) * stride_xt + c,
-                        mask=cmask & (p >= 0),
-                        other=0.0,
-                    ).to(tl.float32)
-                    # before the chunk: column p + W-1 of the old tail
-                    si = tl.sum(tl.where(j[:, None] == p[None, :] + W - 1, old, 0.0), axis=0)
-                    tl.store(
-                        nst_ptr + dst * stride_sn + c * stride_sc + i,
-                        tl.where(p >= 0, xi, si).to(nst_ptr.dtype.element_ty),
-                        mask=cmask,
-                    )
+        if HAS_SPILL:  # (a constexpr branch: steps without spill slots compile as before)
+            if tl.load(spill_ptr + start, mask=L > 0, other=-1) >= 0:
+                _spill_tails(
+                    x_ptr, st_base, nst_ptr, spill_ptr, start, L, c, cmask, j, jmask,
+                    stride_xt, stride_sn, stride_sc, W,
+                )  # fmt: skip
+            else:
+                tl.debug_barrier()  # nst_ptr is st_ptr: every state read of this program first
+                _store_tail(nst_ptr + row * stride_sn, c, cmask, j, jmask, stride_sc, val)
         else:
             if HAS_SLOTS:
                 tl.debug_barrier()  # nst_ptr is st_ptr: every state read of this program first
+            _store_tail(nst_ptr + row * stride_sn, c, cmask, j, jmask, stride_sc, val)
+
+
+@triton.jit
+def _store_tail(row_ptr, c, cmask, j, jmask, stride_sc, val):
+    """Columns j < W-1 of one state row: val [BT, BC]."""
+    tl.store(
+        row_ptr + c[None, :] * stride_sc + j[:, None],
+        val.to(row_ptr.dtype.element_ty),
+        mask=jmask[:, None] & cmask[None, :],
+    )
+
+
+@triton.jit
+def _spill_tails(
+    x_ptr, st_base, nst_ptr, spill_ptr, start, L, c, cmask, j, jmask,
+    stride_xt, stride_sn, stride_sc, W: tl.constexpr,
+):  # fmt: skip
+    """The tail after each position t of a spilling sequence into row spill[start + t]: inputs
+    t-(W-2) .. t, the ones before the chunk from the old tail, which is read into registers
+    before a barrier (a spill row may be the sequence's own row)."""
+    old = tl.load(st_base + j[:, None], mask=jmask[:, None] & cmask[None, :], other=0.0)
+    old = old.to(tl.float32)  # [BT, BC]: column j < W-1 of the old tail
+    tl.debug_barrier()
+    for t in range(L):
+        dst = tl.maximum(tl.load(spill_ptr + start + t), 0).to(tl.int64)
+        for i in tl.static_range(W - 1):  # column i: position t - (W-2) + i
+            p = c * 0 + (t - (W - 2) + i)  # [BC], all equal
+            xi = tl.load(
+                x_ptr + (start + p).to(tl.int64) * stride_xt + c,
+                mask=cmask & (p >= 0),
+                other=0.0,
+            ).to(tl.float32)
+            si = tl.sum(tl.where(j[:, None] == p[None, :] + W - 1, old, 0.0), axis=0)
             tl.store(
-                nst_ptr + row * stride_sn + c[None, :] * stride_sc + j[:, None],
-                val.to(nst_ptr.dtype.element_ty),
-                mask=jmask[:, None] & cmask[None, :],
+                nst_ptr + dst * stride_sn + c * stride_sc + i,
+                tl.where(p >= 0, xi, si).to(nst_ptr.dtype.element_ty),
+                mask=cmask,
             )
 
 

@@ -79,8 +79,7 @@ def _gdr_kernel(
         row = tl.load(slot_ptr + n).to(tl.int64)  # the sequence's row of the slot pool
     else:
         row = n.to(tl.int64)
-    s_off = h * stride_sh + dk[:, None] * DV + dv[None, :]  # this program's slice of a row
-    s_ptrs = s_ptr + row * stride_sn + s_off
+    s_ptrs = s_ptr + row * stride_sn + h * stride_sh + dk[:, None] * DV + dv[None, :]
     S = tl.load(s_ptrs, mask=smask, other=0.0)  # [BK, BV] fp32
     start = tl.load(cu_ptr + n).to(tl.int64)
     length = tl.load(cu_ptr + n + 1) - tl.load(cu_ptr + n)
@@ -112,7 +111,8 @@ def _gdr_kernel(
         if HAS_SPILL:  # a verify chunk keeps the state after every token
             dst = tl.load(spill_ptr + t64)
             if dst >= 0:
-                tl.store(s_ptr + dst.to(tl.int64) * stride_sn + s_off, S, mask=smask)
+                spill_ptrs = s_ptrs + (dst.to(tl.int64) - row) * stride_sn  # its slice there
+                tl.store(spill_ptrs, S, mask=smask)
     if HAS_SPILL:  # the final state goes to `row` unless the sequence spilled
         first = tl.load(spill_ptr + start, mask=length > 0, other=-1)
         if first < 0:

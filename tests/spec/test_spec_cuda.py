@@ -1,7 +1,9 @@
 """On a GPU (skipped without one): the CUDA executor outputs the hidden states a plan captures
 exactly as the CPU reference executor does (eager prefill steps, CUDA Graph decode steps and a
 verify step run as decode rows), and `--spec mtp` and `--spec dflash` (with and without
-`--lm-head-draft`) on CUDA give token for token the output of plain decoding."""
+`--lm-head-draft`) on CUDA give token for token the output of plain decoding, on hybrid (Gated
+DeltaNet) targets too (eager verify chunks writing each position's state into the round slots;
+tests/spec/test_spec_hybrid_cuda.py checks those states and every accepted count)."""
 
 from __future__ import annotations
 
@@ -78,6 +80,18 @@ def test_greedy_speculation_on_cuda_equals_plain_decoding(
         target = mtp_artifacts("qwen3")
     else:
         target = build_dflash_fixture(fixture_artifacts("qwen3"), fixture_root)
+    _assert_greedy_spec_equals_plain(target, spec, k, lm_head_draft)
+
+
+@pytest.mark.parametrize("lm_head_draft", [False, True])
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe"])
+def test_greedy_mtp_on_a_hybrid_target_on_cuda_equals_plain_decoding(
+    arch, lm_head_draft, mtp_artifacts
+):
+    _assert_greedy_spec_equals_plain(mtp_artifacts(arch), "mtp", 3, lm_head_draft)
+
+
+def _assert_greedy_spec_equals_plain(target, spec: str, k: int, lm_head_draft: bool) -> None:
     opts = {"device": "cuda", "dtype": "float32", "max_concurrency": 4}
     with make_engine(target, None, **opts) as plain:
         want = run(plain, _requests())

@@ -1,15 +1,16 @@
 """Hybrid (Gated DeltaNet) models speculate on the CUDA executor: a verify chunk's GDN layers
 write the state after each position into the lane's round slots, and the accepted count selects
-the slot the request continues from. Here on CPU, the CUDA executor's code and kernels under
-the Triton interpreter (float32, no graphs); on a GPU tests/spec/test_spec_cuda.py runs the
-hybrid cases instead.
+the slot the request continues from. Float32; on a GPU the executor as served (decode steps
+from CUDA Graphs, verify steps eager), on CPU its code and kernels under the Triton interpreter
+(no graphs). tests/spec/test_spec_cuda.py has the GPU's greedy --spec mtp cases of both hybrid
+fixtures.
 
 1. The executor on the qwen3_5 fixture: a verify chunk of 5 tokens whose slot is one of its
    round slots, beside another lane's decode row, gives the logits, and in round slot t the
    state (conv tail and delta-rule state of every layer), that decoding the same tokens one by
    one gives after token t.
 2. `--spec mtp` on the qwen3_5 fixture with a random MTP head, built by the composition root
-   as `ninfer serve --device cuda --spec mtp` builds it (both executors interpreted): greedy
+   as `ninfer serve --device cuda --spec mtp` builds it (both on the CUDA executor): greedy
    output equals plain decoding at batch 2; the random head's drafts are rejected.
 3. A drafter that proposes plain decoding's own continuation with one draft wrong, at a position
    that rotates round by round: rounds accept 0, 1, .., k drafts, so requests continue from
@@ -45,9 +46,7 @@ from ninfer.spec.speculator import Speculator
 from tests.runtime.real_engine import settled
 from tests.spec.spec_engine import make_engine, run
 
-pytestmark = pytest.mark.skipif(
-    torch.cuda.is_available(), reason="on a GPU tests/spec/test_spec_cuda.py covers this"
-)
+ON_GPU = torch.cuda.is_available()
 K = 3
 OPTIONS = {
     "device": "cuda", "dtype": "float32", "kv_dtype": "f32", "max_concurrency": 2,
@@ -64,10 +63,11 @@ def _requests() -> list[Request]:
     ]
 
 
-def _interpreted(plan, artifact, device=None, **kwargs) -> CudaExecutor:
-    """make_executor for a CUDA device: the CUDA executor, on the CPU (interpreted kernels)."""
+def _cuda_executor(plan, artifact, device=None, **kwargs) -> CudaExecutor:
+    """make_executor for a CUDA device: the CUDA executor, on the CPU (interpreted kernels)
+    where there is no GPU."""
     assert str(device).startswith("cuda"), device
-    return CudaExecutor(plan, artifact, "cpu", **kwargs)
+    return CudaExecutor(plan, artifact, device if ON_GPU else "cpu", **kwargs)
 
 
 def test_a_verify_chunk_leaves_each_position_state_in_its_round_slot(fixture_artifacts):
@@ -76,7 +76,7 @@ def test_a_verify_chunk_leaves_each_position_state_in_its_round_slot(fixture_art
         device="cuda", dtype="float32", kv_dtype="f32", max_concurrency=2, kv_capacity=256,
         max_context=128, page_size=16, spec_state_slots=8,
     )  # fmt: skip
-    ex = _interpreted(compile_artifact(Artifact(path), options), Artifact(path), "cuda")
+    ex = _cuda_executor(compile_artifact(Artifact(path), options), Artifact(path), "cuda")
     assert ex.num_state_slots == 12  # 2 lanes, 2 checkpoints, 8 round slots
     prompt, drafts = tuple(range(3, 13)), (40, 41, 42, 43, 44)
     rounds = (4, 5, 0, 6, 7)  # lane 0's slot 0 holds the state after position 2
@@ -98,22 +98,26 @@ def test_a_verify_chunk_leaves_each_position_state_in_its_round_slot(fixture_art
 
 
 @pytest.fixture(scope="module")
-def interpreted():
-    """build_engine and the speculator builder load the CUDA executor on the CPU."""
+def cuda_executors():
+    """Without a GPU, build_engine and the speculator builder load the CUDA executor on the
+    CPU (where make_executor would refuse a CUDA device)."""
+    if ON_GPU:
+        yield
+        return
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(choose, "make_executor", _interpreted)
-        mp.setattr(runtime_build, "make_executor", _interpreted)
+        mp.setattr(choose, "make_executor", _cuda_executor)
+        mp.setattr(runtime_build, "make_executor", _cuda_executor)
         yield
 
 
 @pytest.fixture(scope="module")
-def target(interpreted, mtp_artifacts):
+def target(cuda_executors, mtp_artifacts):
     return mtp_artifacts("qwen3_5")
 
 
 @pytest.fixture(scope="module")
 def plain(target) -> list[RequestOutput]:
-    """Plain decoding of the requests on the interpreted CUDA executor."""
+    """Plain decoding of the requests on the CUDA executor."""
     with make_engine(target, None, **OPTIONS) as engine:
         assert isinstance(engine.executor, CudaExecutor) and engine.executor.is_hybrid
         return run(engine, _requests())
@@ -161,7 +165,7 @@ def test_every_accepted_count_continues_from_its_round_slot(target, plain):
         prefill_chunk=64, **OPTIONS,
     )  # fmt: skip
     artifact = Artifact(target)
-    ex = _interpreted(compile_artifact(artifact, options.compile), artifact, options.device)
+    ex = _cuda_executor(compile_artifact(artifact, options.compile), artifact, options.device)
     assert ex.is_hybrid
     drafter = _OneWrongDraft({p: o.token_ids for p, o in zip(PROMPTS, plain)}, ex.vocab_size)
     with Engine(options, ex, Sampler(), (), plan=ex.plan, speculator=Speculator(drafter)) as eng:
