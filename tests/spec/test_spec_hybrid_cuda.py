@@ -167,6 +167,8 @@ def test_every_accepted_count_continues_from_its_round_slot(target, plain):
     artifact = Artifact(target)
     ex = _cuda_executor(compile_artifact(artifact, options.compile), artifact, options.device)
     assert ex.is_hybrid
+    # verify steps run eagerly: no graph buckets beyond the plain decode batches
+    assert tuple(ex.plan.cuda_graph_buckets) == (1, 2)
     drafter = _OneWrongDraft({p: o.token_ids for p, o in zip(PROMPTS, plain)}, ex.vocab_size)
     with Engine(options, ex, Sampler(), (), plan=ex.plan, speculator=Speculator(drafter)) as eng:
         outs = run(eng, _requests())
