@@ -91,6 +91,15 @@ def test_greedy_mtp_on_a_hybrid_target_on_cuda_equals_plain_decoding(
     _assert_greedy_spec_equals_plain(mtp_artifacts(arch), "mtp", 3, lm_head_draft)
 
 
+def test_greedy_dflash_on_a_hybrid_target_on_cuda_equals_plain_decoding(
+    fixture_artifacts, fixture_root
+):
+    from artifacts.fixture_dflash import build_dflash_fixture
+
+    target = build_dflash_fixture(fixture_artifacts("qwen3_5"), fixture_root)
+    _assert_greedy_spec_equals_plain(target, "dflash", 7, False)
+
+
 def _assert_greedy_spec_equals_plain(target, spec: str, k: int, lm_head_draft: bool) -> None:
     opts = {"device": "cuda", "dtype": "float32", "max_concurrency": 4}
     with make_engine(target, None, **opts) as plain:
