@@ -13,11 +13,20 @@ Slot-indexed form (``state_slots`` [N] int32/int64, distinct): ``state`` is the 
 [S, C, W-1] and sequence n reads and overwrites row state_slots[n] IN PLACE (no gather/scatter
 copies; other rows are untouched); the returned new_state is ``state`` itself.
 
+Spill form (speculative verify chunks; needs ``state_slots``): ``spill_slots`` [T] int32, one
+per token. A sequence whose first token has spill_slots >= 0 writes the state after each of its
+positions t (the inputs t-(W-2) .. t, oldest first) into row spill_slots[cu[n] + t] and leaves
+row state_slots[n] as it was unless it is one of those rows; a sequence whose tokens have -1
+updates row state_slots[n] as above. Spill rows are distinct from each other and from every
+other sequence's rows (state_slots[n] may be among its own).
+
 x may be a view (e.g. columns of a projection output): last dim contiguous, token stride free.
 Decode is the same call with one token per sequence (cu = arange(N+1)). Grid
 (cdiv(max_len, BT), N, cdiv(C, BC)) with BT >= W-1, so only the first T-block of a sequence
 reads its state; that same program writes the new state (after a barrier, so no thread of it
-overwrites a state column another thread has yet to read).
+overwrites a state column another thread has yet to read), or every spilled state: their
+columns before the chunk come from the old tail it holds in registers, so a spill row that is
+the sequence's own row is only written after it was read.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ def _conv_kernel(
     nst_ptr,
     cu_ptr,
     slot_ptr,
+    spill_ptr,
     C,
     stride_xt,
     stride_yt,
@@ -47,6 +57,7 @@ def _conv_kernel(
     BC: tl.constexpr,
     ACT: tl.constexpr,
     HAS_SLOTS: tl.constexpr,
+    HAS_SPILL: tl.constexpr,
 ):
     tb = tl.program_id(0)
     n = tl.program_id(1)
@@ -99,13 +110,57 @@ def _conv_kernel(
             other=0.0,
         )
         val = tl.where((src >= 0)[:, None], xv.to(tl.float32), sv.to(tl.float32))
-        if HAS_SLOTS:
-            tl.debug_barrier()  # nst_ptr is st_ptr: every state read of this program comes first
-        tl.store(
-            nst_ptr + row * stride_sn + c[None, :] * stride_sc + j[:, None],
-            val.to(nst_ptr.dtype.element_ty),
-            mask=jmask[:, None] & cmask[None, :],
-        )
+        if HAS_SPILL:  # (a constexpr branch: steps without spill slots compile as before)
+            if tl.load(spill_ptr + start, mask=L > 0, other=-1) >= 0:
+                _spill_tails(
+                    x_ptr, st_base, nst_ptr, spill_ptr, start, L, c, cmask, j, jmask,
+                    stride_xt, stride_sn, stride_sc, W,
+                )  # fmt: skip
+            else:
+                tl.debug_barrier()  # nst_ptr is st_ptr: every state read of this program first
+                _store_tail(nst_ptr + row * stride_sn, c, cmask, j, jmask, stride_sc, val)
+        else:
+            if HAS_SLOTS:
+                tl.debug_barrier()  # nst_ptr is st_ptr: every state read of this program first
+            _store_tail(nst_ptr + row * stride_sn, c, cmask, j, jmask, stride_sc, val)
+
+
+@triton.jit
+def _store_tail(row_ptr, c, cmask, j, jmask, stride_sc, val):
+    """Columns j < W-1 of one state row: val [BT, BC]."""
+    tl.store(
+        row_ptr + c[None, :] * stride_sc + j[:, None],
+        val.to(row_ptr.dtype.element_ty),
+        mask=jmask[:, None] & cmask[None, :],
+    )
+
+
+@triton.jit
+def _spill_tails(
+    x_ptr, st_base, nst_ptr, spill_ptr, start, L, c, cmask, j, jmask,
+    stride_xt, stride_sn, stride_sc, W: tl.constexpr,
+):  # fmt: skip
+    """The tail after each position t of a spilling sequence into row spill[start + t]: inputs
+    t-(W-2) .. t, the ones before the chunk from the old tail, which is read into registers
+    before a barrier (a spill row may be the sequence's own row)."""
+    old = tl.load(st_base + j[:, None], mask=jmask[:, None] & cmask[None, :], other=0.0)
+    old = old.to(tl.float32)  # [BT, BC]: column j < W-1 of the old tail
+    tl.debug_barrier()
+    for t in range(L):
+        dst = tl.maximum(tl.load(spill_ptr + start + t), 0).to(tl.int64)
+        for i in tl.static_range(W - 1):  # column i: position t - (W-2) + i
+            p = c * 0 + (t - (W - 2) + i)  # [BC], all equal
+            xi = tl.load(
+                x_ptr + (start + p).to(tl.int64) * stride_xt + c,
+                mask=cmask & (p >= 0),
+                other=0.0,
+            ).to(tl.float32)
+            si = tl.sum(tl.where(j[:, None] == p[None, :] + W - 1, old, 0.0), axis=0)
+            tl.store(
+                nst_ptr + dst * stride_sn + c * stride_sc + i,
+                tl.where(p >= 0, xi, si).to(nst_ptr.dtype.element_ty),
+                mask=cmask,
+            )
 
 
 def causal_conv1d(
@@ -117,12 +172,15 @@ def causal_conv1d(
     max_len: int | None = None,
     activation: bool = True,
     state_slots: torch.Tensor | None = None,
+    spill_slots: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Varlen causal depthwise conv + SiLU with carried state; see the module docstring.
 
     max_len: the longest sequence (host int), computed from cu_seqlens (a sync) if omitted.
     state_slots: [N] rows of the pool ``state`` to read and update in place (then the returned
-    new_state is ``state``); None: ``state`` is [N, C, W-1] and is left unchanged."""
+    new_state is ``state``); None: ``state`` is [N, C, W-1] and is left unchanged.
+    spill_slots: [T] per-token rows of the pool for the states after each position of the
+    sequences that spill (-1 elsewhere), with state_slots; None: no sequence spills."""
     T, C = x.shape
     W = weight.shape[1]
     N = cu_seqlens.shape[0] - 1
@@ -135,6 +193,8 @@ def causal_conv1d(
         assert state_slots.shape == (N,) and state.shape[1:] == (C, W - 1)
         assert state.stride(-1) == 1
         new_state = state  # updated in place, row state_slots[n]
+    if spill_slots is not None:
+        assert state_slots is not None and spill_slots.shape == (T,)
     y = torch.empty((T, C), dtype=x.dtype, device=x.device)
     if N == 0:
         return y, new_state
@@ -151,6 +211,7 @@ def causal_conv1d(
         new_state,
         cu_seqlens,
         cu_seqlens if state_slots is None else state_slots,  # unread without slots
+        cu_seqlens if spill_slots is None else spill_slots,  # unread without spill slots
         C,
         x.stride(0),
         y.stride(0),
@@ -162,6 +223,7 @@ def causal_conv1d(
         BC=bc,
         ACT=activation,
         HAS_SLOTS=state_slots is not None,
+        HAS_SPILL=spill_slots is not None,
     )
     return y, new_state
 

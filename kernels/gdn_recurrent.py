@@ -9,8 +9,16 @@ Contract (Hv = R * Hk; value head h reads key head h // R):
 
 Slot-indexed form (``state_slots`` [N] int32/int64, distinct): ``state`` is the whole slot pool
 [S, Hv, Dk, Dv] and sequence n updates row state_slots[n] in place (other rows untouched), so
-the caller needs no gather/scatter copies. q, k, v, g, beta may be views (e.g. of a projection
-output): the last dim contiguous, token and head strides free.
+the caller needs no gather/scatter copies.
+
+Spill form (speculative verify chunks; needs ``state_slots``): ``spill_slots`` [T] int32, one
+per token. A sequence whose first token has spill_slots >= 0 writes the state after each of its
+tokens t into row spill_slots[cu[n] + t] and leaves row state_slots[n] as it was unless it is one
+of those rows (each program reads its slice of S once, before its first write); a sequence whose
+tokens have -1 updates row state_slots[n] as above.
+
+q, k, v, g, beta may be views (e.g. of a projection output): the last dim contiguous, token and
+head strides free.
 
 Per token, in fp32: q, k <- l2norm (if ``qk_l2norm``), q <- q * scale (default Dk^-½);
     S <- e^g S;  δ = β (v − Sᵀk);  S <- S + k δᵀ;  o = Sᵀq
@@ -36,6 +44,7 @@ def _gdr_kernel(
     o_ptr,
     cu_ptr,
     slot_ptr,
+    spill_ptr,
     scale,
     stride_qt,
     stride_qh,
@@ -56,6 +65,7 @@ def _gdr_kernel(
     BV: tl.constexpr,
     L2NORM: tl.constexpr,
     HAS_SLOTS: tl.constexpr,
+    HAS_SPILL: tl.constexpr,
 ):
     n = tl.program_id(0)
     h = tl.program_id(1)
@@ -98,7 +108,17 @@ def _gdr_kernel(
         tl.store(
             o_ptr + t64 * stride_ot + h * stride_oh + dv, o.to(o_ptr.dtype.element_ty), mask=vmask
         )
-    tl.store(s_ptrs, S, mask=smask)
+        if HAS_SPILL:  # a verify chunk keeps the state after every token
+            dst = tl.load(spill_ptr + t64)
+            if dst >= 0:
+                spill_ptrs = s_ptrs + (dst.to(tl.int64) - row) * stride_sn  # its slice there
+                tl.store(spill_ptrs, S, mask=smask)
+    if HAS_SPILL:  # the final state goes to `row` unless the sequence spilled
+        first = tl.load(spill_ptr + start, mask=length > 0, other=-1)
+        if first < 0:
+            tl.store(s_ptrs, S, mask=smask)
+    else:
+        tl.store(s_ptrs, S, mask=smask)
 
 
 def gated_delta_rule_recurrent(
@@ -113,9 +133,11 @@ def gated_delta_rule_recurrent(
     scale: float | None = None,
     qk_l2norm: bool = True,
     state_slots: torch.Tensor | None = None,
+    spill_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Recurrent gated delta rule; mutates ``state`` (rows state_slots[n] of the pool when
-    given, else row n of [N, ...]); returns o [T, Hv, Dv] (module docstring)."""
+    given, else row n of [N, ...]; with spill_slots [T], the spilling sequences' rows after
+    each token instead); returns o [T, Hv, Dv] (module docstring)."""
     hk, dk = q.shape[1:]
     hv, dv = v.shape[1:]
     N = cu_seqlens.shape[0] - 1
@@ -124,6 +146,8 @@ def gated_delta_rule_recurrent(
         assert state.shape[0] == N
     else:
         assert state_slots.shape == (N,)
+    if spill_slots is not None:
+        assert state_slots is not None and spill_slots.shape == (q.shape[0],)
     assert state.stride()[1:] == (dk * dv, dv, 1)
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
     assert g.stride(-1) == 1 and beta.stride(-1) == 1
@@ -142,6 +166,7 @@ def gated_delta_rule_recurrent(
         o,
         cu_seqlens,
         cu_seqlens if state_slots is None else state_slots,  # unread without slots
+        cu_seqlens if spill_slots is None else spill_slots,  # unread without spill slots
         dk**-0.5 if scale is None else scale,
         q.stride(0),
         q.stride(1),
@@ -162,6 +187,7 @@ def gated_delta_rule_recurrent(
         BV=bv,
         L2NORM=qk_l2norm,
         HAS_SLOTS=state_slots is not None,
+        HAS_SPILL=spill_slots is not None,
         num_warps=4,
     )
     return o

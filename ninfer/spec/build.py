@@ -13,10 +13,11 @@
         --lm-head-draft: the head's logits over draft_vocab's frequency-ranked subset)
 
 Refused at startup, each with a one-line ConfigError: a draft model whose tokenizer differs
-from the target's (the drafts would be other tokens), a hybrid (Gated DeltaNet) target on CUDA
-(its kernels keep no per-position state for the round slots yet) and a hybrid draft model (its
-own state would need the same rollback). `--spec mtp` on an artifact without an mtp
-component is refused (ConfigError naming it; the server checks components first).
+from the target's (the drafts would be other tokens) and a hybrid draft model (its own state
+would need the same rollback). A hybrid (Gated DeltaNet) target speculates on CPU and CUDA
+alike: its verify chunks write the state after each position into the lane's round slots.
+`--spec mtp` on an artifact without an mtp component is refused (ConfigError naming it; the
+server checks components first).
 
     --spec dflash
         the artifact's dflash component (ninfer/artifact/dflash.py) ──▶ DFlashDrafter, which
@@ -72,12 +73,6 @@ def build_speculator(artifact: Any, options: EngineOptions, executor: Any) -> Sp
     from ninfer.passes.pipeline import compile_artifact
     from ninfer.runtime.executors.choose import make_executor
 
-    if executor.is_hybrid and options.compile.device != "cpu":
-        raise ConfigError(
-            f"--spec {options.spec}: {getattr(artifact, 'architecture', 'this')} is a hybrid"
-            " (Gated DeltaNet) model, whose verify rounds run on --device cpu only so far (the"
-            " CUDA kernels keep no per-position state); serve it without --spec"
-        )
     if options.spec == "mtp":
         return Speculator(_mtp_drafter(artifact, options, executor))
     if options.spec == "dflash":

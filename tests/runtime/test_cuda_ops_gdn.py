@@ -4,7 +4,9 @@ One DeltaNet layer's non-GEMM chain, as the plan runs it (split views of the fus
 output -> causal_conv1d -> split -> gdn_gates -> gated_delta_rule -> gated_rmsnorm), through
 the CUDA kernels the plan names (`cuda_ops.CUDA_KERNELS`) on a `DeviceStep` with a `CudaStateSlots` pool, and through `ops_torch.OPS`
 on a `StepContext` with the reference `StateSlots`: a prefill of two sequences in scattered
-slots, then a decode step. On CPU the Triton kernels run under the interpreter.
+slots, then a decode step; and a speculative verify step whose chunk spills the state after
+each of its positions into its round slots (one of them the sequence's own slot) beside a chunk
+that does not. On CPU the Triton kernels run under the interpreter.
 """
 
 from __future__ import annotations
@@ -71,7 +73,15 @@ def _layer(ops: dict, step, proj: torch.Tensor, w: dict[str, torch.Tensor]) -> d
     return out
 
 
-def _device_step(lens: list[int], starts: list[int], state: CudaStateSlots) -> DeviceStep:
+def _device_step(
+    lens: list[int],
+    starts: list[int],
+    state: CudaStateSlots,
+    slots: tuple[int, ...] = SLOTS,
+    spills: tuple[tuple[int, ...], ...] = (),
+) -> DeviceStep:
+    """The step's metadata; `spills`: per chunk its spill slots (() for a chunk that does not
+    spill), or () for a step without spill slots."""
     cu = [0]
     for n in lens:
         cu.append(cu[-1] + n)
@@ -84,17 +94,28 @@ def _device_step(lens: list[int], starts: list[int], state: CudaStateSlots) -> D
         block_tables=torch.zeros(len(lens), 1, **i32),
         seq_lens=torch.tensor([s + n for s, n in zip(starts, lens)], **i32),
         cu_seqlens=torch.tensor(cu, **i32),
-        state_slots=torch.tensor(SLOTS, dtype=torch.int64, device=DEVICE),
+        state_slots=torch.tensor(slots, dtype=torch.int64, device=DEVICE),
         max_q_len=max(lens),
         kv=None,
         state=state,
+        spill_slots=(
+            torch.tensor([t for sp, n in zip(spills, lens) for t in (sp or [-1] * n)], **i32)
+            if spills
+            else None
+        ),
     )
 
 
-def _context(lens: list[int], starts: list[int], state: StateSlots) -> StepContext:
+def _context(
+    lens: list[int],
+    starts: list[int],
+    state: StateSlots,
+    slots: tuple[int, ...] = SLOTS,
+    spills: tuple[tuple[int, ...], ...] = (),
+) -> StepContext:
     chunks, begin = [], 0
-    for n, s, slot in zip(lens, starts, SLOTS):
-        chunks.append(ChunkView(begin, n, s, (0,), slot))
+    for i, (n, s, slot) in enumerate(zip(lens, starts, slots)):
+        chunks.append(ChunkView(begin, n, s, (0,), slot, spills[i] if spills else ()))
         begin += n
     return StepContext(chunks, None, state, {})  # type: ignore[arg-type]
 
@@ -135,6 +156,59 @@ def test_gdn_layer_ops_match_reference(dtype) -> None:
             torch.testing.assert_close(dev_state.ssm[0][slot], ref_state.ssm[0][slot], **tol)
     for before, t in zip(idle, dev_state.tensors()):
         assert torch.equal(t[[1, 2, NUM_SLOTS]], before)  # in place, and only the step's slots
+
+
+def _random_pools(num_slots: int, dtype: torch.dtype, gen: torch.Generator):
+    """A CUDA-executor pool and a reference pool of `num_slots` slots, equal random states."""
+    dev_state = CudaStateSlots(CACHES, num_slots, dtype, torch.device(DEVICE))
+    ref_state = StateSlots(CACHES, num_slots + 1, dtype, torch.device(DEVICE))
+    for t_dev, t_ref in zip(dev_state.tensors(), ref_state.tensors()):
+        t_dev.copy_(torch.randn(t_dev.shape, generator=gen).to(t_dev.dtype))
+        t_ref.copy_(t_dev)
+    return dev_state, ref_state
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_verify_chunk_spills_each_position_state(dtype) -> None:
+    """A verify chunk of 4 tokens in slot 3 spilling into round slots (5, 1, 3, 6) (its own
+    slot among them, as after a round that accepted 2 drafts), beside a 2-token chunk in slot 0
+    that does not spill: the outputs and every slot of the pool equal the reference ops';
+    slots 2, 4, 7 and the scratch slot stay untouched. Then a decode step from round slot 1
+    (the state after the verify chunk's position 1, as the commit selects it) agrees too."""
+    gen = torch.Generator().manual_seed(2)
+    w = {
+        "conv": torch.randn(CONV, 1, KS, generator=gen),
+        "A_log": torch.randn(HV, generator=gen),
+        "dt_bias": torch.randn(HV, generator=gen),
+        "norm": 1 + 0.2 * torch.randn(DV, generator=gen),
+    }
+    w = {k: t.to(DEVICE, dtype) for k, t in w.items()}
+    num_slots = 8
+    dev_state, ref_state = _random_pools(num_slots, dtype, gen)
+    idle = [2, 4, 7, num_slots]
+    before = [t[idle].clone() for t in dev_state.tensors()]
+    tol = {"rtol": 1e-4, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 5e-2, "atol": 5e-2}
+    width = CONV + HV * DV + 2 * HV
+    steps = [  # (lens, starts, slots, spills)
+        ([4, 2], [9, 5], (3, 0), ((5, 1, 3, 6), ())),
+        ([1, 1], [11, 7], (1, 0), ()),  # round slot 1 continues; no spill slots at all
+    ]
+    for lens, starts, slots, spills in steps:
+        proj = torch.randn(sum(lens), width, generator=gen).to(DEVICE, dtype)
+        got = _layer(CUDA_OPS, _device_step(lens, starts, dev_state, slots, spills), proj, w)
+        want = _layer(ops_torch.OPS, _context(lens, starts, ref_state, slots, spills), proj, w)
+        for name in want:
+            torch.testing.assert_close(got[name].float(), want[name].float(), **tol, msg=name)
+        for slot in range(num_slots):
+            torch.testing.assert_close(
+                dev_state.conv[0][slot].float(), ref_state.conv[0][slot].float(), **tol,
+                msg=f"conv slot {slot}",
+            )  # fmt: skip
+            torch.testing.assert_close(
+                dev_state.ssm[0][slot], ref_state.ssm[0][slot], **tol, msg=f"ssm slot {slot}"
+            )
+    for old, t in zip(before, dev_state.tensors()):
+        assert torch.equal(t[idle], old)
 
 
 def test_long_prefill_matches_reference(monkeypatch) -> None:

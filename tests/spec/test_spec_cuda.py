@@ -1,7 +1,10 @@
 """On a GPU (skipped without one): the CUDA executor outputs the hidden states a plan captures
 exactly as the CPU reference executor does (eager prefill steps, CUDA Graph decode steps and a
 verify step run as decode rows), and `--spec mtp` and `--spec dflash` (with and without
-`--lm-head-draft`) on CUDA give token for token the output of plain decoding."""
+`--lm-head-draft`) on CUDA give token for token the output of plain decoding, on hybrid (Gated
+DeltaNet) targets too (eager verify chunks writing each position's state into the round slots;
+tests/spec/test_spec_hybrid_cuda.py checks those states and every accepted count), pauses under
+a tiny KV pool included."""
 
 from __future__ import annotations
 
@@ -11,9 +14,11 @@ import torch
 from ninfer.artifact import Artifact
 from ninfer.passes.options import CompileOptions
 from ninfer.passes.pipeline import compile_artifact
+from ninfer.runtime.engine import EngineStats
 from ninfer.runtime.executors.choose import make_executor
 from ninfer.runtime.request import Request, SamplingParams
 from ninfer.runtime.step import SeqChunk, StepBatch
+from tests.runtime.real_engine import settled
 from tests.spec.spec_engine import make_engine, run
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -78,17 +83,51 @@ def test_greedy_speculation_on_cuda_equals_plain_decoding(
         target = mtp_artifacts("qwen3")
     else:
         target = build_dflash_fixture(fixture_artifacts("qwen3"), fixture_root)
-    opts = {"device": "cuda", "dtype": "float32", "max_concurrency": 4}
+    _assert_greedy_spec_equals_plain(target, spec, k, lm_head_draft)
+
+
+@pytest.mark.parametrize("lm_head_draft", [False, True])
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe"])
+def test_greedy_mtp_on_a_hybrid_target_on_cuda_equals_plain_decoding(
+    arch, lm_head_draft, mtp_artifacts
+):
+    _assert_greedy_spec_equals_plain(mtp_artifacts(arch), "mtp", 3, lm_head_draft)
+
+
+def test_greedy_dflash_on_a_hybrid_target_on_cuda_equals_plain_decoding(
+    fixture_artifacts, fixture_root
+):
+    from artifacts.fixture_dflash import build_dflash_fixture
+
+    target = build_dflash_fixture(fixture_artifacts("qwen3_5"), fixture_root)
+    _assert_greedy_spec_equals_plain(target, "dflash", 7, False)
+
+
+def test_hybrid_pauses_under_a_tiny_pool_on_cuda_change_nothing(mtp_artifacts):
+    """8 pages for four requests that need 14 together: the youngest is paused (a host
+    snapshot of the round slot it continues from) and restored while others speculate."""
+    pool = {"kv_capacity": 128, "host_context_mib": 64}
+    stats = _assert_greedy_spec_equals_plain(mtp_artifacts("qwen3_5"), "mtp", 3, False, **pool)
+    assert stats.preemptions_total > 0 and stats.snapshot_restores_total > 0, stats
+
+
+def _assert_greedy_spec_equals_plain(
+    target, spec: str, k: int, lm_head_draft: bool, **pool
+) -> EngineStats:
+    """Plain and speculating engines give the same tokens; the latter's settled stats."""
+    opts = {"device": "cuda", "dtype": "float32", "max_concurrency": 4, **pool}
     with make_engine(target, None, **opts) as plain:
         want = run(plain, _requests())
     options = {"spec": spec, "draft_tokens": k, "lm_head_draft": lm_head_draft}
     with make_engine(target, None, **options, **opts) as engine:
         outs = run(engine, _requests())
         graphs = getattr(engine.speculator.drafter, "graphs", None)
+        stats = settled(engine)
     assert [o.token_ids for o in outs] == [o.token_ids for o in want]
     assert sum(o.timings.speculative["rounds"] for o in outs) > 0
     if spec == "dflash":  # the rounds ran from the drafter's CUDA Graphs, for 1 to 4 rows
         assert graphs is not None and graphs.rounds > 0 and graphs.captures >= 2
+    return stats
 
 
 def test_dflash_graph_logits_equal_the_eager_forwards():

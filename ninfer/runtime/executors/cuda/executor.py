@@ -29,6 +29,8 @@ Per step:
     row per verified position, when those rows fit a decode bucket: row i of a sequence writes
     its KV in the layer's prologue before the attention kernel reads positions <= its own, so
     k + 1 rows compute what the k+1-token chunk would, from the decode kernels and graphs;
+  - a verify step of a hybrid model runs eagerly as chunks: each verify chunk's GDN layers
+    write the state after its position t into round slot spill_slots[t] (DeviceStep);
   - any other step (prefill, mixed, `all_logits`, --no-cuda-graph) runs eagerly;
   - `run_chain` (a drafter's round, chain.py): decode steps feeding each other on the device,
     replayed as one graph.
@@ -56,11 +58,10 @@ import torch
 from kernels.folded_norm import NORM_STATS
 from ninfer.artifact.format import Artifact
 from ninfer.ir.plan import Plan
-from ninfer.passes.options import HEADROOM
 from ninfer.runtime.executors.base import PlanExecutorBase
 from ninfer.runtime.executors.cpu.weights import TORCH_DTYPES
 from ninfer.runtime.executors.cuda.chain import ChainGraph, Link, run_chain
-from ninfer.runtime.executors.cuda.kv_cache import CudaKVCache, CudaStateSlots
+from ninfer.runtime.executors.cuda.kv_cache import CudaKVCache, CudaStateSlots, auto_pages
 from ninfer.runtime.executors.cuda.ops import CUDA_KERNELS, DeviceStep
 from ninfer.runtime.executors.cuda.step_layout import StepLayout, StepRecord, verify_rows
 from ninfer.runtime.executors.cuda.weights import load_device_weights, weight_nbytes
@@ -108,7 +109,7 @@ class CudaExecutor(PlanExecutorBase):
         self.page_size = plan.kv.page_size
         num_pages = plan.kv.num_pages
         if plan.options.kv_capacity == "auto" and self.device.type == "cuda":
-            num_pages = self._auto_pages()
+            num_pages = auto_pages(plan, self.device)
         self.kv = CudaKVCache(plan.kv, num_pages, self.device) if plan.kv.layers else None
         self.num_pages = num_pages
         self.state = (
@@ -177,24 +178,6 @@ class CudaExecutor(PlanExecutorBase):
     def kv_bytes_per_token(self) -> int:
         return self.plan.kv.bytes_per_token
 
-    def _auto_pages(self) -> int:
-        free, _ = torch.cuda.mem_get_info(self.device)
-        ledger = self.plan.ledger
-        per_page = self.plan.kv.bytes_per_page
-        if per_page == 0:
-            return self.plan.kv.num_pages
-        avail = free - HEADROOM - ledger.bytes_of("workspace") - ledger.bytes_of("state_slots")
-        # one scratch page; never more than the plan's pool, which auto caps at what the lanes
-        # can use (a small model's whole GPU was more tokens than the engine addresses)
-        pages = min(avail // per_page - 1, self.plan.kv.num_pages)
-        if pages < 1:
-            from ninfer.errors import ConfigError
-
-            raise ConfigError(
-                f"--kv-capacity auto: only {free / 2**30:.1f} GiB free on {self.device} after the weights"
-            )
-        return int(pages)
-
     # -- step --------------------------------------------------------------------------------
     @torch.inference_mode()
     def run(
@@ -217,8 +200,14 @@ class CudaExecutor(PlanExecutorBase):
                 raise ValueError(f"sequence {c.seq_id}: empty chunk")
             if self.is_hybrid:
                 self._check_slot(c.state_slot)
-            if c.spill_slots:  # the GDN kernels do not write per-position states yet
-                raise ValueError("hybrid verify chunks (spill_slots) run on the CPU executor only")
+            if c.spill_slots:  # a hybrid verify chunk: the state after position t -> slot t
+                for slot in c.spill_slots:
+                    self._check_slot(slot)
+                if len(c.spill_slots) != len(c.token_ids):
+                    raise ValueError(
+                        f"sequence {c.seq_id}: {len(c.token_ids)} tokens but"
+                        f" {len(c.spill_slots)} spill slots"
+                    )
         if not all_logits and not self.is_hybrid and any(c.num_logits > 1 for c in chunks):
             rows = verify_rows(chunks, max(self.graph_buckets, default=self.max_rows))
             if rows is not None:
@@ -233,6 +222,7 @@ class CudaExecutor(PlanExecutorBase):
             and n in self.graph_buckets
             and all(len(c.block_table) <= self.max_pages for c in chunks)
             and not any(c.media for c in chunks)  # a 1-token chunk on a placeholder: eager
+            and not any(c.spill_slots for c in chunks)  # graphs write no round slots
         )
         timing = self.collect_timings and self.device.type == "cuda"
         if use_graph:
@@ -301,6 +291,8 @@ class CudaExecutor(PlanExecutorBase):
             slots[t : t + n] = bt[pos // ps] * ps + pos % ps
             seq_lens[i] = end
             state[i] = c.state_slot if c.state_slot is not None else 0
+            if lay.spill:  # per token: its verify chunk's round slot, -1 in other chunks
+                lay.view(buf, "spill")[t : t + n] = c.spill_slots or -1
             t += n
             cu[i + 1] = t
         lay.view(buf, "rows")[:] = rows
@@ -322,6 +314,7 @@ class CudaExecutor(PlanExecutorBase):
             state=self.state,
             inv_freq=self._inv_freq,
             norm_stats=self._norm_stats,
+            spill_slots=lay.view(dev, "spill") if lay.spill else None,
         )
         inputs = {
             "tokens": lay.view(dev, "tokens"),
@@ -361,7 +354,8 @@ class CudaExecutor(PlanExecutorBase):
                 rows.extend(range(t + n - min(c.num_logits, n), t + n))
             t += n
         width = max(-(-(c.start_pos + len(c.token_ids)) // self.page_size) for c in chunks)
-        lay = StepLayout(t, len(chunks), len(rows), width, self._axes)
+        spill = any(c.spill_slots for c in chunks)
+        lay = StepLayout(t, len(chunks), len(rows), width, self._axes, spill)
         host = np.zeros(lay.size, dtype=np.int32)
         self._fill(host, lay, chunks, rows)
         dev = torch.from_numpy(host).to(self.device)

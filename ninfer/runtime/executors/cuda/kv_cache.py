@@ -24,7 +24,8 @@ import torch
 from kernels.kv_cache import alloc_kv_cache, quantize_kv
 from kernels.quant_decode import E2M1_MAX, decode_fp8, encode_fp8
 from ninfer.ir.kv_formats import split_kv
-from ninfer.ir.plan import KVLayout
+from ninfer.ir.plan import KVLayout, Plan
+from ninfer.passes.options import HEADROOM
 from ninfer.runtime.executors.cpu.kv_cache import StateSlots
 
 # the plan's KV storage names -> kernels.kv_cache formats
@@ -135,3 +136,24 @@ class CudaStateSlots(StateSlots):
     @property
     def scratch_slot(self) -> int:
         return self.num_slots
+
+
+def auto_pages(plan: Plan, device: torch.device) -> int:
+    """--kv-capacity auto: the KV pages the free memory of `device` holds after the weights,
+    the plan's workspace and state slots and HEADROOM, less one scratch page; never more than
+    the plan's pool, which auto caps at what the lanes can use (a small model's whole GPU was
+    more tokens than the engine addresses). ConfigError when not one page fits."""
+    free, _ = torch.cuda.mem_get_info(device)
+    per_page = plan.kv.bytes_per_page
+    if per_page == 0:
+        return plan.kv.num_pages
+    ledger = plan.ledger
+    avail = free - HEADROOM - ledger.bytes_of("workspace") - ledger.bytes_of("state_slots")
+    pages = min(avail // per_page - 1, plan.kv.num_pages)
+    if pages < 1:
+        from ninfer.errors import ConfigError
+
+        raise ConfigError(
+            f"--kv-capacity auto: only {free / 2**30:.1f} GiB free on {device} after the weights"
+        )
+    return int(pages)

@@ -69,6 +69,10 @@ class DeviceStep:
     seq_lens      [N] int32 tokens in the cache after this step (the chunk included)
     cu_seqlens    [N + 1] int32 chunk boundaries in the flat token dimension
     state_slots   [N] int32 recurrent-state slot of each chunk (hybrid models)
+    spill_slots   [T] int32 or None: a step with speculative verify chunks of a hybrid model;
+                  the slot that takes the recurrent state after each token of a verify chunk
+                  (SeqChunk.spill_slots), -1 for the tokens of the other chunks. None: no
+                  chunk spills (the kernels take no spill argument, no extra work)
     max_q_len     longest chunk (host int; 1 for decode)
     norm_stats    [slots, NORM_STATS] f32, zeroed at the start of every step: the partial sums of s²
                   of the RMSNorms fuse_norm_linear marked (add_rmsnorm's `stats_slot`)
@@ -86,6 +90,7 @@ class DeviceStep:
     state: CudaStateSlots | None
     inv_freq: dict[str, torch.Tensor] = field(default_factory=dict)
     norm_stats: torch.Tensor | None = None
+    spill_slots: torch.Tensor | None = None
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -357,11 +362,12 @@ def moe_experts(s: DeviceStep, a: dict, x, top_w, top_i, wg, wu, wd) -> torch.Te
 
 
 def causal_conv1d(s: DeviceStep, a: dict, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """In place on the layer's conv-tail pool, rows s.state_slots; x may be a view."""
+    """In place on the layer's conv-tail pool, rows s.state_slots (a verify chunk's tails after
+    each position: rows s.spill_slots); x may be a view."""
     assert s.state is not None
     y, _ = conv1d_kernel(
         _rows(x), w.reshape(w.shape[0], -1), s.state.conv[a["layer"]], s.cu_seqlens,
-        max_len=s.max_q_len, state_slots=s.state_slots,
+        max_len=s.max_q_len, state_slots=s.state_slots, spill_slots=s.spill_slots,
     )  # fmt: skip
     return y
 
@@ -372,18 +378,20 @@ def gdn_gates(s: DeviceStep, a: dict, av, bv, a_log, dt_bias):
 
 
 def gated_delta_rule(s: DeviceStep, a: dict, q, k, v, g, beta) -> torch.Tensor:
-    """Recurrent kernel in place on the layer's S pool (rows s.state_slots, no copies); long
-    prefill chunks use fla's chunked kernel when installed (see GDN_CHUNKED_MIN_TOKENS)."""
+    """Recurrent kernel in place on the layer's S pool (rows s.state_slots, no copies; a verify
+    chunk's states after each position: rows s.spill_slots); long prefill chunks use fla's
+    chunked kernel when installed (see GDN_CHUNKED_MIN_TOKENS) unless a chunk spills."""
     assert s.state is not None
     ssm = s.state.ssm[a["layer"]]  # [slots + 1, Hv, Dk, Dv] f32
     hk, hv, dk, dv = a["k_heads"], a["v_heads"], a["k_dim"], a["v_dim"]
     q3, k3 = q.unflatten(-1, (hk, dk)), k.unflatten(-1, (hk, dk))  # [T, Hk, Dk] views
     v3 = v.unflatten(-1, (hv, dv))  # [T, Hv, Dv]
-    if fla_chunk_gated_delta_rule is not None and s.max_q_len >= GDN_CHUNKED_MIN_TOKENS:
+    chunked = fla_chunk_gated_delta_rule is not None and s.max_q_len >= GDN_CHUNKED_MIN_TOKENS
+    if chunked and s.spill_slots is None:  # fla keeps only each chunk's final state
         return _gated_delta_rule_fla(s, ssm, q3, k3, v3, g, beta).flatten(-2)
     o = gated_delta_rule_recurrent(
         q3, k3, v3, _rows(g), _rows(beta), ssm, s.cu_seqlens, scale=dk**-0.5,
-        state_slots=s.state_slots,
+        state_slots=s.state_slots, spill_slots=s.spill_slots,
     )  # fmt: skip
     return o.flatten(-2)
 

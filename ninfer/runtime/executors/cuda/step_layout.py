@@ -39,12 +39,13 @@ class StepRecord:
 
 class StepLayout:
     """Offsets of the packed int32 metadata of a step of T tokens, N chunks, R logit rows and
-    block tables W pages wide; `axes` rows of positions (3 for a vision plan's MRoPE)."""
+    block tables W pages wide; `axes` rows of positions (3 for a vision plan's MRoPE); with
+    `spill` (a hybrid model's verify step) T round slots, one per token."""
 
-    def __init__(self, T: int, N: int, R: int, W: int, axes: int = 1):
-        self.T, self.N, self.R, self.W, self.axes = T, N, R, W, axes
+    def __init__(self, T: int, N: int, R: int, W: int, axes: int = 1, spill: bool = False):
+        self.T, self.N, self.R, self.W, self.axes, self.spill = T, N, R, W, axes, spill
         sizes = [("tokens", T), ("positions", axes * T), ("slots", T), ("seq_lens", N), ("cu", N + 1),
-                 ("state", N), ("rows", R), ("tables", N * W)]  # fmt: skip
+                 ("state", N), ("rows", R), ("tables", N * W), ("spill", T if spill else 0)]  # fmt: skip
         self.at: dict[str, tuple[int, int]] = {}
         off = 0
         for name, n in sizes:
