@@ -11,11 +11,14 @@ import torch.nn.functional as F
 from kernels.block_attention import block_attention, block_attention_reference, block_splits
 
 
-def _inputs(B, n, H, Hkv, D, S, dtype, seed=0):
+def _inputs(B, n, H, Hkv, D, S, dtype, device, seed=0):
+    """q, k, v on `device` (the GPU when there is one, else the CPU: interpreted kernels)."""
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B * n, H, D, generator=g).to(dtype)
-    k = torch.randn(B + 1, S, Hkv, D, generator=g).to(dtype)  # one spare row: P > B is allowed
-    v = torch.randn(B + 1, S, Hkv, D, generator=g).to(dtype)
+    q = torch.randn(B * n, H, D, generator=g).to(device, dtype)
+    k = torch.randn(B + 1, S, Hkv, D, generator=g).to(
+        device, dtype
+    )  # a spare row: P > B is allowed
+    v = torch.randn(B + 1, S, Hkv, D, generator=g).to(device, dtype)
     return q, k, v
 
 
@@ -24,10 +27,10 @@ def _inputs(B, n, H, Hkv, D, S, dtype, seed=0):
     ("n", "H", "Hkv", "D", "dtype"),
     [(16, 8, 2, 32, torch.float32), (8, 4, 4, 24, torch.float32), (4, 4, 1, 16, torch.bfloat16)],
 )
-def test_block_attention_matches_the_reference(splits, n, H, Hkv, D, dtype):
+def test_block_attention_matches_the_reference(splits, n, H, Hkv, D, dtype, device):
     B, S = 3, n + 150
-    q, k, v = _inputs(B, n, H, Hkv, D, S, dtype)
-    lengths = torch.tensor([150, 0, 77], dtype=torch.int32)
+    q, k, v = _inputs(B, n, H, Hkv, D, S, dtype, device)
+    lengths = torch.tensor([150, 0, 77], dtype=torch.int32, device=device)
     scale = D**-0.5
     got = block_attention(q, k, v, lengths, n, scale=scale, splits=splits)
     want = block_attention_reference(q, k, v, lengths, n, scale=scale)
@@ -35,14 +38,14 @@ def test_block_attention_matches_the_reference(splits, n, H, Hkv, D, dtype):
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
 
 
-def test_block_attention_is_sdpa_over_the_rows_keys():
+def test_block_attention_is_sdpa_over_the_rows_keys(device):
     """Row by row, the same numbers as SDPA (GQA) over the row's valid keys: stale values past a
     row's length are never read."""
     B, n, H, Hkv, D, S = 2, 8, 4, 2, 16, 8 + 100
-    q, k, v = _inputs(B, n, H, Hkv, D, S, torch.float32, seed=3)
+    q, k, v = _inputs(B, n, H, Hkv, D, S, torch.float32, device, seed=3)
     k[1, n + 40 :] = float("nan")  # past row 1's length: must not reach the output
     v[1, n + 40 :] = float("nan")
-    lengths = torch.tensor([100, 40], dtype=torch.int32)
+    lengths = torch.tensor([100, 40], dtype=torch.int32, device=device)
     got = block_attention(q, k, v, lengths, n, scale=0.3, splits=block_splits(S))
     for b, c in enumerate(lengths.tolist()):
         qb = q[b * n : (b + 1) * n].transpose(0, 1)  # [H, n, D]
