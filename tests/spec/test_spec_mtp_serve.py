@@ -8,12 +8,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import openai
 import pytest
 
-from ninfer import LLM, SamplingParams
 from tests.e2e.conftest import TINY_AGENT, start_server
-from tests.e2e.test_spec_e2e import _metric
+from tests.spec.spec_serve import chat_is_the_plain_reply_with_draft_work
 
 PROMPT = "What is the capital of France?"
 
@@ -30,20 +28,7 @@ def server(tmp_path_factory, tiny_agent_mtp):
 
 
 def test_mtp_chat_reports_draft_work(server, tiny_agent_mtp):
-    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused")
-    messages = [{"role": "user", "content": PROMPT}]
-    r = client.chat.completions.create(
-        model=server.model, messages=messages, temperature=0, max_tokens=60
-    )
-    plain = LLM(str(tiny_agent_mtp), max_concurrency=1, kv_capacity=1024, max_context=1024)
-    (want,) = plain.chat(messages, SamplingParams(temperature=0.0, max_tokens=60))
-    assert r.usage.completion_tokens == len(want.token_ids)
-    assert r.choices[0].message.content.strip() in want.text
-    timings = r.model_extra["timings"]
-    assert timings["draft_n"] >= timings["draft_n_accepted"] > 0
-    rounds = _metric(server.base_url, "ninfer_spec_decode_rounds_total")
-    assert _metric(server.base_url, "ninfer_spec_decode_draft_tokens_total") == timings["draft_n"]
-    assert 0 < rounds and timings["draft_n"] <= 3 * rounds
+    chat_is_the_plain_reply_with_draft_work(server, tiny_agent_mtp, PROMPT, 60, 3)
 
 
 def test_an_artifact_without_the_head_stops_startup_with_one_line():
