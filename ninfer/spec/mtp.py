@@ -131,20 +131,16 @@ class MtpDrafter(TimedDrafter):
             chunks, hid = [], []
             for i in active:
                 r, st = rows[i], self._seqs[rows[i].seq_id]
-                if step == 0:  # the rest of the target's rows: positions base+len(fed) .. n-1
-                    start, n, b = len(st.fed), len(r.tokens) - 1, st.base
-                    ids = tuple(r.tokens[b + start + 1 : n + 1])
-                    hid.append(st.rows.take(b + start, n))
-                    st.fed.extend(ids)
-                    st.rows.drop_below(n - 1)  # fed; the last stays for a repeat
+                if step == 0:
+                    chunk, rows_in = self._first_chunk(r)
                 else:  # the head's own output at the previous position, and the last draft
                     start = len(r.tokens) - 2 + step - st.base
-                    ids = (drafts[i][-1],)
-                    hid.append(last[i][None])
-                chunks.append(SeqChunk(r.seq_id, ids, start, tuple(st.pages)))
+                    chunk = SeqChunk(r.seq_id, (drafts[i][-1],), start, tuple(st.pages))
+                    rows_in = last[i][None]
+                chunks.append(chunk)
+                hid.append(rows_in)
             logits = self._run(StepBatch(tuple(chunks)), torch.cat(hid))
-            ends = torch.tensor([len(c.token_ids) for c in chunks]).cumsum(0) - 1
-            out = self.executor.hidden["final"][ends]
+            out = _tip_rows(self.executor.hidden["final"], chunks)
             for row, i in enumerate(active):
                 last[i] = out[row]
                 tok, q = choose_draft(logits[row : row + 1], rows[i], drafts[i], sampler)
@@ -180,13 +176,9 @@ class MtpDrafter(TimedDrafter):
         argmax; the reduced head's argmax mapped through `vocab`, which is ascending)."""
         chunks, hid = [], []
         for i in live:
-            r, st = rows[i], self._seqs[rows[i].seq_id]
-            start, n, b = len(st.fed), len(r.tokens) - 1, st.base
-            ids = tuple(r.tokens[b + start + 1 : n + 1])
-            hid.append(st.rows.take(b + start, n))
-            st.fed.extend(ids)
-            st.rows.drop_below(n - 1)  # fed; the last stays for a repeat
-            chunks.append(SeqChunk(r.seq_id, ids, start, tuple(st.pages)))
+            chunk, rows_in = self._first_chunk(rows[i])
+            chunks.append(chunk)
+            hid.append(rows_in)
         fed_rows = tuple(range(len(chunks)))
         later = tuple(
             StepBatch(
@@ -209,12 +201,7 @@ class MtpDrafter(TimedDrafter):
             picks = chain((first, *later), {"hidden": hidden}, self._link)
         if picks is None:
             out = self.executor.run(first, inputs={"hidden": hidden})
-            final = self.executor.hidden["final"]
-            if final.shape[0] != len(chunks):  # the rows at each chunk's last position
-                ends = [len(c.token_ids) for c in chunks]
-                index = torch.tensor(ends).cumsum(0).sub_(1).to(final.device, non_blocking=True)
-                final = final.index_select(0, index)
-            pick, nxt = self._link(out, final)
+            pick, nxt = self._link(out, _tip_rows(self.executor.hidden["final"], chunks))
             rest = chain(later, nxt, self._link, fed=pick) if chain and later else None
             steps = [pick[None]] if rest is None else [pick[None], rest]
             for batch in later if rest is None else ():
@@ -227,6 +214,18 @@ class MtpDrafter(TimedDrafter):
         for row, i in enumerate(live):
             result[i] = Draft(tuple(t[row] for t in table[: rows[i].k]))
         return result
+
+    def _first_chunk(self, row: DraftRow) -> tuple[SeqChunk, torch.Tensor]:
+        """A round's first head step for `row`: the target's rows the head has not fed yet
+        (positions base + len(fed) .. n - 1, each with the token after it) as one chunk, and
+        those rows [tokens, hidden]; they count as fed (the last stays held for a repeat)."""
+        st = self._seqs[row.seq_id]
+        start, n, b = len(st.fed), len(row.tokens) - 1, st.base
+        ids = tuple(row.tokens[b + start + 1 : n + 1])
+        hidden = st.rows.take(b + start, n)
+        st.fed.extend(ids)
+        st.rows.drop_below(n - 1)
+        return SeqChunk(row.seq_id, ids, start, tuple(st.pages)), hidden
 
     def _link(
         self, out: torch.Tensor, final: torch.Tensor
@@ -246,10 +245,7 @@ class MtpDrafter(TimedDrafter):
         logits = self.executor.run(batch, inputs={"hidden": hidden})
         if self.head is None:
             return logits
-        ends = torch.tensor(
-            [len(c.token_ids) for c in batch.chunks if c.want_logits]
-        ).cumsum(0) - 1  # fmt: skip
-        h = self.executor.hidden["final"][ends]
+        h = _tip_rows(self.executor.hidden["final"], batch.chunks)  # every chunk wants logits
         full = torch.full((h.shape[0], self.vocab_size), float("-inf"), device=h.device)
         full[:, self.vocab] = self._draft_logits(h).float()
         return full
@@ -355,3 +351,12 @@ def _argmax_greedy(params: SamplingParams) -> bool:
     """Whether a row's draft is the argmax of the head's raw logits (choose_draft: greedy,
     and no penalty that depends on the drafts before it)."""
     return params.greedy and not (params.presence_penalty or params.frequency_penalty)
+
+
+def _tip_rows(final: torch.Tensor, chunks: Sequence[SeqChunk]) -> torch.Tensor:
+    """The rows of `final` (a step's captured rows, in chunk order) at each chunk's last
+    position: `final` itself when every chunk is one token."""
+    if final.shape[0] == len(chunks):
+        return final
+    ends = torch.tensor([len(c.token_ids) for c in chunks]).cumsum(0).sub_(1)
+    return final.index_select(0, ends.to(final.device, non_blocking=True))
