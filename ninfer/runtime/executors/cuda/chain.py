@@ -26,9 +26,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
+from ninfer.runtime.executors.cuda.graphs import captured, extra_buffers, scratch_layouts
 from ninfer.runtime.executors.cuda.step_layout import StepLayout
 from ninfer.runtime.step import StepBatch
 
@@ -67,21 +67,9 @@ def chain_fits(ex: Any, batches: Sequence[StepBatch]) -> bool:
 def capture_chain(ex: Any, rows: int, steps: int, link: Link) -> ChainGraph:
     """Capture the chain of `steps` decode steps of `rows` rows (warm-up first, every step on
     the scratch KV page)."""
-    lay = StepLayout(rows, rows, rows, ex.max_pages, ex._axes)
-    host = torch.zeros(steps * lay.size, dtype=torch.int32, pin_memory=True)
-    h = host.numpy()
-    scratch = ex.kv.scratch_page if ex.kv is not None else 0
-    for i in range(steps):
-        part = h[i * lay.size : (i + 1) * lay.size]
-        lay.view(part, "slots")[:] = scratch * ex.page_size
-        lay.view(part, "seq_lens")[:] = 1
-        lay.view(part, "cu")[:] = np.arange(rows + 1)
-        lay.view(part, "rows")[:] = np.arange(rows)
-        lay.view(part, "tables")[:] = scratch
+    lay, host = scratch_layouts(ex, rows, steps)
     dev = host.to(ex.device)
-    extra = {
-        n: torch.zeros(rows, w, dtype=ex.dtype, device=ex.device) for n, w in ex._extra.items()
-    }
+    extra = extra_buffers(ex, rows)
 
     def body() -> torch.Tensor:
         inputs, picks = dict(extra), []
@@ -96,15 +84,7 @@ def capture_chain(ex: Any, rows: int, steps: int, link: Link) -> ChainGraph:
             picks.append(pick)
         return torch.stack(picks)
 
-    side = torch.cuda.Stream(ex.device)
-    side.wait_stream(torch.cuda.current_stream(ex.device))
-    with torch.cuda.stream(side):
-        for _ in range(2):  # compile every kernel variant before capture
-            body()
-    torch.cuda.current_stream(ex.device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=ex._pool):
-        picks = body()
+    graph, picks = captured(ex, body)
     ex.hidden = {}
     g = ChainGraph(rows, steps, link, graph, host, dev, torch.cuda.Event(), extra, picks)
     g.copied.record()

@@ -61,6 +61,7 @@ from ninfer.ir.plan import Plan
 from ninfer.runtime.executors.base import PlanExecutorBase
 from ninfer.runtime.executors.cpu.weights import TORCH_DTYPES
 from ninfer.runtime.executors.cuda.chain import ChainGraph, Link, run_chain
+from ninfer.runtime.executors.cuda.graphs import captured, extra_buffers, scratch_layouts
 from ninfer.runtime.executors.cuda.kv_cache import CudaKVCache, CudaStateSlots, auto_pages
 from ninfer.runtime.executors.cuda.ops import CUDA_KERNELS, DeviceStep
 from ninfer.runtime.executors.cuda.step_layout import StepLayout, StepRecord, verify_rows
@@ -393,33 +394,15 @@ class CudaExecutor(PlanExecutorBase):
     # -- CUDA Graphs -------------------------------------------------------------------------
     def _capture(self, batch: int) -> _DecodeGraph:
         """Capture the decode step of `batch` rows (warm-up run first, on scratch KV/state)."""
-        lay = StepLayout(batch, batch, batch, self.max_pages, self._axes)
-        host = torch.zeros(lay.size, dtype=torch.int32, pin_memory=True)
-        h = host.numpy()
-        scratch_page = self.kv.scratch_page if self.kv is not None else 0
-        lay.view(h, "slots")[:] = scratch_page * self.page_size
-        lay.view(h, "seq_lens")[:] = 1
-        lay.view(h, "cu")[:] = np.arange(batch + 1)
-        lay.view(h, "state")[:] = self.state.scratch_slot if self.state is not None else 0
-        lay.view(h, "rows")[:] = np.arange(batch)
-        lay.view(h, "tables")[:] = scratch_page
+        lay, host = scratch_layouts(self, batch)
         dev = host.to(self.device)
-        extra = {
-            n: torch.zeros(batch, w, dtype=self.dtype, device=self.device)
-            for n, w in self._extra.items()
-        }
-        step, inputs = self._device_step(dev, lay, True, 1)
-        inputs.update(extra)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):  # compile every kernel variant before capture
-                self._forward(step, inputs)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        extra = extra_buffers(self, batch)
+
+        def body() -> torch.Tensor:
             step, inputs = self._device_step(dev, lay, True, 1)
-            logits = self._forward(step, {**inputs, **extra})
+            return self._forward(step, {**inputs, **extra})
+
+        graph, logits = captured(self, body)
         g = _DecodeGraph(batch, graph, host, dev, torch.cuda.Event(), logits, self.hidden, extra)
         g.copied.record()
         self._graphs[batch] = g
