@@ -24,7 +24,7 @@ import torch
 from ninfer.runtime.executors.sampler import Sampler, SampleRow
 from ninfer.runtime.pages import PagePool
 from ninfer.runtime.step import SeqChunk, StepBatch
-from ninfer.spec.drafter import NO_DRAFT, Draft, DraftRow, TimedDrafter
+from ninfer.spec.drafter import NO_DRAFT, Draft, DraftRow, TimedDrafter, agree
 from ninfer.spec.verify import processed_logits
 
 
@@ -32,6 +32,7 @@ from ninfer.spec.verify import processed_logits
 class _DraftSeq:
     pages: list[int] = field(default_factory=list)
     fed: list[int] = field(default_factory=list)  # tokens whose KV the pages hold, position order
+    fed_ok: int = 0  # leading `fed` entries found committed by the last _prepare (agree)
 
 
 class DraftModelDrafter(TimedDrafter):
@@ -108,10 +109,8 @@ class DraftModelDrafter(TimedDrafter):
         position; False when the pool cannot give them (after taking back the pages of
         requests not in this round)."""
         st = self._seqs.setdefault(row.seq_id, _DraftSeq())
-        valid = 0
         limit = min(len(st.fed), len(row.tokens) - 1)  # the last token is computed anyway
-        while valid < limit and st.fed[valid] == row.tokens[valid]:
-            valid += 1
+        valid = st.fed_ok = agree(st.fed, row.tokens, 0, limit, st.fed_ok)
         del st.fed[valid:]
         end = len(row.tokens) + row.k - 1  # positions computed: tokens, then k - 1 drafts
         need = -(-end // self.page_size) - len(st.pages)

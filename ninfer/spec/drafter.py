@@ -59,6 +59,23 @@ class Drafter(Protocol):
         ...
 
 
+def agree(have: list[int], tokens: Sequence[int], offset: int, limit: int, known: int = 0) -> int:
+    """How many leading have[i] == tokens[offset + i], for i < limit, given that the first
+    `known` of them were found equal before: a request's committed tokens only grow, so a
+    drafter that keeps its own copy of them checks only what is new since its last round (the
+    whole history every round cost 2 x 0.8 ms at 32k tokens). The last known entry is checked
+    again; should it differ, everything is checked."""
+    known = min(known, limit)
+    if known and have[known - 1] != tokens[offset + known - 1]:
+        known = 0
+    if have[known:limit] == list(tokens[offset + known : offset + limit]):
+        return limit
+    i = known
+    while i < limit and have[i] == tokens[offset + i]:
+        i += 1
+    return i
+
+
 class TimedDrafter:
     """What the drafters share: `propose` runs their `_propose` and adds its wall time to
     `seconds` (bench: the drafter's cost per round)."""

@@ -48,7 +48,7 @@ from ninfer.runtime.pages import PagePool
 from ninfer.runtime.request import SamplingParams
 from ninfer.runtime.step import FED, SeqChunk, StepBatch
 from ninfer.spec.draft_model import choose_draft
-from ninfer.spec.drafter import NO_DRAFT, Draft, DraftRow, TimedDrafter
+from ninfer.spec.drafter import NO_DRAFT, Draft, DraftRow, TimedDrafter, agree
 from ninfer.spec.mtp_rows import HiddenRows
 
 
@@ -59,6 +59,10 @@ class _HeadSeq:
     seen: list[int] = field(default_factory=list)  # target tokens computed at base + i
     rows: HiddenRows = field(default_factory=HiddenRows)  # the target's rows, not fed yet
     fed: list[int] = field(default_factory=list)  # head position i holds (h[base+i], fed[i])
+    # how many leading `seen` / `fed` entries agree with the committed tokens, as found by the
+    # last _prepare (lowered wherever those lists are cut; drafter.agree)
+    seen_ok: int = 0
+    fed_ok: int = 0
 
 
 class MtpDrafter(TimedDrafter):
@@ -105,8 +109,9 @@ class MtpDrafter(TimedDrafter):
             st = self._seqs.setdefault(c.seq_id, _HeadSeq())
             s = c.start_pos
             if not st.base <= s <= st.base + len(st.seen):  # a gap, or recomputed from before
-                st.base, st.seen, st.fed = s, [], []
+                st.base, st.seen, st.fed, st.seen_ok, st.fed_ok = s, [], [], 0, 0
             del st.seen[s - st.base :]
+            st.seen_ok = min(st.seen_ok, s - st.base)
             st.seen.extend(c.token_ids)
             st.rows.put(s, rows[r : r + n].clone())
             r += n
@@ -179,30 +184,20 @@ class MtpDrafter(TimedDrafter):
             chunk, rows_in = self._first_chunk(rows[i])
             chunks.append(chunk)
             hid.append(rows_in)
-        fed_rows = tuple(range(len(chunks)))
-        later = tuple(
-            StepBatch(
-                tuple(
-                    SeqChunk(
-                        c.seq_id, (FED,), c.start_pos + len(c.token_ids) - 1 + j, c.block_table
-                    )
-                    for c in chunks
-                ),
-                fed_rows=fed_rows,
-            )
-            for j in range(1, depth)
-        )
         first, hidden = StepBatch(tuple(chunks)), hid[0] if len(hid) == 1 else torch.cat(hid)
         chain = getattr(self.executor, "run_chain", None)
         self.steps += depth
         self.fed_rounds += 1
         picks = None
         if chain is not None and all(len(c.token_ids) == 1 for c in chunks):
-            picks = chain((first, *later), {"hidden": hidden}, self._link)
+            picks = chain(first, depth, {"hidden": hidden}, self._link)
         if picks is None:
             out = self.executor.run(first, inputs={"hidden": hidden})
             pick, nxt = self._link(out, _tip_rows(self.executor.hidden["final"], chunks))
-            rest = chain(later, nxt, self._link, fed=pick) if chain and later else None
+            later = _fed_steps(chunks, depth)
+            rest = (
+                chain(later[0], depth - 1, nxt, self._link, fed=pick) if chain and later else None
+            )
             steps = [pick[None]] if rest is None else [pick[None], rest]
             for batch in later if rest is None else ():
                 out = self.executor.run(batch, fed=pick, inputs=nxt)
@@ -299,6 +294,7 @@ class MtpDrafter(TimedDrafter):
         first = st.rows.first()
         base = st.base + len(st.seen) if first is None else first
         st.pages, st.fed, st.seen, st.base = [], [], st.seen[base - st.base :], base
+        st.seen_ok = st.fed_ok = 0
 
     def _prepare(self, row: DraftRow, rows: Sequence[DraftRow], depth: int = 0) -> bool:
         """Drop what the committed tokens no longer support, check the target's rows cover
@@ -310,13 +306,15 @@ class MtpDrafter(TimedDrafter):
             return False
         tokens, b = row.tokens, st.base
         n = len(tokens) - 1 - b  # the target computed head positions 0 .. n-1 (b .. b+n-1)
-        valid = _agree(st.seen, tokens, b, min(len(st.seen), n))  # rows of committed tokens
+        # the rows of committed tokens, and the head positions still good
+        valid = agree(st.seen, tokens, b, min(len(st.seen), n), st.seen_ok)
         del st.seen[valid:]
         st.rows.drop_from(b + valid)
-        fed = _agree(st.fed, tokens, b + 1, min(len(st.fed), valid))  # head positions still good
+        fed = agree(st.fed, tokens, b + 1, min(len(st.fed), valid), st.fed_ok)
         if fed == n and b + n - 1 in st.rows:  # proposing again with nothing new: redo the tip
             fed = n - 1
         del st.fed[fed:]
+        st.seen_ok, st.fed_ok = valid, fed
         if n < 1 or valid < n or fed == n or not st.rows.has(b + fed, b + n):
             return False  # no target rows for what the head needs (not computed here)
         st.rows.drop_below(b + fed)
@@ -336,21 +334,26 @@ class MtpDrafter(TimedDrafter):
         return True
 
 
-def _agree(have: list[int], tokens: Sequence[int], offset: int, limit: int) -> int:
-    """How many leading have[i] == tokens[offset + i], for i < limit (one C-level comparison in
-    the usual case, where all of them do)."""
-    if have[:limit] == list(tokens[offset : offset + limit]):
-        return limit
-    i = 0
-    while i < limit and have[i] == tokens[offset + i]:
-        i += 1
-    return i
-
-
 def _argmax_greedy(params: SamplingParams) -> bool:
     """Whether a row's draft is the argmax of the head's raw logits (choose_draft: greedy,
     and no penalty that depends on the drafts before it)."""
     return params.greedy and not (params.presence_penalty or params.frequency_penalty)
+
+
+def _fed_steps(chunks: Sequence[SeqChunk], depth: int) -> tuple[StepBatch, ...]:
+    """Steps 2 .. depth of a device-fed round after its first step `chunks`: one row per
+    chunk at the position after its last, each token the previous step's pick (FED)."""
+    fed_rows = tuple(range(len(chunks)))
+    return tuple(
+        StepBatch(
+            tuple(
+                SeqChunk(c.seq_id, (FED,), c.start_pos + len(c.token_ids) - 1 + j, c.block_table)
+                for c in chunks
+            ),
+            fed_rows=fed_rows,
+        )
+        for j in range(1, depth)
+    )
 
 
 def _tip_rows(final: torch.Tensor, chunks: Sequence[SeqChunk]) -> torch.Tensor:

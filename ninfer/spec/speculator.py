@@ -81,7 +81,7 @@ class Speculator:
             k = sched.spec_window(seq) if chunk.want_logits and len(chunk.token_ids) == 1 else 0
             if k > 0:
                 p = seq.request.sampling
-                rows.append(DraftRow(seq.seq_id, tuple(seq.tokens), seq.num_prompt, k, p))
+                rows.append(DraftRow(seq.seq_id, seq.tokens, seq.num_prompt, k, p))
         drafts: dict[int, Draft] = {}
         if rows:
             vocab = getattr(executor, "vocab_size", None)  # drafts past it (padding ids) stop

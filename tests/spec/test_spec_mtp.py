@@ -135,3 +135,34 @@ def test_bfloat16_with_the_reduced_head(mtp_artifacts):
     )  # fmt: skip
     assert [o.token_ids for o in outs] == [o.token_ids for o in want]
     assert stats.spec_decode_rounds_total > 0
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_agree_checks_only_what_is_new(seed):
+    """drafter.agree with `known` leading entries found equal before gives the full
+    comparison's count whenever those entries still agree, and re-checks everything when the
+    last of them does not (the tokens it was given were not the same committed tokens)."""
+    import random
+
+    from ninfer.spec.drafter import agree
+
+    rng = random.Random(seed)
+    tokens = [rng.randrange(4) for _ in range(rng.randint(1, 40))]
+    offset = rng.randrange(len(tokens))
+    have = tokens[offset:] + [rng.randrange(4) for _ in range(rng.randrange(4))]
+    for i in rng.sample(range(len(have)), rng.randrange(min(3, len(have)) + 1)):
+        have[i] = rng.randrange(4)
+    limit = min(len(have), len(tokens) - offset)
+
+    def full() -> int:
+        i = 0
+        while i < limit and have[i] == tokens[offset + i]:
+            i += 1
+        return i
+
+    for known in range(full() + 1):
+        assert agree(have, tokens, offset, limit, known) == full()
+    if full() < limit:  # a caller that was told wrong: known past the first difference
+        wrong = rng.randint(full() + 1, limit)
+        if have[wrong - 1] != tokens[offset + wrong - 1]:
+            assert agree(have, tokens, offset, limit, wrong) == full()

@@ -6,7 +6,8 @@ host round trip between its steps. `CudaExecutor.run_chain` runs such a chain of
 R one-token rows as one graph, captured once per (R, S) on first use:
 
     host    S step layouts (StepLayout of R rows each) packed in one pinned int32 buffer,
-            filled from the S batches, copied to the device once; step 0's extra inputs
+            filled from step 0's rows at once (step j: each row's position + j;
+            step_layout.fill_chain), copied to the device once; step 0's extra inputs
             (`hidden` [R, hidden]) copied into the graph's buffer; step 0's tokens from
             `fed` (a device tensor) when given, else from the batch
     graph   for i in 0 .. S-1:
@@ -22,14 +23,14 @@ plain decode step does, so the chain computes exactly what S `run` calls would.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ninfer.runtime.executors.cuda.graphs import captured, extra_buffers, scratch_layouts
-from ninfer.runtime.executors.cuda.step_layout import StepLayout
+from ninfer.runtime.executors.cuda.step_layout import StepLayout, fill_chain
 from ninfer.runtime.step import StepBatch
 
 Link = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -48,19 +49,14 @@ class ChainGraph:
     picks: torch.Tensor  # [steps, rows] output buffer
 
 
-def chain_fits(ex: Any, batches: Sequence[StepBatch]) -> bool:
-    """Whether `batches` can run as a chain graph on `ex`: every batch the same number of
-    one-token rows wanting logits, that number a graph bucket, tables within the plan's."""
-    if not ex.graph_buckets or ex.is_hybrid or ex.media is not None or not batches:
+def chain_fits(ex: Any, first: StepBatch) -> bool:
+    """Whether a chain from `first` can run as a chain graph on `ex`: one-token rows wanting
+    logits, their number a graph bucket, tables within the plan's."""
+    if not ex.graph_buckets or ex.is_hybrid or ex.media is not None or ex._axes != 1:
         return False
-    n = len(batches[0].chunks)
-    return n in ex.graph_buckets and all(
-        len(b.chunks) == n
-        and all(
-            len(c.token_ids) == 1 and c.want_logits and len(c.block_table) <= ex.max_pages
-            for c in b.chunks
-        )
-        for b in batches
+    return len(first.chunks) in ex.graph_buckets and all(
+        len(c.token_ids) == 1 and c.want_logits and len(c.block_table) <= ex.max_pages
+        for c in first.chunks
     )
 
 
@@ -94,18 +90,16 @@ def capture_chain(ex: Any, rows: int, steps: int, link: Link) -> ChainGraph:
 def replay_chain(
     ex: Any,
     g: ChainGraph,
-    batches: Sequence[StepBatch],
+    first: StepBatch,
     inputs: dict[str, torch.Tensor],
     fed: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Fill the chain's layouts from `batches`, copy step 0's inputs in and replay; the picks
+    """Fill the chain's layouts from `first`, copy step 0's inputs in and replay; the picks
     [steps, rows] (the graph's buffer)."""
     lay = StepLayout(g.rows, g.rows, g.rows, ex.max_pages, ex._axes)
     g.copied.synchronize()  # the previous copy has read the pinned buffer
-    h = g.host.numpy()
-    order = list(range(g.rows))
-    for i, b in enumerate(batches):
-        ex._fill(h[i * lay.size : (i + 1) * lay.size], lay, b.chunks, order)
+    scratch = ex.kv.scratch_page if ex.kv is not None else 0
+    fill_chain(g.host.numpy(), lay, g.steps, first.chunks, ex.page_size, scratch)
     for name, value in ex._extra_inputs(inputs, g.rows).items():
         g.extra[name].copy_(value, non_blocking=True)
     g.device.copy_(g.host, non_blocking=True)
@@ -119,22 +113,24 @@ def replay_chain(
 
 def run_chain(
     ex: Any,
-    batches: Sequence[StepBatch],
+    first: StepBatch,
+    steps: int,
     inputs: dict[str, torch.Tensor],
     link: Link,
     fed: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
-    """Run `batches` (decode rows, the same rows each) on `ex` as one chain graph: step 0 with
-    `inputs` (its tokens from `fed` when given), each later step on the pick and inputs `link`
-    made of the step before; the picks [steps, rows], valid until the next chain of that
-    shape. None when the chain cannot run as a graph (chain_fits): the caller then runs the
-    steps one `run` at a time. Leaves `ex.hidden` empty."""
-    if not chain_fits(ex, batches):
+    """Run `steps` decode steps of `first`'s rows on `ex` as one chain graph, step j at each
+    row's position + j: step 0 on `first` with `inputs` (its tokens from `fed` when given),
+    each later step on the pick and inputs `link` made of the step before; the picks [steps,
+    rows], valid until the next chain of that shape. None when the chain cannot run as a
+    graph (chain_fits): the caller then runs the steps one `run` at a time. Leaves `ex.hidden`
+    empty; ValueError when a row's block table does not cover its last step."""
+    if steps < 1 or not chain_fits(ex, first):
         return None
-    key = (len(batches[0].chunks), len(batches))
+    key = (len(first.chunks), steps)
     g = ex._chains.get(key)
     if g is None or g.link != link:
         g = ex._chains[key] = capture_chain(ex, key[0], key[1], link)
-    picks = replay_chain(ex, g, batches, inputs, fed)
+    picks = replay_chain(ex, g, first, inputs, fed)
     ex.tokens_computed += key[0] * key[1]
     return picks

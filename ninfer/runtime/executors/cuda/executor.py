@@ -64,7 +64,12 @@ from ninfer.runtime.executors.cuda.chain import ChainGraph, Link, run_chain
 from ninfer.runtime.executors.cuda.graphs import captured, extra_buffers, scratch_layouts
 from ninfer.runtime.executors.cuda.kv_cache import CudaKVCache, CudaStateSlots, auto_pages
 from ninfer.runtime.executors.cuda.ops import CUDA_KERNELS, DeviceStep
-from ninfer.runtime.executors.cuda.step_layout import StepLayout, StepRecord, verify_rows
+from ninfer.runtime.executors.cuda.step_layout import (
+    StepLayout,
+    StepRecord,
+    fill_step,
+    verify_rows,
+)
 from ninfer.runtime.executors.cuda.weights import load_device_weights, weight_nbytes
 from ninfer.runtime.executors.kernel_registry import KernelRegistry
 from ninfer.runtime.executors.vision.encoder import MediaEncoder
@@ -257,46 +262,9 @@ class CudaExecutor(PlanExecutorBase):
     def _fill(
         self, buf: np.ndarray, lay: StepLayout, chunks: tuple[SeqChunk, ...], rows: list[int]
     ) -> None:
-        """Write a step's metadata into `buf` (int32, laid out by `lay`)."""
-        ps = self.page_size
+        """Write a step's metadata into `buf` (int32, laid out by `lay`; step_layout.py)."""
         scratch = self.kv.scratch_page if self.kv is not None else 0
-        tokens, positions, slots = (
-            lay.view(buf, "tokens"),
-            lay.view(buf, "positions"),
-            lay.view(buf, "slots"),
-        )
-        seq_lens, cu, state = lay.view(buf, "seq_lens"), lay.view(buf, "cu"), lay.view(buf, "state")
-        tables = lay.view(buf, "tables").reshape(lay.N, lay.W)
-        tables.fill(scratch)
-        t = 0
-        cu[0] = 0
-        for i, c in enumerate(chunks):
-            n, end = len(c.token_ids), c.start_pos + len(c.token_ids)
-            need = -(-end // ps)
-            if len(c.block_table) < need:
-                raise ValueError(
-                    f"block table of {len(c.block_table)} pages does not cover position {end - 1}"
-                )
-            bt = np.asarray(c.block_table[:need], dtype=np.int64)
-            tables[i, :need] = bt
-            pos = np.arange(c.start_pos, end)
-            tokens[t : t + n] = c.token_ids
-            if lay.axes == 1:
-                positions[t : t + n] = pos
-            else:  # MRoPE: [3, T] (temporal, height, width); text and decode rows (p, p, p) + delta
-                pos3 = positions.reshape(3, lay.T)
-                if c.mrope is not None:
-                    pos3[:, t : t + n] = c.mrope.positions(c.start_pos, n)
-                else:
-                    pos3[:, t : t + n] = pos
-            slots[t : t + n] = bt[pos // ps] * ps + pos % ps
-            seq_lens[i] = end
-            state[i] = c.state_slot if c.state_slot is not None else 0
-            if lay.spill:  # per token: its verify chunk's round slot, -1 in other chunks
-                lay.view(buf, "spill")[t : t + n] = c.spill_slots or -1
-            t += n
-            cu[i + 1] = t
-        lay.view(buf, "rows")[:] = rows
+        fill_step(buf, lay, chunks, rows, self.page_size, scratch)
 
     def _device_step(
         self, dev: torch.Tensor, lay: StepLayout, decode: bool, max_q_len: int
@@ -428,12 +396,13 @@ class CudaExecutor(PlanExecutorBase):
 
     @torch.inference_mode()
     def run_chain(
-        self, batches: tuple[StepBatch, ...], inputs: dict[str, torch.Tensor], link: Link,
+        self, first: StepBatch, steps: int, inputs: dict[str, torch.Tensor], link: Link,
         fed: torch.Tensor | None = None,
     ) -> torch.Tensor | None:  # fmt: skip
-        """A drafter's chain of decode steps as one CUDA Graph (chain.py): the picks [steps,
-        rows], or None when the chain cannot run as one (the caller then runs each step)."""
-        return run_chain(self, batches, inputs, link, fed)
+        """A drafter's chain of `steps` decode steps from `first` as one CUDA Graph (chain.py):
+        the picks [steps, rows], or None when the chain cannot run as one (the caller then runs
+        each step)."""
+        return run_chain(self, first, steps, inputs, link, fed)
 
     def _replay(
         self, g: _DecodeGraph, batch: StepBatch, fed: torch.Tensor | None, t0: float, timing: bool

@@ -1,9 +1,11 @@
-"""How a CUDA step's host metadata is laid out, how a verify step becomes decode rows, and
-what a step's timing record holds.
+"""How a CUDA step's host metadata is laid out and filled, how a verify step becomes decode
+rows, and what a step's timing record holds.
 
 `StepLayout` gives the offsets of the one int32 array a step's metadata is packed into (copied
-to the device once per step); `verify_rows` turns the verify chunks of a speculative step into
-one-token rows, so it can run on the decode kernels and their CUDA Graph buckets.
+to the device once per step); `fill_step` writes a step into it (decode rows, the common case
+and a graph replay's whole host work, by a short path), `fill_chain` the layouts of a chain of
+decode steps at once (chain.py); `verify_rows` turns the verify chunks of a speculative step
+into one-token rows, so it can run on the decode kernels and their CUDA Graph buckets.
 """
 
 from __future__ import annotations
@@ -56,6 +58,140 @@ class StepLayout:
     def view(self, buf: np.ndarray | torch.Tensor, name: str):
         a, b = self.at[name]
         return buf[a:b]
+
+
+def fill_step(
+    buf: np.ndarray,
+    lay: StepLayout,
+    chunks: tuple[SeqChunk, ...],
+    rows: list[int],
+    page_size: int,
+    scratch: int,
+) -> None:
+    """Write a step's metadata into `buf` (int32, laid out by `lay`): each chunk's tokens,
+    positions, KV slots, sequence length, state slot and block table (the pages up to its last
+    position; `scratch` after them), chunk boundaries, and the logit `rows`."""
+    if lay.T == lay.N == len(chunks) and lay.axes == 1 and not lay.spill:
+        _fill_rows(buf, lay, chunks, rows, page_size, scratch)
+    else:
+        _fill_chunks(buf, lay, chunks, rows, page_size, scratch)
+
+
+def _fill_chunks(
+    buf: np.ndarray,
+    lay: StepLayout,
+    chunks: tuple[SeqChunk, ...],
+    rows: list[int],
+    ps: int,
+    scratch: int,
+) -> None:
+    """fill_step for any chunks: prefill, verify and mixed steps, MRoPE, round slots."""
+    tokens, positions, slots = (
+        lay.view(buf, "tokens"),
+        lay.view(buf, "positions"),
+        lay.view(buf, "slots"),
+    )
+    seq_lens, cu, state = lay.view(buf, "seq_lens"), lay.view(buf, "cu"), lay.view(buf, "state")
+    tables = lay.view(buf, "tables").reshape(lay.N, lay.W)
+    tables.fill(scratch)
+    t = 0
+    cu[0] = 0
+    for i, c in enumerate(chunks):
+        n, end = len(c.token_ids), c.start_pos + len(c.token_ids)
+        bt = np.asarray(_cover(c, end - 1, ps), dtype=np.int64)
+        tables[i, : len(bt)] = bt
+        pos = np.arange(c.start_pos, end)
+        tokens[t : t + n] = c.token_ids
+        if lay.axes == 1:
+            positions[t : t + n] = pos
+        else:  # MRoPE: [3, T] (temporal, height, width); text and decode rows (p, p, p) + delta
+            pos3 = positions.reshape(3, lay.T)
+            if c.mrope is not None:
+                pos3[:, t : t + n] = c.mrope.positions(c.start_pos, n)
+            else:
+                pos3[:, t : t + n] = pos
+        slots[t : t + n] = bt[pos // ps] * ps + pos % ps
+        seq_lens[i] = end
+        state[i] = c.state_slot if c.state_slot is not None else 0
+        if lay.spill:  # per token: its verify chunk's round slot, -1 in other chunks
+            lay.view(buf, "spill")[t : t + n] = c.spill_slots or -1
+        t += n
+        cu[i + 1] = t
+    lay.view(buf, "rows")[:] = rows
+
+
+def _fill_rows(
+    buf: np.ndarray,
+    lay: StepLayout,
+    chunks: tuple[SeqChunk, ...],
+    rows: list[int],
+    ps: int,
+    scratch: int,
+) -> None:
+    """fill_step for one-token rows (a decode step): the same values from a few list
+    assignments instead of a dozen array operations per chunk (the host work of every graph
+    replay)."""
+    tables = lay.view(buf, "tables").reshape(lay.N, lay.W)
+    tables.fill(scratch)
+    pos = [c.start_pos for c in chunks]
+    slots = []
+    for i, c in enumerate(chunks):
+        bt = _cover(c, pos[i], ps)
+        tables[i, : len(bt)] = bt
+        slots.append(bt[-1] * ps + pos[i] % ps)
+    lay.view(buf, "tokens")[:] = [c.token_ids[0] for c in chunks]
+    lay.view(buf, "positions")[:] = pos
+    lay.view(buf, "slots")[:] = slots
+    lay.view(buf, "seq_lens")[:] = [p + 1 for p in pos]
+    lay.view(buf, "cu")[:] = range(len(chunks) + 1)
+    lay.view(buf, "state")[:] = [0 if c.state_slot is None else c.state_slot for c in chunks]
+    lay.view(buf, "rows")[:] = rows
+
+
+def fill_chain(
+    buf: np.ndarray,
+    lay: StepLayout,
+    steps: int,
+    chunks: tuple[SeqChunk, ...],
+    page_size: int,
+    scratch: int,
+) -> None:
+    """The layouts of `steps` decode steps (`lay` each, one after another in `buf`) of
+    one-token rows `chunks` where step j computes each row's position start_pos + j: what
+    fill_step writes for each of those steps, in a few array operations over all of them
+    (tokens of steps after the first are left to the chain, which feeds them). Every step's
+    block tables hold the pages up to the chain's last position (a step's attention reads only
+    its sequence length's pages)."""
+    n, ps = len(chunks), page_size
+    every = buf[: steps * lay.size].reshape(steps, lay.size)
+    tables = np.full((n, lay.W), scratch, dtype=np.int32)
+    for i, c in enumerate(chunks):
+        bt = _cover(c, c.start_pos + steps - 1, ps)
+        tables[i, : len(bt)] = bt
+    pos = np.array([c.start_pos for c in chunks])[None, :] + np.arange(steps)[:, None]  # [S, n]
+    for name, value in (
+        ("tokens", [c.token_ids[0] for c in chunks]),
+        ("positions", pos),
+        ("slots", tables[np.arange(n), pos // ps] * ps + pos % ps),
+        ("seq_lens", pos + 1),
+        ("cu", np.arange(n + 1)),
+        ("state", [0 if c.state_slot is None else c.state_slot for c in chunks]),
+        ("rows", np.arange(n)),
+        ("tables", tables.reshape(-1)),
+    ):
+        a, b = lay.at[name]
+        every[:, a:b] = value
+
+
+def _cover(c: SeqChunk, last: int, ps: int) -> tuple[int, ...]:
+    """The pages of `c`'s block table up to the one holding position `last`; ValueError when
+    the table is shorter."""
+    need = last // ps + 1
+    if len(c.block_table) < need:
+        raise ValueError(
+            f"block table of {len(c.block_table)} pages does not cover position {last}"
+        )
+    return c.block_table[:need]
 
 
 def verify_rows(chunks: tuple[SeqChunk, ...], limit: int) -> tuple[SeqChunk, ...] | None:
