@@ -8,7 +8,10 @@ enough for greedy-identity tests (drafts only change speed).
 
 `build_mtp_fixture(arch, root)` is the fixture `arch` with such a head, converted by the real
 path of a Qwen3.5 checkpoint: the head is written as `mtp.safetensors` next to the fixture's
-Hugging Face weights and `ninfer convert` picks it up as the mtp component.
+Hugging Face weights and `ninfer convert` picks it up as the mtp component. `arch` may also be
+a vision fixture (artifacts/fixture_vision.py: qwen3_5_vl, qwen3_5_moe_vl): the real Qwen3.5
+vision-language checkpoints carry their `mtp.*` weights beside the language model's and the
+tower's, so the converted artifact has all three components (text, mtp, vision).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from artifacts.fixture_vision import VISION_ARCHS, build_vision_fixture, build_vision_hf_dir
 from artifacts.fixtures import build_fixture, build_hf_dir, convert_once, hf_dir_once
 from ninfer.artifact.format import Artifact
 
@@ -50,15 +54,26 @@ def initial_head(art: Artifact, seed: int) -> dict[str, np.ndarray]:
     return head
 
 
-def build_mtp_fixture(arch: str, root: str | os.PathLike[str]) -> Path:
-    """`root/<arch>-mtp.ninfer`: fixture `arch` with a seeded random MTP head (module
-    docstring); reused when already there."""
+def build_mtp_hf_dir(arch: str, root: str | os.PathLike[str]) -> Path:
+    """`root/<arch>-mtp-hf/`: the fixture's Hugging Face directory plus `mtp.safetensors`, a
+    seeded random head (module docstring); reused when already there."""
     from safetensors.numpy import save_file
 
+    vision = arch in VISION_ARCHS
+    hf_dir, fixture = (
+        (build_vision_hf_dir, build_vision_fixture) if vision else (build_hf_dir, build_fixture)
+    )
+
     def write(tmp: Path) -> None:
-        shutil.copytree(build_hf_dir(arch, root), tmp)
-        head = initial_head(Artifact(build_fixture(arch, root)), seed=len(arch))
+        shutil.copytree(hf_dir(arch, root), tmp)
+        head = initial_head(Artifact(fixture(arch, root)), seed=len(arch))
         save_file(head, str(tmp / "mtp.safetensors"))
 
-    hf = hf_dir_once(f"{arch}-mtp", root, write)
+    return hf_dir_once(f"{arch}-mtp", root, write)
+
+
+def build_mtp_fixture(arch: str, root: str | os.PathLike[str]) -> Path:
+    """`root/<arch>-mtp.ninfer`: fixture `arch` with a seeded random MTP head, converted from
+    `build_mtp_hf_dir(arch, root)`; reused when already there."""
+    hf = build_mtp_hf_dir(arch, root)
     return convert_once(f"{arch}-mtp", root, lambda name, root: hf)

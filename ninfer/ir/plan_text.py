@@ -39,6 +39,8 @@ def summary_lines(plan: Plan) -> list[str]:
         L.append("declared: " + " ".join(f"{k}({v})" for k, v in declared))
     if plan.model.get("capture"):  # hidden states a drafter reads (CompileOptions.capture)
         L.append("capture: " + " ".join(f"{k}=%{v}" for k, v in plan.model["capture"].items()))
+    if plan.model.get("media"):  # an MTP head of a vision plan (ir/models/mtp.py)
+        L.append(f"media: {plan.model['media']}")
     if plan.vision is not None:
         v = plan.vision
         L.append(

@@ -49,6 +49,8 @@ def lower(graph: Graph, options: CompileOptions) -> Plan:
     }
     if meta.get("capture"):  # captured hidden states: name -> output (decoder.add_captures)
         model["capture"] = dict(meta["capture"])
+    if meta.get("media"):  # a stage that merges another stage's vision embeddings (mtp.py)
+        model["media"] = meta["media"]
     recorded = {f.name: getattr(options, f.name) for f in fields(PlanOptions)}
     recorded["cuda_graphs"] = options.cuda_graphs and options.device == "cuda"  # none on cpu
     recorded["dtype"] = (

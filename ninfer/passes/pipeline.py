@@ -120,11 +120,14 @@ def compile_mtp(artifact: Any, options: CompileOptions, logits: bool = True) -> 
     """The plan of `artifact`'s MTP head (ir/models/mtp.py): the `--spec mtp` drafter's own
     stage, compiled with the target's options (its own KV pool of the same capacity; no
     capture). ConfigError when the artifact has no mtp component. `logits` False: the head's
-    output hidden only (--lm-head-draft applies a reduced head to it)."""
+    output hidden only (--lm-head-draft applies a reduced head to it). With `options.vision`
+    the head reads 3-axis positions and the target's vision embeddings (ir/models/mtp.py);
+    it runs no tower of its own, so its plan has no vision stage."""
     tensors = {n: (i.format, tuple(i.shape)) for n, i in artifact.tensors.items()}
     g = build_mtp_graph(
-        artifact.architecture, artifact.config, tensors, options.compute_dtype, logits
-    )
+        artifact.architecture, artifact.config, tensors, options.compute_dtype, logits,
+        options.vision,
+    )  # fmt: skip
     g.meta["model_name"] = f"{artifact.name}-mtp"
     return compile_graph(g, dataclasses.replace(options, capture=(), vision=False))
 

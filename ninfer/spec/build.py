@@ -10,7 +10,9 @@
         ──make_executor──▶ its executor (its own KV pages; the embedding and LM head the
         target's tensors, shared) ──▶ MtpDrafter ──▶ Speculator
         (the target plan captures "final" hidden states: EngineOptions adds the capture;
-        --lm-head-draft: the head's logits over draft_vocab's frequency-ranked subset)
+        --lm-head-draft: the head's logits over draft_vocab's frequency-ranked subset;
+        --vision: the head reads the target's 3-axis positions and vision embeddings, its
+        executor taking them from the target's media encoder: ninfer/spec/mtp_media.py)
 
 Refused at startup, each with a one-line ConfigError: a draft model whose tokenizer differs
 from the target's (the drafts would be other tokens) and a hybrid draft model (its own state
@@ -126,12 +128,13 @@ def _mtp_drafter(artifact: Any, options: EngineOptions, target: Any) -> MtpDraft
     plan = compile_mtp(artifact, options.compile, logits=not options.lm_head_draft)
     executor = make_executor(plan, artifact, options.device)
     _share_weights(executor, target)
+    media = target.media if executor.merges_media else None
     if not options.lm_head_draft:
-        return MtpDrafter(executor, max_chunk=options.prefill_chunk)
+        return MtpDrafter(executor, max_chunk=options.prefill_chunk, target_media=media)
     from ninfer.spec.draft_vocab import draft_head
 
     vocab, head = draft_head(artifact, executor.dtype, executor.device)
     return MtpDrafter(
         executor, max_chunk=options.prefill_chunk, vocab=vocab, head=head,
-        vocab_size=int(plan.model["vocab"]),
+        vocab_size=int(plan.model["vocab"]), target_media=media,
     )  # fmt: skip

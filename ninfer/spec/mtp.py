@@ -33,12 +33,17 @@ through choose_draft (sampled rows need q for rejection sampling). The target's 
 `vocab` (--lm-head-draft, FR-Spec): the head's logits use only those lm_head rows (token ids,
 ranked by frequency; ninfer/spec/draft_vocab.py); q is zero outside them, so sampled rows are
 still verified exactly and greedy output is unchanged.
+
+`target_media` (a vision plan, --vision): the target executor's media encoder. The head's plan
+then reads 3-axis positions and merges vision embeddings (ir/models/mtp.py); `HeadMedia`
+(ninfer/spec/mtp_media.py) gives every head chunk the target's 3-axis positions of its rows and
+the spans of the placeholders among the tokens it feeds, and supplies their embeddings.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -49,6 +54,7 @@ from ninfer.runtime.request import SamplingParams
 from ninfer.runtime.step import FED, SeqChunk, StepBatch
 from ninfer.spec.draft_model import choose_draft
 from ninfer.spec.drafter import NO_DRAFT, Draft, DraftRow, TimedDrafter, agree
+from ninfer.spec.mtp_media import HeadMedia
 from ninfer.spec.mtp_rows import HiddenRows
 
 
@@ -81,8 +87,13 @@ class MtpDrafter(TimedDrafter):
         head: torch.Tensor | None = None,
         vocab_size: int | None = None,
         device_rounds: bool = True,
+        target_media: Any = None,
     ) -> None:
         self.executor = executor
+        self.media = None  # a vision plan's: the target's positions and embeddings (mtp_media.py)
+        if target_media is not None:
+            self.media = HeadMedia(target_media, lambda seq_id: self._seqs[seq_id].base)
+            executor.use_media(self.media)
         # argmax rows drafted with each step's pick fed back on the device (_greedy_round);
         # False: every round step by step through choose_draft (the tests compare the two)
         self.device_rounds = device_rounds
@@ -115,11 +126,15 @@ class MtpDrafter(TimedDrafter):
             st.seen.extend(c.token_ids)
             st.rows.put(s, rows[r : r + n].clone())
             r += n
+            if self.media is not None:
+                self.media.observe(c)
 
     def forget(self, seq_id: int) -> None:
         st = self._seqs.pop(seq_id, None)
         if st is not None:
             self.pool.release(st.pages)
+        if self.media is not None:
+            self.media.forget(seq_id)
 
     # -- proposing -----------------------------------------------------------------------------
     def _propose(self, rows: Sequence[DraftRow], sampler: Sampler) -> list[Draft]:
@@ -140,7 +155,7 @@ class MtpDrafter(TimedDrafter):
                     chunk, rows_in = self._first_chunk(r)
                 else:  # the head's own output at the previous position, and the last draft
                     start = len(r.tokens) - 2 + step - st.base
-                    chunk = SeqChunk(r.seq_id, (drafts[i][-1],), start, tuple(st.pages))
+                    chunk = self._chunk(r.seq_id, (drafts[i][-1],), start)
                     rows_in = last[i][None]
                 chunks.append(chunk)
                 hid.append(rows_in)
@@ -220,7 +235,16 @@ class MtpDrafter(TimedDrafter):
         hidden = st.rows.take(b + start, n)
         st.fed.extend(ids)
         st.rows.drop_below(n - 1)
-        return SeqChunk(row.seq_id, ids, start, tuple(st.pages)), hidden
+        return self._chunk(row.seq_id, ids, start), hidden
+
+    def _chunk(
+        self, seq_id: int, ids: tuple[int, ...], start: int, logits: bool = True
+    ) -> SeqChunk:
+        """A head chunk feeding `ids` at head positions start..: on a vision plan with the
+        target's 3-axis positions and the spans among the tokens it feeds (mtp_media.py)."""
+        st = self._seqs[seq_id]
+        extra = {} if self.media is None else self.media.fields(seq_id, st.base, start, len(ids))
+        return SeqChunk(seq_id, ids, start, tuple(st.pages), want_logits=logits, **extra)
 
     def _link(
         self, out: torch.Tensor, final: torch.Tensor
@@ -281,7 +305,7 @@ class MtpDrafter(TimedDrafter):
                     ids = tuple(r.tokens[b + start + 1 : b + end + 1])
                     hid.append(st.rows.take(b + start, b + end))
                     st.rows.drop_below(b + end)
-                    chunks.append(SeqChunk(r.seq_id, ids, start, tuple(st.pages), None, False))
+                    chunks.append(self._chunk(r.seq_id, ids, start, logits=False))
                     st.fed.extend(ids)
             if not chunks:
                 return
@@ -345,15 +369,16 @@ def _fed_steps(chunks: Sequence[SeqChunk], depth: int) -> tuple[StepBatch, ...]:
     chunk at the position after its last, each token the previous step's pick (FED)."""
     fed_rows = tuple(range(len(chunks)))
     return tuple(
-        StepBatch(
-            tuple(
-                SeqChunk(c.seq_id, (FED,), c.start_pos + len(c.token_ids) - 1 + j, c.block_table)
-                for c in chunks
-            ),
-            fed_rows=fed_rows,
-        )
+        StepBatch(tuple(_fed_step(c, j) for c in chunks), fed_rows=fed_rows)
         for j in range(1, depth)
     )
+
+
+def _fed_step(first: SeqChunk, j: int) -> SeqChunk:
+    """Step j + 1 of a device-fed round whose first step ran `first`: one fed token, j
+    positions after first's last (its layout kept; no media: a draft is no placeholder)."""
+    start = first.start_pos + len(first.token_ids) - 1 + j
+    return replace(first, token_ids=(FED,), start_pos=start, media=())
 
 
 def _tip_rows(final: torch.Tensor, chunks: Sequence[SeqChunk]) -> torch.Tensor:

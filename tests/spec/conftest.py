@@ -12,11 +12,21 @@ def _single_threaded(one_thread):
 
 @pytest.fixture(scope="session")
 def mtp_artifacts(fixture_root):
-    """arch -> the tiny random fixture of `arch` with a seeded random MTP head, converted from
-    its Hugging Face directory plus `mtp.safetensors` (artifacts/mtp_head.py)."""
+    """arch -> the tiny random fixture of `arch` (a text fixture, or a vision one: qwen3_5_vl,
+    qwen3_5_moe_vl) with a seeded random MTP head, converted from its Hugging Face directory
+    plus `mtp.safetensors` (artifacts/mtp_head.py)."""
     from artifacts.mtp_head import build_mtp_fixture
 
     return lambda arch: build_mtp_fixture(arch, fixture_root)
+
+
+@pytest.fixture(scope="session")
+def mtp_hf_dirs(fixture_root):
+    """arch -> the Hugging Face directory `mtp_artifacts(arch)` is converted from (the
+    fixture's, plus the head as `mtp.safetensors`)."""
+    from artifacts.mtp_head import build_mtp_hf_dir
+
+    return lambda arch: build_mtp_hf_dir(arch, fixture_root)
 
 
 @pytest.fixture(scope="session")

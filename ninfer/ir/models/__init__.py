@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ninfer.artifact.model_spec import ModelSpec, model_spec
 from ninfer.errors import ArtifactError, ConfigError
 from ninfer.ir.builder import MissingTensor, TensorTable
 from ninfer.ir.graph import Graph
-from ninfer.ir.models import llama, qwen2, qwen3, qwen3_5
+from ninfer.ir.models import llama, qwen2, qwen3, qwen3_5, qwen3_5_vision
 from ninfer.ir.models.decoder import add_captures
 from ninfer.ir.models.mtp import build_mtp, has_mtp
 from ninfer.ir.ops import SignatureError
@@ -24,6 +25,17 @@ BUILDERS = {
 
 
 VISION_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe")
+
+
+def _check_vision(architecture: str, tensors: TensorTable) -> None:
+    """ConfigError unless the artifact has a vision tower this build runs (--vision)."""
+    if architecture not in VISION_ARCHITECTURES or not any(
+        t.startswith("visual.") for t in tensors
+    ):
+        raise ConfigError(
+            f"--vision needs the artifact's vision component, which this {architecture} artifact "
+            "lacks; drop --vision or convert a checkpoint with a vision tower"
+        )
 
 
 def build_graph(
@@ -42,14 +54,8 @@ def build_graph(
             f"no graph builder for architecture {architecture!r} (have: {', '.join(BUILDERS)})"
         )
     spec = model_spec(architecture, config)
-    if vision and (
-        architecture not in VISION_ARCHITECTURES
-        or not any(t.startswith("visual.") for t in tensors)
-    ):
-        raise ConfigError(
-            f"--vision needs the artifact's vision component, which this {architecture} artifact "
-            "lacks; drop --vision or convert a checkpoint with a vision tower"
-        )
+    if vision:
+        _check_vision(architecture, tensors)
     try:
         if vision:
             graph = qwen3_5.build(spec, tensors, dtype, config, vision=True)
@@ -72,14 +78,21 @@ def build_mtp_graph(
     tensors: TensorTable,
     dtype: str = "f32",
     logits: bool = True,
+    vision: bool = False,
 ) -> Graph:
     """The graph of the artifact's MTP head (ir/models/mtp.py). ConfigError when the artifact
-    has no `mtp` component; ArtifactError when its `mtp.*` tensors do not make a head."""
+    has no `mtp` component; ArtifactError when its `mtp.*` tensors do not make a head.
+    `vision`: the head of a vision plan (--vision), on the target's 3-axis positions and
+    vision embeddings, as the target's text stage."""
     if not has_mtp(tensors):
         raise ConfigError(
             "--spec mtp needs the artifact's mtp component (mtp.* tensors), which it lacks"
         )
     spec = model_spec(architecture, config)
+    if vision:
+        _check_vision(architecture, tensors)
+        axes = qwen3_5_vision.mrope_axes(config, spec.rotary_dim)
+        spec = dataclasses.replace(spec, rope={**spec.rope, "mrope_axes": axes})
     try:
         return build_mtp(spec, tensors, dtype, logits)
     except MissingTensor as e:

@@ -17,6 +17,15 @@ Step inputs: tokens i32[T], positions i32[T], hidden [T, hidden], logit_rows i32
 concat is computed as fc[:, :H] e + fc[:, H:] h: two views of the stored fc weight (a Shard
 along the input dimension), so no concat op is needed. `meta["capture"]` names the output
 hidden "final", so an executor keeps it as `executor.hidden["final"]` like a target's.
+
+The head of a vision plan (the target runs its tower, --vision; `s.rope` then carries
+`mrope_axes`) reads what the target's text stage reads, as vLLM's Qwen3.5 MTP does (its
+drafter's inputs are the multimodal embeddings, one position ahead of the target's, and the
+target's 3-axis positions): positions are 3-axis [3, T] and `media_embeds` [M, hidden] replace
+the embeddings of the `media_rows` i32[M] rows whose next token is an image or video
+placeholder (media_merge), so a placeholder is embedded by the vision tower's output, not by
+its pad id's row. The head has no tower: the embeddings are the ones the target's vision stage
+computed (ninfer/spec/mtp_media.py); `meta["media"]` says so in the plan.
 """
 
 from __future__ import annotations
@@ -66,18 +75,24 @@ def _fc_half(b: GraphBuilder, s: ModelSpec, index: int) -> str:
 def build_mtp(s: ModelSpec, tensors: TensorTable, dtype: str, logits: bool = True) -> Graph:
     """The MTP head of a model of spec `s` (module docstring). MissingTensor / SignatureError
     when the artifact's `mtp.*` tensors do not make one. Without `logits` (--lm-head-draft:
-    the drafter applies a reduced head to the output hidden) the only output is the hidden."""
+    the drafter applies a reduced head to the output hidden) the only output is the hidden.
+    A rope with `mrope_axes` builds the head of a vision plan (module docstring)."""
     if s.architecture not in _ATTENTION:
         raise SignatureError(f"no MTP head layout for architecture {s.architecture!r}")
     qk_norm, gated, zc, qkv_bias = _ATTENTION[s.architecture]
     b = GraphBuilder(f"{s.architecture}-mtp", tensors, dtype)
+    vision = "mrope_axes" in s.rope
     tokens = b.input("tokens", TensorType("i32", ("T",)))
-    b.input("positions", TensorType("i32", ("T",)))
+    b.input("positions", TensorType("i32", (3, "T") if vision else ("T",)))
     hidden = b.input("hidden", TensorType(dtype, ("T", s.hidden)))
     rows = b.input("logit_rows", TensorType("i32", ("R",))) if logits else ""
     nattr = {"eps": s.eps, "zero_centered": zc}
     embedding = b.sized("model.embed_tokens.weight", s.vocab, "vocab_size")
     e = b.op1("embed", [tokens, embedding], {"dtype": dtype}, "mtp.embed")
+    if vision:  # the target's vision embeddings over the rows whose next token is a placeholder
+        media = b.input("media_embeds", TensorType(dtype, ("M", s.hidden)))
+        media_rows = b.input("media_rows", TensorType("i32", ("M",)))
+        e = b.op1("media_merge", [e, media, media_rows], None, "mtp.embed_media")
     e = b.op1("rmsnorm", [e, b.weight("mtp.pre_fc_norm_embedding.weight")], nattr, "mtp.e_norm")
     h = b.op1("rmsnorm", [hidden, b.weight("mtp.pre_fc_norm_hidden.weight")], nattr, "mtp.h_norm")
     fe = b.op1("linear", [e, _fc_half(b, s, 0)], {"group": "mtp.fc_e", "proj": "fc"}, "mtp.fc_e")
@@ -116,6 +131,8 @@ def build_mtp(s: ModelSpec, tensors: TensorTable, dtype: str, logits: bool = Tru
     )
     g.meta["capture"] = {"final": out}
     g.meta["stage"] = "mtp"
+    if vision:
+        g.meta["media"] = "the target's vision embeddings at next-token placeholders, mrope=3-axis"
     return g
 
 

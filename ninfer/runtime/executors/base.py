@@ -88,6 +88,29 @@ class PlanExecutorBase:
             index = torch.tensor(rows, dtype=torch.long).to(fed.device, non_blocking=True)
             tokens[:n].copy_(fed.index_select(0, index))
 
+    # -- media ---------------------------------------------------------------------------------
+    @property
+    def merges_media(self) -> bool:
+        """Whether the plan's text stage merges vision embeddings (`media_merge`: a vision
+        plan, or the MTP head of one); its positions are then 3-axis [3, T]."""
+        return "media_embeds" in self.plan.inputs
+
+    def use_media(self, source: Any) -> None:
+        """Take the vision embeddings of a plan that merges them but runs no tower of its own
+        (an MTP head of a vision plan) from `source`: anything with the media encoder's
+        `step_inputs(chunks, hidden)` (ninfer/spec/mtp_media.py)."""
+        if not self.merges_media or self.plan.vision is not None:
+            raise ValueError(f"plan {self.plan.name} does not take another stage's media")
+        self.media = source
+
+    def _no_media(self, batch: StepBatch, hidden: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Empty (media_embeds, media_rows) of a merging plan's step without placeholder rows;
+        ValueError when a chunk has media but the executor has no source of embeddings."""
+        if any(c.media for c in batch.chunks):
+            raise ValueError(f"plan {self.plan.name} runs no vision stage and was given no media")
+        empty = torch.empty(0, hidden, dtype=self.dtype, device=self.device)
+        return empty, torch.empty(0, dtype=torch.int32, device=self.device)
+
     # -- state slots ---------------------------------------------------------------------------
     def copy_state(self, src_slot: int, dst_slot: int) -> None:
         """Copy the recurrent state (conv tail + delta-rule state of every linear layer)."""

@@ -56,6 +56,13 @@ class MRope:
             return None
         return MRope(tuple(starts), tuple(shapes), tuple(shifts), shift)
 
+    def rebased(self, base: int) -> MRope:
+        """The layout seen from prompt index `base` on: index i of it is prompt index base + i
+        and gets that index's positions minus `base` on every axis (rotary attention is
+        relative on each axis, so a stage whose KV starts at `base` attends as at the prompt's
+        own positions: an MTP head after a reused prefix, ninfer/spec/mtp_media.py)."""
+        return MRope(tuple(s - base for s in self.starts), self.shapes, self.shifts, self.delta)
+
     def positions(self, start: int, count: int) -> tuple[list[int], list[int], list[int]]:
         """(temporal, height, width) positions of prompt / output indices start..start+count-1."""
         t: list[int] = []

@@ -21,7 +21,8 @@ caller (scheduler or `LLM`): the executor never allocates or frees them.
 With a vision plan (`plan.vision`, --vision) positions are 3-axis (each chunk's `mrope`), and
 `ex.media` (ninfer/runtime/executors/vision/encoder.py) runs the plan's vision calls once per image or
 video of the chunks' `media` and supplies the embeddings of the placeholder rows a step
-computes; the vision stage's output is the plan's second output.
+computes; the vision stage's output is the plan's second output. The MTP head of a vision plan
+merges media too but has no tower: its `media` is the target's, attached with `use_media`.
 
 Every call runs the kernel the plan names for it, looked up in CPU_KERNELS: the torch
 references of ninfer.runtime.executors.cpu.ops under the names assign_kernels gives them on cpu
@@ -157,7 +158,7 @@ class Executor(PlanExecutorBase):
             )
             chunks.append(view)
             tokens.extend(c.token_ids)
-            if self.media is None:
+            if not self.merges_media:
                 positions.extend(range(c.start_pos, c.start_pos + n))
             else:
                 pos3 = (
@@ -174,13 +175,17 @@ class Executor(PlanExecutorBase):
         env: dict[str, Any] = dict(self.weights)
         env["tokens"] = torch.tensor(tokens, dtype=torch.int32, device=self.device)
         self._feed(env["tokens"], batch, fed)
-        if self.media is None:
+        if not self.merges_media:
             env["positions"] = torch.tensor(positions, dtype=torch.int32, device=self.device)
         else:  # 3-axis positions [3, T] and the vision embeddings of the placeholder rows
             env["positions"] = torch.tensor(axes, dtype=torch.int32, device=self.device)
             begins = [(v.begin, c) for v, c in zip(chunks, batch.chunks)]
             hidden = int(self.plan.model["hidden"])
-            env["media_embeds"], env["media_rows"] = self.media.step_inputs(begins, hidden)
+            env["media_embeds"], env["media_rows"] = (
+                self._no_media(batch, hidden)
+                if self.media is None
+                else self.media.step_inputs(begins, hidden)
+            )
         env["logit_rows"] = torch.tensor(rows, dtype=torch.int32, device=self.device)
         for name, value in (inputs or {}).items():
             if name not in self.plan.inputs or name in env:

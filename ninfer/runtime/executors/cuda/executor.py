@@ -142,7 +142,7 @@ class CudaExecutor(PlanExecutorBase):
         # --vision: the plan's vision stage per image / video (eager, outside CUDA Graphs) and
         # 3-axis positions [3, T] for the text rotary (torch.rotary_mrope)
         self.media = MediaEncoder.for_plan(plan, self._vision_stage, self.dtype, self.device)
-        self._axes = 1 if self.media is None else 3
+        self._axes = 3 if self.merges_media else 1  # an MTP head's media: use_media
         self.collect_timings = collect_timings
         self.records: list[StepRecord] = []
         self.last_step_seconds = 0.0
@@ -290,7 +290,7 @@ class CudaExecutor(PlanExecutorBase):
             "positions": step.positions,
             "logit_rows": lay.view(dev, "rows"),
         }
-        if self.media is not None:  # no placeholder rows (a decode step); _eager fills a prefill's
+        if self.merges_media:  # no placeholder rows (a decode step); _eager fills a prefill's
             hidden = int(self.plan.model["hidden"])
             inputs["media_embeds"] = torch.empty(0, hidden, dtype=self.dtype, device=self.device)
             inputs["media_rows"] = torch.empty(0, dtype=torch.int32, device=self.device)
@@ -330,12 +330,14 @@ class CudaExecutor(PlanExecutorBase):
         dev = torch.from_numpy(host).to(self.device)
         self._feed(lay.view(dev, "tokens"), batch, fed)
         step, inputs = self._device_step(dev, lay, decode, max(len(c.token_ids) for c in chunks))
-        if self.media is not None and any(c.media for c in chunks):
+        if self.merges_media and any(c.media for c in chunks):
+            hidden = int(self.plan.model["hidden"])
+            if self.media is None:  # an MTP head given no source: refused, never dropped
+                self._no_media(batch, hidden)
             begins, b = [], 0  # (first step row, chunk): the vision stage runs per item, here
             for c in chunks:
                 begins.append((b, c))
                 b += len(c.token_ids)
-            hidden = int(self.plan.model["hidden"])
             inputs["media_embeds"], inputs["media_rows"] = self.media.step_inputs(begins, hidden)
         inputs.update(self._extra_inputs(extra, t))
         return self._forward(step, inputs)
