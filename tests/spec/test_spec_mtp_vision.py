@@ -74,6 +74,18 @@ def test_greedy_mtp_with_images_equals_plain_decoding(arch, n, mtp_artifacts):
     assert stats.spec_decode_rounds_total > 0
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("lm_head_draft", [False, True])
+def test_greedy_mtp_with_images_on_cuda_equals_plain_decoding(lm_head_draft, mtp_artifacts):
+    """The vision head on the CUDA executor (3-axis rotary, the target's vision embeddings
+    merged in the head's graph): a batch of three image and text prompts, float32."""
+    path = mtp_artifacts("qwen3_5_vl")
+    spec = {"spec": "mtp", "lm_head_draft": lm_head_draft}
+    want, outs, stats = _plain_and_spec(path, 3, spec, device="cuda", dtype="float32")
+    assert [o.token_ids for o in outs] == [o.token_ids for o in want]
+    check_counters(outs, stats, K, "mtp")
+
+
 @pytest.mark.parametrize("route", ["replay", "snapshot"])
 def test_pauses_of_media_requests_change_nothing(route, mtp_artifacts):
     """Five pages for three image prompts that need three each: the youngest are paused
