@@ -17,7 +17,11 @@ after every target step. Then, per engine, timed:
            --spec, so no hidden-state capture): the denominator of every ratio
   mtp      `drafter.propose` of that row with k = 1, 2, 3: the head re-runs the tip position
            (one target row, as a round after no accepted draft) and k - 1 positions of its own
-           output, each with the LM head (full, or the reduced one of --lm-head-draft)
+           output, each with the LM head (full, or the reduced one of --lm-head-draft); and
+           k = 3 after 2 accepted drafts (rows "k=3, a=2"): before each such call, untimed,
+           the target computes the fed token and 2 drafts and the committed tokens grow by
+           those and a bonus token (as a verify step that accepted 2), so the head's first
+           step is those 3 positions
   dflash   `drafter.propose` with k = 7 and 15: one forward of the 5 layers over the block of
            16 positions against the context K/V of the `context` positions, and the LM head on
            the k drafted positions
@@ -51,6 +55,7 @@ from ninfer.runtime.step import SeqChunk, StepBatch
 from ninfer.spec.drafter import DraftRow
 
 PAGE = 16
+ACCEPTED = 2  # the MTP round timed after that many accepted drafts
 # (drafter, --lm-head-draft) -> (the k timed, the issue's target ratio per drafted token (MTP)
 # or per round (DFlash))
 CASES: dict[tuple[str, bool], tuple[tuple[int, ...], float]] = {
@@ -65,8 +70,10 @@ class Rig:
     """An engine of `source` (spec None: plain) with one sequence of `prompt` in its KV pages,
     its hidden rows handed to the drafter as the engine hands them."""
 
-    def __init__(self, source: Any, device: str, prompt: list[int], next_id: int, **spec: Any):
-        ctx = -(-(len(prompt) + 32) // PAGE) * PAGE
+    def __init__(
+        self, source: Any, device: str, prompt: list[int], next_id: int, grow: int = 0, **spec: Any
+    ):
+        ctx = -(-(len(prompt) + 32 + grow) // PAGE) * PAGE  # grow: tokens `accept` may add
         # batch 1: one lane (and so few CUDA Graph buckets to capture per engine)
         options = EngineOptions.of(
             device=device, max_concurrency=1, max_context=ctx, kv_capacity=ctx + 2 * PAGE,
@@ -92,6 +99,18 @@ class Rig:
         chunk = SeqChunk(0, (self.next_id,), self.context, self.table)
         return self.ex.run(StepBatch((chunk,)))
 
+    def accept(self, a: int) -> None:
+        """The state after a verify step that accepted `a` drafts: the target computes the
+        fed token and the `a` drafts, the drafter observes their rows, and the committed
+        tokens grow by the drafts and a bonus token (arbitrary ids)."""
+        n = len(self.tokens) - 1
+        vocab = int(self.ex.plan.model["vocab"])
+        new = tuple((self.tokens[-1] * 7 + 11 * (i + 1)) % vocab for i in range(a + 1))
+        batch = StepBatch((SeqChunk(0, (self.tokens[-1], *new[:a]), n, self.table),))
+        self.ex.run(batch)
+        self.spec.observe(batch, self.ex)
+        self.tokens = (*self.tokens, *new)
+
     def propose(self, k: int) -> None:
         row = DraftRow(0, self.tokens, self.context, k, SamplingParams(temperature=0.0))
         (draft,) = self.spec.drafter.propose([row], self.sampler)
@@ -116,15 +135,19 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     for (name, lm_head), (ks, target) in CASES.items():
         if name not in args.drafters:
             continue
-        rig = Rig(source, args.device, prompt, next_id, spec=name, draft_tokens=max(ks),
+        grow = (args.repeats + 2) * (ACCEPTED + 1) if name == "mtp" else 0
+        rig = Rig(source, args.device, prompt, next_id, grow, spec=name, draft_tokens=max(ks),
                   lm_head_draft=lm_head)  # fmt: skip
-        for k in ks:
-            t = timed(lambda rig=rig, k=k: rig.propose(k), args.repeats)
-            label = name + (" --lm-head-draft" if lm_head else "")
+        label = name + (" --lm-head-draft" if lm_head else "")
+        runs = [(k, k, None) for k in ks]
+        if name == "mtp":  # k = 3 after 2 accepted drafts (module docstring)
+            runs.append((f"{max(ks)}, a={ACCEPTED}", max(ks), lambda rig=rig: rig.accept(ACCEPTED)))
+        for shown, k, setup in runs:
+            t = timed(lambda rig=rig, k=k: rig.propose(k), args.repeats, setup)
             per = t / base / (k if name == "mtp" else 1)
-            rows.append({"drafter": label, "k": k, "ms": t * 1e3, "ratio": t / base,
+            rows.append({"drafter": label, "k": shown, "ms": t * 1e3, "ratio": t / base,
                          "per": per, "target": target})  # fmt: skip
-            print(f"{label} k={k}: {t * 1e3:.3f} ms", file=sys.stderr)
+            print(f"{label} k={shown}: {t * 1e3:.3f} ms", file=sys.stderr)
         rig.close()
     return rows
 

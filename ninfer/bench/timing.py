@@ -9,15 +9,23 @@ from collections.abc import Callable
 import torch
 
 
-def timed(fn: Callable[[], object], repeats: int) -> float:
+def timed(
+    fn: Callable[[], object], repeats: int, setup: Callable[[], object] | None = None
+) -> float:
     """Median seconds of `fn()` over `repeats` calls after two warm-up calls: the host clock
-    around each call and a device sync after it (none on a machine without CUDA)."""
+    around each call and a device sync after it (none on a machine without CUDA). `setup`,
+    when given, runs before every call, untimed (the state a call starts from)."""
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     for _ in range(2):
+        if setup is not None:
+            setup()
         fn()
     sync()
     out = []
     for _ in range(repeats):
+        if setup is not None:
+            setup()
+            sync()
         t0 = time.perf_counter()
         fn()
         sync()

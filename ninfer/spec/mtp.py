@@ -207,7 +207,7 @@ class MtpDrafter(TimedDrafter):
         if chain is not None and all(len(c.token_ids) == 1 for c in chunks):
             picks = chain(first, depth, {"hidden": hidden}, self._link)
         if picks is None:
-            out = self.executor.run(first, inputs={"hidden": hidden})
+            out = self._first_step(first, hidden)
             pick, nxt = self._link(out, _tip_rows(self.executor.hidden["final"], chunks))
             later = _fed_steps(chunks, depth)
             rest = (
@@ -224,6 +224,19 @@ class MtpDrafter(TimedDrafter):
         for row, i in enumerate(live):
             result[i] = Draft(tuple(t[row] for t in table[: rows[i].k]))
         return result
+
+    def _first_step(self, first: StepBatch, hidden: torch.Tensor) -> torch.Tensor:
+        """Run a round's first head step; its logits at each chunk's tip. A chunk of several
+        positions (the round after accepted drafts) asks for every position's logits, as a
+        verify chunk does: the CUDA executor then runs its positions as one-token rows from a
+        decode graph bucket (executor.run, verify_rows) instead of an eager step, when their
+        number fits one (never a prompt's backlog: its logits would be rows of no use)."""
+        rows, buckets = first.num_tokens, getattr(self.executor, "graph_buckets", ()) or (0,)
+        if rows == len(first.chunks) or rows > max(buckets):
+            return self.executor.run(first, inputs={"hidden": hidden})
+        wide = tuple(replace(c, num_logits=len(c.token_ids)) for c in first.chunks)
+        out = self.executor.run(StepBatch(wide), inputs={"hidden": hidden})
+        return _tip_rows(out, first.chunks)
 
     def _first_chunk(self, row: DraftRow) -> tuple[SeqChunk, torch.Tensor]:
         """A round's first head step for `row`: the target's rows the head has not fed yet
@@ -382,8 +395,9 @@ def _fed_step(first: SeqChunk, j: int) -> SeqChunk:
 
 
 def _tip_rows(final: torch.Tensor, chunks: Sequence[SeqChunk]) -> torch.Tensor:
-    """The rows of `final` (a step's captured rows, in chunk order) at each chunk's last
-    position: `final` itself when every chunk is one token."""
+    """The rows of `final` (a step's rows of every position, in chunk order: captured hidden
+    rows, or logits of every position) at each chunk's last position: `final` itself when
+    every chunk is one token."""
     if final.shape[0] == len(chunks):
         return final
     ends = torch.tensor([len(c.token_ids) for c in chunks]).cumsum(0).sub_(1)

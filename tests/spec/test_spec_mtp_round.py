@@ -65,6 +65,10 @@ def _rounds(target, device: str, device_rounds: bool, lm_head_draft: bool) -> tu
                 tokens[i] = (*tokens[i], *d.tokens[:a], 300 + len(tokens[i]))
         chains = getattr(spec.drafter.executor, "_chains", {})  # CUDA: the graph chains run
         assert not device_rounds or device == "cpu" or chains
+        # and a first step of several positions per row ran as one-token rows of a decode
+        # graph (a bucket past the two rows of the other steps)
+        graphs = getattr(spec.drafter.executor, "_graphs", {})
+        assert not device_rounds or device == "cpu" or max(graphs) > len(PROMPTS), graphs
         return seen, spec.drafter.fed_rounds
     finally:
         engine.close()
