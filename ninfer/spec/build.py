@@ -129,12 +129,11 @@ def _mtp_drafter(artifact: Any, options: EngineOptions, target: Any) -> MtpDraft
     executor = make_executor(plan, artifact, options.device)
     _share_weights(executor, target)
     media = target.media if executor.merges_media else None
+    kw = {"max_chunk": options.prefill_chunk, "target_media": media,
+          "wide_rows": options.compile.verify_rows}  # fmt: skip
     if not options.lm_head_draft:
-        return MtpDrafter(executor, max_chunk=options.prefill_chunk, target_media=media)
+        return MtpDrafter(executor, **kw)
     from ninfer.spec.draft_vocab import draft_head
 
     vocab, head = draft_head(artifact, executor.dtype, executor.device)
-    return MtpDrafter(
-        executor, max_chunk=options.prefill_chunk, vocab=vocab, head=head,
-        vocab_size=int(plan.model["vocab"]), target_media=media,
-    )  # fmt: skip
+    return MtpDrafter(executor, vocab=vocab, head=head, vocab_size=int(plan.model["vocab"]), **kw)

@@ -88,8 +88,11 @@ class MtpDrafter(TimedDrafter):
         vocab_size: int | None = None,
         device_rounds: bool = True,
         target_media: Any = None,
+        wide_rows: int = 0,
     ) -> None:
         self.executor = executor
+        # most positions a round's first step runs as rows (_first_step): a verify step's rows
+        self.wide_rows = wide_rows
         self.media = None  # a vision plan's: the target's positions and embeddings (mtp_media.py)
         if target_media is not None:
             self.media = HeadMedia(target_media, lambda seq_id: self._seqs[seq_id].base)
@@ -229,10 +232,11 @@ class MtpDrafter(TimedDrafter):
         """Run a round's first head step; its logits at each chunk's tip. A chunk of several
         positions (the round after accepted drafts) asks for every position's logits, as a
         verify chunk does: the CUDA executor then runs its positions as one-token rows from a
-        decode graph bucket (executor.run, verify_rows) instead of an eager step, when their
-        number fits one (never a prompt's backlog: its logits would be rows of no use)."""
-        rows, buckets = first.num_tokens, getattr(self.executor, "graph_buckets", ()) or (0,)
-        if rows == len(first.chunks) or rows > max(buckets):
+        decode graph bucket (executor.run, verify_rows) instead of an eager step, when they are
+        no more than a verify step's rows (the buckets go that far; never a prompt's backlog,
+        whose logits would be rows of no use)."""
+        rows = first.num_tokens
+        if rows == len(first.chunks) or rows > self.wide_rows:
             return self.executor.run(first, inputs={"hidden": hidden})
         wide = tuple(replace(c, num_logits=len(c.token_ids)) for c in first.chunks)
         out = self.executor.run(StepBatch(wide), inputs={"hidden": hidden})
