@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from litestar.testing import TestClient
 
-from ninfer.api.service.body_screen import SCREEN_BYTES
+from ninfer.api.service.body_screen import SCREEN_BYTES, BodyScreen
 from tests.api.live_app import app_client
 
 TEXT = "The quick brown fox jumps over the lazy dog, said Émile 😀. "
@@ -100,3 +100,22 @@ def test_without_its_worker_the_server_prepares_large_bodies_itself(client):
     assert screen.refused == refused and screen.failures == 1
     assert _post(client, path, body) == expected  # a new worker
     assert screen.refused == refused + 1 and screen.failures == 0
+
+
+def test_a_closed_screen_leaves_large_bodies_to_the_server(client):
+    """`ninfer serve` closes the screen when it stops: the worker is gone, and a large body
+    that comes after is prepared in the server, with the same answer."""
+    service = _service(client)
+    running = service.body_screen
+    screen = service.body_screen = BodyScreen(running.setup)
+    try:
+        path, body = OVER["count_tokens"]
+        expected = _post(client, path, body)
+        assert screen.refused == 1
+        worker = screen._process
+        screen.close()
+        assert worker.poll() is not None and screen._process is None
+        assert _post(client, path, body) == expected
+        assert screen.refused == 1
+    finally:
+        service.body_screen = running

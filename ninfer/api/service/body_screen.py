@@ -28,6 +28,7 @@ import contextvars
 import json
 import logging
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -102,9 +103,18 @@ class BodyScreen:
         return screen
 
     def close(self) -> None:
-        """Stop the worker (if one runs)."""
-        with self._lock:
-            self._stop()
+        """Stop the worker (if one runs) and screen no more bodies. Without waiting for a body
+        it is screening: the request that sent it gets None (prepared in the server)."""
+        self.failures = MAX_FAILURES
+        process = self._process
+        if process is not None:
+            process.kill()  # a body in progress may take seconds; its caller sees EOF
+            process.wait()
+        if self._lock.acquire(blocking=False):  # else the caller in progress cleans up
+            try:
+                self._stop()
+            finally:
+                self._lock.release()
 
     def _ask(self, fn: ProtocolFn, raw: bytes) -> tuple[bytes, str, ApiError] | None:
         with self._lock:
@@ -265,4 +275,5 @@ def _strings(value: Any) -> Iterator[str]:
 
 
 if __name__ == "__main__":  # the worker: python -m ninfer.api.service.body_screen FD
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the server, which stops this
     _serve(Connection(int(sys.argv[1])))
