@@ -45,9 +45,10 @@ class ServerState:
 
     def screen(self, fn: Any) -> Any:
         """The `screen` for `decode_body` of the protocol whose request `fn` builds
-        (ninfer.api.service.body_screen), or None before the model service runs."""
-        service = self.extra.get("service")
-        return service.screen(fn) if service is not None else None
+        (ninfer.api.service.body_screen), or None before the model service runs (and for a
+        service of the HTTP shell's tests, which screens nothing)."""
+        screen = getattr(self.extra.get("service"), "screen", None)
+        return screen(fn) if screen is not None else None
 
     def healthy(self) -> bool:
         """True while the engine can accept work. Queue saturation does not count as failure;
