@@ -405,6 +405,9 @@ def run(args: argparse.Namespace) -> int:
             engine.close()
         if (media := state.extra.get("media")) is not None:
             media.close()  # the preprocessing workers
+        service = state.extra.get("service")
+        if service is not None and service.body_screen is not None:
+            service.body_screen.close()  # the body-screening worker process
         observability.close()
         log.info("shutdown complete")
     return 0

@@ -36,7 +36,7 @@ from ninfer.api.anthropic.sse import (
 )
 from ninfer.api.server.disconnect import unless_disconnected
 from ninfer.api.server.state import ServerState
-from ninfer.api.service.generation import Finished, GenerationEvent
+from ninfer.api.service.generation import Finished, GenerationEvent, GenerationRequest
 from ninfer.api.service.template_options import ThinkingDefaults
 from ninfer.api.wire import errors
 from ninfer.api.wire.anthropic_errors import (
@@ -50,20 +50,37 @@ from ninfer.api.wire.offload import decode_body
 log = logging.getLogger("ninfer.api")
 
 
+def screened_message(state: ServerState, body: dict[str, Any]) -> GenerationRequest:
+    """The GenerationRequest /v1/messages prepares for `body` (for the body-screening worker,
+    ninfer.api.service.body_screen)."""
+    return _parse(state, body, count_only=False).generation_request()
+
+
+def screened_count(state: ServerState, body: dict[str, Any]) -> GenerationRequest:
+    """The GenerationRequest /v1/messages/count_tokens counts for `body` (for the
+    body-screening worker)."""
+    return _parse(state, body, count_only=True).generation_request()
+
+
+def _parse(state: ServerState, body: dict[str, Any], count_only: bool) -> MessagesRequest:
+    cfg = state.config
+    return parse_messages_request(
+        body,
+        vision=cfg.vision,
+        default_max_tokens=cfg.engine.default_max_tokens,
+        thinking_defaults=ThinkingDefaults.from_flags(cfg.thinking, cfg.preserve_thinking),
+        count_only=count_only,
+    )
+
+
 def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
     """The Anthropic handlers bound to `state` (registered by app.PROTOCOL_MODULES)."""
 
     async def parse(request: Request[Any, Any, Any], *, count_only: bool) -> MessagesRequest:
-        cfg = state.config
         return await decode_body(
             request,
-            lambda body: parse_messages_request(
-                body,
-                vision=cfg.vision,
-                default_max_tokens=cfg.engine.default_max_tokens,
-                thinking_defaults=ThinkingDefaults.from_flags(cfg.thinking, cfg.preserve_thinking),
-                count_only=count_only,
-            ),
+            lambda body: _parse(state, body, count_only),
+            screen=state.screen(screened_count if count_only else screened_message),
         )
 
     @post("/v1/messages", status_code=200, exception_handlers={Exception: handle_exception})

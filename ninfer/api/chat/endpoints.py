@@ -79,6 +79,16 @@ def to_generation_request(chat: ChatRequest, state: ServerState) -> GenerationRe
     )
 
 
+def screened_generation(state: ServerState, body: dict[str, Any]) -> GenerationRequest:
+    """The GenerationRequest the handler prepares for `body`: what the body-screening worker
+    prepares for a large body (ninfer.api.service.body_screen)."""
+    return to_generation_request(_parse(state, body), state)
+
+
+def _parse(state: ServerState, body: dict[str, Any]) -> ChatRequest:
+    return parse_chat_request(body, model_id=state.model_id, vision=state.config.vision)
+
+
 def _usage(finals: list[Finished]) -> dict[str, Any]:
     """The usage of one or more choices of the same prompt: the prompt (and its cached part,
     choice 0's) counted once, completion and reasoning tokens summed."""
@@ -336,9 +346,8 @@ def route_handlers(state: ServerState) -> list[BaseRouteHandler]:
     async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
         chat = await decode_body(
             request,
-            lambda body: parse_chat_request(
-                body, model_id=state.model_id, vision=state.config.vision
-            ),
+            lambda body: _parse(state, body),
+            screen=state.screen(screened_generation),
         )
         service = state.extra.get("service")
         if service is None:

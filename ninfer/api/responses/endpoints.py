@@ -55,7 +55,7 @@ from ninfer.api.responses.store import (
 from ninfer.api.server.disconnect import unless_disconnected
 from ninfer.api.server.sse import first_event, generation_closer, open_events, with_keepalive
 from ninfer.api.server.state import ServerState
-from ninfer.api.service.generation import Finished, GenerationEvent
+from ninfer.api.service.generation import Finished, GenerationEvent, GenerationRequest
 from ninfer.api.wire import errors
 from ninfer.api.wire.errors import CLIENT_CLOSED_STATUS, ApiError
 from ninfer.api.wire.offload import decode_body
@@ -234,12 +234,28 @@ async def _decode(
 ) -> Any:
     """The request body decoded and parsed by `parse` (a Responses request parser) for this
     server's model, --vision setting and reasoning seal."""
+    screened = screened_create if parse is parse_create_request else screened_count
     return await decode_body(
-        request,
-        lambda body: parse(
-            body, model_id=state.model_id, vision=state.config.vision, seal=reasoning_seal(state)
-        ),
+        request, lambda body: _parse(state, body, parse), screen=state.screen(screened)
     )
+
+
+def _parse(state: ServerState, body: dict[str, Any], parse: Callable[..., Any]) -> Any:
+    return parse(
+        body, model_id=state.model_id, vision=state.config.vision, seal=reasoning_seal(state)
+    )
+
+
+def screened_create(state: ServerState, body: dict[str, Any]) -> GenerationRequest:
+    """The GenerationRequest /v1/responses prepares for `body` (for the body-screening worker,
+    ninfer.api.service.body_screen)."""
+    return prepare(state, _parse(state, body, parse_create_request)).generation
+
+
+def screened_count(state: ServerState, body: dict[str, Any]) -> GenerationRequest:
+    """The GenerationRequest /v1/responses/input_tokens counts for `body` (for the
+    body-screening worker)."""
+    return prepare(state, _parse(state, body, parse_count_request)).generation
 
 
 def route_handlers(state: ServerState) -> list[BaseRouteHandler]:

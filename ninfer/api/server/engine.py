@@ -17,6 +17,7 @@ from tokenizers import Tokenizer
 
 from ninfer.api.server.config import check_vision_plan, kv_pool_warning
 from ninfer.api.server.state import ServerState
+from ninfer.api.service.body_screen import BodyScreen, ScreenSetup
 from ninfer.api.service.media_path import build_media_path
 from ninfer.api.service.model_service import ModelService
 from ninfer.api.service.sampling import SamplerDefaults, SamplerPolicy
@@ -76,6 +77,16 @@ def start_engine(state: ServerState, artifact: Artifact, resolver: Any = None) -
         media=media,
         tokenizer_info=lambda: TokenizerInfo.from_artifact(artifact),
     )
+    service.body_screen = BodyScreen(
+        ScreenSetup(
+            tokenizer_json=artifact.tokenizer_json,
+            template_source=template.source,
+            control_tokens=template.control_tokens,
+            special_tokens=template.special_tokens,
+            max_context=service.max_context,
+            state=ServerState(config=config, model_id=state.model_id),
+        )
+    )  # its worker process starts with the first large body
     t1 = time.monotonic()
     _warm_up(engine, tokenizer, config.engine.max_concurrency, config.engine.max_context)
     log.info("warm-up done in %.2f s", time.monotonic() - t1)

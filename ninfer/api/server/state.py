@@ -43,6 +43,13 @@ class ServerState:
         service = self.extra.get("service")
         return self.config.engine.max_context if service is None else service.max_context
 
+    def screen(self, fn: Any) -> Any:
+        """The `screen` for `decode_body` of the protocol whose request `fn` builds
+        (ninfer.api.service.body_screen), or None before the model service runs (and for a
+        service of the HTTP shell's tests, which screens nothing)."""
+        screen = getattr(self.extra.get("service"), "screen", None)
+        return screen(fn) if screen is not None else None
+
     def healthy(self) -> bool:
         """True while the engine can accept work. Queue saturation does not count as failure;
         an engine whose worker died (its snapshot reports not ready) does."""

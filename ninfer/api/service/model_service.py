@@ -17,11 +17,12 @@ import functools
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from tokenizers import Tokenizer
 
+from ninfer.api.service.body_screen import BodyScreen, ProtocolFn, screened_refusal
 from ninfer.api.service.choice_group import Choice
 from ninfer.api.service.generation import (
     Admitted,
@@ -109,6 +110,8 @@ class ModelService:
         self.encoder = PromptEncoder(tokenizer, template.control_tokens)
         self.eos_ids = frozenset(eos_ids)
         self.max_context = max_context
+        # large bodies screened in a worker process (set by `ninfer serve`; None: not screened)
+        self.body_screen: BodyScreen | None = None
         sampler_defaults = sampler_defaults or SamplerDefaults()
         self.sampler_defaults = sampler_defaults
         self.sampler_policy = sampler_policy or SamplerPolicy(
@@ -134,7 +137,12 @@ class ModelService:
     def prepare(self, req: GenerationRequest, media: Sequence[PreparedItem] = ()) -> Prepared:
         """Render and encode the prompt, with `media` (the request's images and videos, from
         `prepare_media`) placed in it; raises ApiError (invalid_prompt, context_length_exceeded,
-        media_budget_exceeded) when it cannot be served (ninfer.api.service.prompt_prep)."""
+        media_budget_exceeded) when it cannot be served (ninfer.api.service.prompt_prep); a
+        request parsed from a slim body raises the body-screening worker's refusal instead
+        (ninfer.api.service.body_screen)."""
+        refusal = screened_refusal(req)
+        if refusal is not None:
+            raise refusal
         return prepare_prompt(
             req,
             media,
@@ -143,6 +151,11 @@ class ModelService:
             max_context=self.max_context,
             media_path=self.media,
         )
+
+    def screen(self, fn: ProtocolFn) -> Callable[[bytes], Awaitable[bytes | None]] | None:
+        """The `screen` for `decode_body` of a protocol whose request `fn` builds (None
+        without a body-screening worker)."""
+        return self.body_screen.bind(fn) if self.body_screen is not None else None
 
     async def prepare_media(self, req: GenerationRequest) -> list[PreparedItem]:
         """The request's images and videos prepared off the event loop, in prompt order ([]

@@ -11,7 +11,7 @@ prefix checkpoints are found at the request's semantic cache boundaries
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,23 +40,33 @@ class Prepared:
     media_log: dict[str, Any] | None = None
 
 
-def prepare_prompt(
+def screen_prompt(
+    req: GenerationRequest, *, template: ChatTemplate, encoder: PromptEncoder, max_context: int
+) -> None:
+    """What `prepare_prompt` checks of a request without media before encoding it whole:
+    raises the same ApiError (invalid_prompt from the template, context_length_exceeded from a
+    partial count); ValueError when the request has media. Returning says nothing about the
+    rest (the prompt may still be over the context once encoded)."""
+    _render_counted(req, 0, template, encoder, max_context)
+
+
+def _param(req: GenerationRequest) -> str:
+    return "input" if req.protocol == "responses" else "messages"  # the conversation's field
+
+
+def _render_counted(
     req: GenerationRequest,
-    media: Sequence[PreparedItem],
-    *,
+    media_count: int,
     template: ChatTemplate,
     encoder: PromptEncoder,
     max_context: int,
-    media_path: MediaPath | None,
-) -> Prepared:
-    """Render and encode `req`'s prompt with `media` (its images and videos, prepared in prompt
-    order) placed in it. Raises ApiError (invalid_prompt, context_length_exceeded,
-    media_budget_exceeded) when it cannot be served; ValueError when `media` does not match the
-    request's media parts (a caller's bug)."""
-    param = "input" if req.protocol == "responses" else "messages"  # the conversation's field
+) -> tuple[GenerationRequest, RenderedPrompt, Callable[..., RenderedPrompt]]:
+    """`req` without its media sources, its rendered prompt and the render function (for
+    checkpoints), after a partial count that refuses a prompt over `max_context`."""
+    param = _param(req)
     messages, inputs = split_media(req.messages, param)
-    if len(inputs) != len(media):
-        raise ValueError(f"{len(inputs)} media items in the prompt, {len(media)} prepared")
+    if len(inputs) != media_count:
+        raise ValueError(f"{len(inputs)} media items in the prompt, {media_count} prepared")
     if inputs:  # the template sees the items' types, not their sources
         req = dataclasses.replace(req, messages=messages)
 
@@ -82,6 +92,24 @@ def prepare_prompt(
             code="context_length_exceeded",
             param=param,
         )
+    return req, rendered, render
+
+
+def prepare_prompt(
+    req: GenerationRequest,
+    media: Sequence[PreparedItem],
+    *,
+    template: ChatTemplate,
+    encoder: PromptEncoder,
+    max_context: int,
+    media_path: MediaPath | None,
+) -> Prepared:
+    """Render and encode `req`'s prompt with `media` (its images and videos, prepared in prompt
+    order) placed in it. Raises ApiError (invalid_prompt, context_length_exceeded,
+    media_budget_exceeded) when it cannot be served; ValueError when `media` does not match the
+    request's media parts (a caller's bug)."""
+    req, rendered, render = _render_counted(req, len(media), template, encoder, max_context)
+    param = _param(req)
     text_ids = encoder.encode(rendered.text, rendered.special_spans)
     if not text_ids:
         raise ApiError(400, "the rendered prompt is empty", code="invalid_prompt", param=param)

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import gc
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from litestar import Request
@@ -26,11 +26,18 @@ INLINE_BYTES = 64 * 1024
 
 
 async def decode_body(
-    request: Request[Any, Any, Any], validate: Callable[[dict[str, Any]], T]
+    request: Request[Any, Any, Any],
+    validate: Callable[[dict[str, Any]], T],
+    screen: Callable[[bytes], Awaitable[bytes | None]] | None = None,
 ) -> T:
     """`validate(parse_json_object(body))`: in a worker thread when the body is large. Raises
-    what they raise (ApiError for the client's mistakes)."""
+    what they raise (ApiError for the client's mistakes). `screen` (the model service's
+    body-screening worker, ninfer.api.service.body_screen) may give a slim body to parse in
+    place of the body: one the worker proved too long for the context, whose refusal
+    preparation raises."""
     raw = await request.body()
+    if screen is not None:
+        raw = await screen(raw) or raw
     if len(raw) <= INLINE_BYTES:
         return validate(parse_json_object(raw))
 
