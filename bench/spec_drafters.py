@@ -91,6 +91,8 @@ class Rig:
             self.spec.observe(batch, self.ex)  # as the engine, after every target step
         self.tokens = (*prompt, next_id)  # committed: the last is the one the target computes
         self.sampler = Sampler()
+        # a request's sampling, made once as the engine's (a round reuses the request's own)
+        self.params = SamplingParams(temperature=0.0)
 
     def close(self) -> None:
         self.engine.close()
@@ -112,7 +114,7 @@ class Rig:
         self.tokens = (*self.tokens, *new)
 
     def propose(self, k: int) -> None:
-        row = DraftRow(0, self.tokens, self.context, k, SamplingParams(temperature=0.0))
+        row = DraftRow(0, self.tokens, self.context, k, self.params)
         (draft,) = self.spec.drafter.propose([row], self.sampler)
         if len(draft.tokens) != k:  # a round that drafted less than asked measures nothing
             raise RuntimeError(f"{self.spec.name} drafted {len(draft.tokens)} tokens, not {k}")

@@ -16,11 +16,12 @@ KV head; one dtype for q, the buffers and out):
 Each program takes one (row, KV head) and the n * rep queries that share that head (GQA folded
 into the query tile, so K/V are read once per group), over one of `splits` ranges of the row's
 keys, with an online softmax in fp32. With splits > 1, the ranges' partial sums (fp32) and their
-(max, sum) go to a scratch buffer and a second kernel combines them, so a long context is read by
-many programs at once (flash-decoding). The key loop bound is read from `lengths` on the device:
-no host sync, so the launch can be captured in a CUDA Graph and replayed for any lengths that fit
-the buffer. Both kernels are launched with programmatic dependent launch where the device has it
-(kernels/launch.py): they wait for the kernel before them before their first load.
+(max, sum) go to a scratch buffer and a second kernel combines them, COMBINE_ROWS query rows
+per program, so a long context is read by many programs at once (flash-decoding). The key loop
+bound is read from `lengths` on the device: no host sync, so the launch can be captured in a
+CUDA Graph and replayed for any lengths that fit the buffer. Both kernels are launched with
+programmatic dependent launch where the device has it (kernels/launch.py): they wait for the
+kernel before them before their first load.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from kernels.launch import f32_dot, pdl_args, pdl_wait
 
 NEG = tl.constexpr(-1.0e30)  # a masked score: exp(NEG - m) == 0 for any real max m, never NaN
 BLOCK_N = 64  # keys per tile
+COMBINE_ROWS = 8  # query rows per combining program (the H200: 8 beat 16, 32, 64)
 
 
 @triton.jit
@@ -104,20 +106,23 @@ def _split_kernel(
 @triton.jit
 def _combine_kernel(
     acc_ptr, ml_ptr, out_ptr, HKV, n, rep, D, so_t, so_h,
-    SPLITS: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+    SPLITS: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    # grid (B * HKV, BLOCK_Q // ROWS): ROWS of the group's query rows per program, so the
+    # partial sums (SPLITS x BLOCK_Q x BLOCK_D fp32 per group) are read by many programs
     pdl_wait(PDL)
     bg = tl.program_id(0)
     b = bg // HKV
     g = bg % HKV
-    r = tl.arange(0, BLOCK_Q)
+    r = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
     d = tl.arange(0, BLOCK_D)
     base = (bg * SPLITS).to(tl.int64)
-    m_all = tl.full([BLOCK_Q], NEG, dtype=tl.float32)
+    m_all = tl.full([ROWS], NEG, dtype=tl.float32)
     for sp in tl.static_range(SPLITS):
         m_all = tl.maximum(m_all, tl.load(ml_ptr + ((base + sp) * 2) * BLOCK_Q + r))
-    total = tl.zeros([BLOCK_Q], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)
+    total = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
     for sp in tl.static_range(SPLITS):
         w = tl.exp(tl.load(ml_ptr + ((base + sp) * 2) * BLOCK_Q + r) - m_all)  # 0: empty range
         total += w * tl.load(ml_ptr + ((base + sp) * 2 + 1) * BLOCK_Q + r)
@@ -178,9 +183,10 @@ def block_attention(
         F32_DOT=f32_dot(q.dtype), num_warps=4, **pdl_args(q.device),
     )  # fmt: skip
     if splits > 1:
-        _combine_kernel[(B * Hkv,)](
+        rows = min(block_q, COMBINE_ROWS)
+        _combine_kernel[(B * Hkv, block_q // rows)](
             acc, ml, out, Hkv, n, rep, D, out.stride(0), out.stride(1),
-            SPLITS=splits, BLOCK_Q=block_q, BLOCK_D=block_d, num_warps=4,
+            SPLITS=splits, BLOCK_Q=block_q, BLOCK_D=block_d, ROWS=rows, num_warps=4,
             **pdl_args(q.device),
         )  # fmt: skip
     return out

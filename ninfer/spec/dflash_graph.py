@@ -136,6 +136,8 @@ class DFlashGraphs:
         self._owner: list[Staged | None] = []
         self._graphs: dict[int, _Graph] = {}
         self._pool = None
+        # event records on the hot path take the stream (current_stream() is slow Python)
+        self._stream = torch.cuda.current_stream(model.device) if self.capture else None
         self.rounds = 0  # rounds replayed from a graph (tests)
         self.captures = 0
 
@@ -213,7 +215,7 @@ class DFlashGraphs:
             g.ids, g.logits = self._forward(g.device, g.slots, R)
             self.rounds += 1
             return g.ids, g.logits
-        g.copied.record()
+        g.copied.record(self._stream)
         g.graph.replay()
         self.rounds += 1
         return g.ids, g.logits

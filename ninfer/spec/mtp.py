@@ -192,8 +192,9 @@ class MtpDrafter(TimedDrafter):
 
     def _greedy_round(self, rows: Sequence[DraftRow], live: list[int], depth: int) -> list[Draft]:
         """`depth` head steps for argmax rows with each draft and output hidden fed back on
-        the device, one host sync at the end: the steps after the first (all of them when the
-        first is one token per row) run as one CUDA Graph (executor.run_chain), else one
+        the device, one host sync at the end: all of them one CUDA Graph (executor.run_chain)
+        when the first step's positions fit a verify step's rows (`wide_rows`; the buckets go
+        that far), else the first step alone (_first_step) and the others chained, or one
         `run` each. Every row runs `depth` steps (its pages cover them: _prepare); a row keeps
         its first row.k drafts. The drafts are those of the step-by-step path (choose_draft's
         argmax; the reduced head's argmax mapped through `vocab`, which is ascending)."""
@@ -207,34 +208,41 @@ class MtpDrafter(TimedDrafter):
         self.steps += depth
         self.fed_rounds += 1
         picks = None
-        if chain is not None and all(len(c.token_ids) == 1 for c in chunks):
+        if chain is not None and first.num_tokens <= max(len(chunks), self.wide_rows):
             picks = chain(first, depth, {"hidden": hidden}, self._link)
         if picks is None:
-            out = self._first_step(first, hidden)
-            pick, nxt = self._link(out, _tip_rows(self.executor.hidden["final"], chunks))
-            later = _fed_steps(chunks, depth)
-            rest = (
-                chain(later[0], depth - 1, nxt, self._link, fed=pick) if chain and later else None
-            )
-            steps = [pick[None]] if rest is None else [pick[None], rest]
-            for batch in later if rest is None else ():
-                out = self.executor.run(batch, fed=pick, inputs=nxt)
-                pick, nxt = self._link(out, self.executor.hidden["final"])
-                steps.append(pick[None])
-            picks = torch.cat(steps)
+            picks = self._stepped_round(first, hidden, depth, chain)
         table = picks.tolist()  # the round's one sync: [depth][rows]
         result = [NO_DRAFT] * len(rows)
         for row, i in enumerate(live):
             result[i] = Draft(tuple(t[row] for t in table[: rows[i].k]))
         return result
 
+    def _stepped_round(
+        self, first: StepBatch, hidden: torch.Tensor, depth: int, chain: Any
+    ) -> torch.Tensor:
+        """A device-fed round whose first step runs alone: the later steps chained when they
+        can be, else one `run` each; the picks [depth, rows]."""
+        out = self._first_step(first, hidden)
+        pick, nxt = self._link(out, _tip_rows(self.executor.hidden["final"], first.chunks))
+        steps = [pick[None]]
+        if depth > 1 and chain is not None:
+            rest = chain(_fed_step_batch(first.chunks, 1), depth - 1, nxt, self._link, fed=pick)
+            if rest is not None:
+                return torch.cat([pick[None], rest])
+        for j in range(1, depth):
+            out = self.executor.run(_fed_step_batch(first.chunks, j), fed=pick, inputs=nxt)
+            pick, nxt = self._link(out, self.executor.hidden["final"])
+            steps.append(pick[None])
+        return torch.cat(steps)
+
     def _first_step(self, first: StepBatch, hidden: torch.Tensor) -> torch.Tensor:
-        """Run a round's first head step; its logits at each chunk's tip. A chunk of several
-        positions (the round after accepted drafts) asks for every position's logits, as a
-        verify chunk does: the CUDA executor then runs its positions as one-token rows from a
-        decode graph bucket (executor.run, verify_rows) instead of an eager step, when they are
-        no more than a verify step's rows (the buckets go that far; never a prompt's backlog,
-        whose logits would be rows of no use)."""
+        """Run a round's first head step alone; its logits at each chunk's tip. A chunk of
+        several positions (the round after accepted drafts) asks for every position's logits,
+        as a verify chunk does: the CUDA executor then runs its positions as one-token rows
+        from a decode graph bucket (executor.run, verify_rows) instead of an eager step, when
+        they are no more than a verify step's rows (the buckets go that far; never a prompt's
+        backlog, whose logits would be rows of no use)."""
         rows = first.num_tokens
         if rows == len(first.chunks) or rows > self.wide_rows:
             return self.executor.run(first, inputs={"hidden": hidden})
@@ -381,14 +389,10 @@ def _argmax_greedy(params: SamplingParams) -> bool:
     return params.greedy and not (params.presence_penalty or params.frequency_penalty)
 
 
-def _fed_steps(chunks: Sequence[SeqChunk], depth: int) -> tuple[StepBatch, ...]:
-    """Steps 2 .. depth of a device-fed round after its first step `chunks`: one row per
-    chunk at the position after its last, each token the previous step's pick (FED)."""
-    fed_rows = tuple(range(len(chunks)))
-    return tuple(
-        StepBatch(tuple(_fed_step(c, j) for c in chunks), fed_rows=fed_rows)
-        for j in range(1, depth)
-    )
+def _fed_step_batch(chunks: Sequence[SeqChunk], j: int) -> StepBatch:
+    """Step j + 1 of a device-fed round after its first step `chunks`: one row per chunk at
+    the position j after its last, each token the previous step's pick (FED)."""
+    return StepBatch(tuple(_fed_step(c, j) for c in chunks), fed_rows=tuple(range(len(chunks))))
 
 
 def _fed_step(first: SeqChunk, j: int) -> SeqChunk:

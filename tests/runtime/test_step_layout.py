@@ -1,20 +1,22 @@
 """The CUDA executor's host metadata: the short fills (decode rows, and a drafter's chain of
-decode steps at once) write what the general fill writes for the same steps. Pure numpy: runs
-on CPU."""
+decode steps at once, wide first step or not) write what the general fill writes for the same
+steps. Pure numpy: runs on CPU."""
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from ninfer.runtime.executors.cuda.chain_layout import ChainLayout
 from ninfer.runtime.executors.cuda.step_layout import (
     StepLayout,
     _fill_chunks,
     _fill_rows,
-    fill_chain,
     fill_step,
+    verify_rows,
 )
 from ninfer.runtime.step import SeqChunk
 
@@ -50,41 +52,86 @@ def test_decode_rows_fill_as_the_general_fill(seed):
     assert via.tolist() == general.tolist()
 
 
-@pytest.mark.parametrize("seed", range(20))
-def test_a_chain_fills_as_its_steps_one_by_one(seed):
-    """Layout j of a chain is step j's fill (positions + j), except that every step's tables
-    hold the pages up to the chain's last position (past a step's own need)."""
+def chunks_of(rng: random.Random, n: int, ahead: int, wide: bool) -> tuple[SeqChunk, ...]:
+    """`n` chunks (1..4 positions each when `wide`, else one), each block table covering
+    `ahead` positions past its last."""
+    out = []
+    for c in decode_rows(rng, n, ahead=ahead + 3):
+        k = rng.randint(1, 4) if wide else 1
+        toks = tuple(rng.randrange(50000) for _ in range(k))
+        out.append(SeqChunk(c.seq_id, toks, c.start_pos, c.block_table, num_logits=k))
+    return tuple(out)
+
+
+def general_fill(lay: StepLayout, chunks: tuple[SeqChunk, ...]) -> np.ndarray:
+    want = np.zeros(lay.size, np.int32)
+    _fill_chunks(want, lay, chunks, list(range(lay.R)), PS, SCRATCH)
+    return want
+
+
+@pytest.mark.parametrize("wide", [False, True])
+@pytest.mark.parametrize("seed", range(12))
+def test_a_chain_fills_as_its_steps_one_by_one(seed, wide):
+    """Step 0 of a chain is the general fill of every chunk position as a one-token row
+    (verify_rows), step j > 0 that of one row per chunk at its last position + j, the tips
+    the rows of each chunk's last position; every table holds the pages up to the chain's
+    last position. Filled twice (other chunks, then the first again: tables only rewritten
+    when pages change)."""
     rng = random.Random(seed)
-    steps = rng.randint(1, 5)
-    chunks = decode_rows(rng, rng.randint(1, 8), ahead=steps - 1)
-    n = len(chunks)
-    lay = StepLayout(n, n, n, WIDTH)
-    chain = np.full(steps * lay.size, -7, np.int32)
-    fill_chain(chain, lay, steps, chunks, PS, SCRATCH)
-    for j in range(steps):
-        step = tuple(
-            SeqChunk(c.seq_id, c.token_ids, c.start_pos + j, c.block_table, c.state_slot)
-            for c in chunks
-        )
-        want = np.zeros(lay.size, np.int32)
-        _fill_chunks(want, lay, step, list(range(n)), PS, SCRATCH)
-        got = chain[j * lay.size : (j + 1) * lay.size]
-        for name in ("positions", "slots", "seq_lens", "cu", "state", "rows"):
-            assert lay.view(got, name).tolist() == lay.view(want, name).tolist(), (j, name)
-        if j == 0:
-            assert lay.view(got, "tokens").tolist() == lay.view(want, "tokens").tolist()
-        tables = lay.view(got, "tables").reshape(n, WIDTH)
-        for i, c in enumerate(chunks):
-            need = (c.start_pos + steps - 1) // PS + 1
-            assert tables[i, :need].tolist() == list(c.block_table[:need])
-            assert set(tables[i, need:].tolist()) <= {SCRATCH}
+    steps = rng.randint(1, 4)
+    chunks = chunks_of(rng, rng.randint(1, 4), steps, wide)
+    first = sum(len(c.token_ids) for c in chunks)
+    layout = ChainLayout(first, len(chunks), steps, WIDTH, PS, SCRATCH)
+    other = chunks_of(random.Random(seed + 100), len(chunks), steps, False)
+    other = tuple(replace(o, token_ids=c.token_ids, num_logits=c.num_logits)
+                  for o, c in zip(other, chunks))  # fmt: skip
+    for batch in (chunks, other, chunks):
+        layout.fill(batch)
+        h = layout.host.numpy()
+        for j in range(steps):
+            if j == 0:
+                rows = verify_rows(batch, 64)
+            else:
+                rows = tuple(
+                    SeqChunk(c.seq_id, c.token_ids[-1:], c.start_pos + len(c.token_ids) - 1 + j,
+                             c.block_table)
+                    for c in batch
+                )  # fmt: skip
+            lay, got = layout.step(j, h)
+            want = general_fill(lay, rows)
+            names = ("positions", "slots", "seq_lens", "cu", "state", "rows")
+            for name in names + (("tokens",) if j == 0 else ()):
+                assert lay.view(got, name).tolist() == lay.view(want, name).tolist(), (j, name)
+            tables = lay.view(got, "tables").reshape(lay.N, WIDTH)
+            r = 0
+            for c in batch:
+                need = (c.start_pos + len(c.token_ids) + steps - 2) // PS + 1
+                for _ in range(len(c.token_ids) if j == 0 else 1):
+                    assert tables[r, :need].tolist() == list(c.block_table[:need])
+                    assert set(tables[r, need:].tolist()) <= {SCRATCH}
+                    r += 1
+        if wide and first > len(chunks):
+            ends = np.cumsum([len(c.token_ids) for c in batch]) - 1
+            assert layout.tips(layout.host).tolist() == ends.tolist()
+
+
+def test_before_any_fill_every_row_is_on_the_scratch_page():
+    layout = ChainLayout(3, 1, 2, WIDTH, PS, SCRATCH)
+    for j in range(2):
+        lay, part = layout.step(j, layout.host.numpy())
+        assert set(lay.view(part, "tables").tolist()) == {SCRATCH}
+        assert set(lay.view(part, "slots").tolist()) == {SCRATCH * PS}
+        assert lay.view(part, "cu").tolist() == list(range(lay.N + 1))
 
 
 def test_a_table_that_does_not_cover_the_chain_is_refused():
     c = SeqChunk(0, (5,), PS - 1, (3,))  # position 15 on page 3; the chain's step 1 is at 16
-    lay = StepLayout(1, 1, 1, WIDTH)
-    fill_chain(np.zeros(lay.size, np.int32), lay, 1, (c,), PS, SCRATCH)
+    ChainLayout(1, 1, 1, WIDTH, PS, SCRATCH).fill((c,))
     with pytest.raises(ValueError, match="does not cover position 16"):
-        fill_chain(np.zeros(2 * lay.size, np.int32), lay, 2, (c,), PS, SCRATCH)
+        ChainLayout(1, 1, 2, WIDTH, PS, SCRATCH).fill((c,))
+    wide = SeqChunk(0, (5, 6), PS - 2, (3,), num_logits=2)  # positions 14, 15; then 16
+    with pytest.raises(ValueError, match="does not cover position 16"):
+        ChainLayout(2, 1, 2, WIDTH, PS, SCRATCH).fill((wide,))
     with pytest.raises(ValueError, match="does not cover position 15"):
-        fill_step(np.zeros(lay.size, np.int32), lay, (SeqChunk(0, (5,), PS - 1, ()),), [0], PS, 0)
+        fill_step(np.zeros(StepLayout(1, 1, 1, WIDTH).size, np.int32), StepLayout(1, 1, 1, WIDTH),
+                  (SeqChunk(0, (5,), PS - 1, ()),), [0], PS, 0)  # fmt: skip

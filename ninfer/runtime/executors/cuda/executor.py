@@ -131,6 +131,9 @@ class CudaExecutor(PlanExecutorBase):
         self._graphs: dict[int, _DecodeGraph] = {}
         self._chains: dict[tuple[int, int], ChainGraph] = {}  # (rows, steps): chain.py
         self._pool = torch.cuda.graph_pool_handle() if self.graph_buckets else None
+        # the stream every step runs on, for event records on the hot path (current_stream()
+        # costs more Python than the record itself)
+        self._stream = torch.cuda.current_stream(self.device) if self.graph_buckets else None
         self._inv_freq: dict[str, torch.Tensor] = {}
         slots = 1 + max((int(c.attrs.get("stats_slot", -1)) for c in plan.calls), default=-1)
         self._norm_stats = (
@@ -418,7 +421,7 @@ class CudaExecutor(PlanExecutorBase):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
         g.device.copy_(g.host, non_blocking=True)
-        g.copied.record()
+        g.copied.record(self._stream)
         self._feed(lay.view(g.device, "tokens"), batch, fed)
         g.graph.replay()
         if end is not None:

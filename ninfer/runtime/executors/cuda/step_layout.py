@@ -3,9 +3,9 @@ rows, and what a step's timing record holds.
 
 `StepLayout` gives the offsets of the one int32 array a step's metadata is packed into (copied
 to the device once per step); `fill_step` writes a step into it (decode rows, the common case
-and a graph replay's whole host work, by a short path), `fill_chain` the layouts of a chain of
-decode steps at once (chain.py); `verify_rows` turns the verify chunks of a speculative step
-into one-token rows, so it can run on the decode kernels and their CUDA Graph buckets.
+and a graph replay's whole host work, by a short path; a chain of steps: chain_layout.py);
+`verify_rows` turns the verify chunks of a speculative step into one-token rows, so it can run
+on the decode kernels and their CUDA Graph buckets.
 """
 
 from __future__ import annotations
@@ -146,41 +146,6 @@ def _fill_rows(
     lay.view(buf, "cu")[:] = range(len(chunks) + 1)
     lay.view(buf, "state")[:] = [0 if c.state_slot is None else c.state_slot for c in chunks]
     lay.view(buf, "rows")[:] = rows
-
-
-def fill_chain(
-    buf: np.ndarray,
-    lay: StepLayout,
-    steps: int,
-    chunks: tuple[SeqChunk, ...],
-    page_size: int,
-    scratch: int,
-) -> None:
-    """The layouts of `steps` decode steps (`lay` each, one after another in `buf`) of
-    one-token rows `chunks` where step j computes each row's position start_pos + j: what
-    fill_step writes for each of those steps, in a few array operations over all of them
-    (tokens of steps after the first are left to the chain, which feeds them). Every step's
-    block tables hold the pages up to the chain's last position (a step's attention reads only
-    its sequence length's pages)."""
-    n, ps = len(chunks), page_size
-    every = buf[: steps * lay.size].reshape(steps, lay.size)
-    tables = np.full((n, lay.W), scratch, dtype=np.int32)
-    for i, c in enumerate(chunks):
-        bt = _cover(c, c.start_pos + steps - 1, ps)
-        tables[i, : len(bt)] = bt
-    pos = np.array([c.start_pos for c in chunks])[None, :] + np.arange(steps)[:, None]  # [S, n]
-    for name, value in (
-        ("tokens", [c.token_ids[0] for c in chunks]),
-        ("positions", pos),
-        ("slots", tables[np.arange(n), pos // ps] * ps + pos % ps),
-        ("seq_lens", pos + 1),
-        ("cu", np.arange(n + 1)),
-        ("state", [0 if c.state_slot is None else c.state_slot for c in chunks]),
-        ("rows", np.arange(n)),
-        ("tables", tables.reshape(-1)),
-    ):
-        a, b = lay.at[name]
-        every[:, a:b] = value
 
 
 def _cover(c: SeqChunk, last: int, ps: int) -> tuple[int, ...]:
