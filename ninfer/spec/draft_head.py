@@ -22,10 +22,10 @@ fp8 launches, chosen once per row count (host-only; the call is captured in CUDA
 The sweeps measured the model's projections, not the reduced head: a head shape they did not
 measure takes the entries of the nearest measured width of the same depth, as the DFlash
 graph's skinny tiles do. For Qwen3-8B's 32768 x 4096 head that is 24576 x 4096, where the H200
-took (us; bench/results/gemv_h200.md, fp8_gemv_h200.md, fp8_mma_h200.md):
+took (us; bench/results/gemv_h200.md, dense_gemv_h200.md, fp8_gemv_h200.md, fp8_mma_h200.md):
 
     rows                     1      2      4      16     64
-    bf16                     49.9   62.7   49.9   50.3   52.4
+    bf16 (cuBLAS)            49.9   62.7   49.9   50.3   52.4   (kernels.gemv: 47.0 at 1 row)
     fp8_mma                  25.6
     fp8_gemv                 26.9   30.8   60.2
     quant_linear's GEMV      32.6   29.7   46.8   170.4

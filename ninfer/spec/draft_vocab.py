@@ -14,6 +14,9 @@ rejection sampling exact).
              the tokens made by merge 0, 1, 2, ... come first, then the rest by id.
     always   the tokenizer's added / special tokens (EOS, </think>, tool-call markers):
              a drafter must be able to propose a stop
+
+`build_draft_head` gives the head as a `DraftHead` (ninfer/spec/draft_head.py: fp8 rows on CUDA,
+the model dtype elsewhere); `draft_head` the (ids, rows) pair in the model dtype.
 """
 
 from __future__ import annotations

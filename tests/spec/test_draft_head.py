@@ -106,10 +106,11 @@ def test_wider_calls_take_the_model_dtype_rows() -> None:
 
 
 def test_fp8_argmax_is_the_bf16_heads_beyond_the_quantisation_error() -> None:
-    """16 hidden rows, 12 near one head row (a confident draft), 4 random; the fp8 head at
-    1 (the first 6), 2, 4 and 16 rows a call picks the bf16 head's token wherever that token's bf16 logit,
-    less the most quantisation can lower it, beats every other token's plus the most it can
-    raise it (|h| @ (|w - dequantised w| + |w - bf16 w|)) and the logits' bf16 rounding."""
+    """16 hidden rows, 12 near one head row (a confident draft), 4 random; the fp8 head at 1
+    (the first 6), 2, 4 and 16 rows a call picks the bf16 head's token wherever that token's
+    bf16 logit, less the most quantisation can lower it, beats every other token's plus the
+    most it can raise it (|h| @ (|w - dequantised w| + |w - bf16 w|)) and the logits' bf16
+    rounding."""
     ids, w = _head_rows(seed=5)
     g = torch.Generator().manual_seed(6)
     t = torch.randint(N // 2, N, (12,), generator=g)  # rows of the larger norms
