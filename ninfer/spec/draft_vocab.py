@@ -14,6 +14,9 @@ rejection sampling exact).
              the tokens made by merge 0, 1, 2, ... come first, then the rest by id.
     always   the tokenizer's added / special tokens (EOS, </think>, tool-call markers):
              a drafter must be able to propose a stop
+
+`build_draft_head` gives the head as a `DraftHead` (ninfer/spec/draft_head.py: fp8 rows on CUDA,
+the model dtype elsewhere); `draft_head` the (ids, rows) pair in the model dtype.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from ninfer.spec.draft_head import DraftHead
 
 RANKING = "mtp.draft_vocab"
 MAX_DRAFT_VOCAB = 32768
@@ -66,16 +71,33 @@ def draft_vocab(artifact: Any, vocab: int, n: int | None = None) -> list[int]:
     return sorted(keep)
 
 
-def draft_head(
-    artifact: Any, dtype: torch.dtype, device: torch.device, n: int | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids [N] int64, the lm_head's rows of those ids [N, hidden]) of `artifact`."""
+def _head_rows(artifact: Any, n: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids [N] int64, the lm_head's rows of those ids [N, hidden] fp32), on the CPU."""
     from ninfer.artifact.model_spec import model_spec
     from ninfer.ir.models.mtp import lm_head
 
     spec = model_spec(artifact.architecture, artifact.config)
     ids = draft_vocab(artifact, spec.vocab, n)
     head = np.asarray(artifact.dense(lm_head(spec, lambda t: t in artifact)), dtype=np.float32)
-    index = torch.tensor(ids, dtype=torch.long)
-    rows = torch.from_numpy(head[ids].copy()).to(device=device, dtype=dtype)
-    return index.to(device), rows
+    return torch.tensor(ids, dtype=torch.long), torch.from_numpy(head[ids].copy())
+
+
+def draft_head(
+    artifact: Any, dtype: torch.dtype, device: torch.device, n: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids [N] int64, the lm_head's rows of those ids [N, hidden]) of `artifact`."""
+    index, rows = _head_rows(artifact, n)
+    return index.to(device), rows.to(device=device, dtype=dtype)
+
+
+def build_draft_head(
+    artifact: Any,
+    dtype: torch.dtype,
+    device: torch.device,
+    n: int | None = None,
+    fp8: bool | None = None,
+) -> DraftHead:
+    """`artifact`'s reduced head as a DraftHead (ninfer/spec/draft_head.py: fp8 rows on CUDA
+    unless `fp8` is False; the rows quantised from their fp32 values), logits in `dtype`."""
+    index, rows = _head_rows(artifact, n)
+    return DraftHead(index, rows, dtype=dtype, device=device, fp8=fp8)
