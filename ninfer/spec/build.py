@@ -133,7 +133,9 @@ def _mtp_drafter(artifact: Any, options: EngineOptions, target: Any) -> MtpDraft
           "wide_rows": options.compile.verify_rows}  # fmt: skip
     if not options.lm_head_draft:
         return MtpDrafter(executor, **kw)
-    from ninfer.spec.draft_vocab import draft_head
+    from ninfer.spec.draft_vocab import build_draft_head
 
-    vocab, head = draft_head(artifact, executor.dtype, executor.device)
-    return MtpDrafter(executor, vocab=vocab, head=head, vocab_size=int(plan.model["vocab"]), **kw)
+    head = build_draft_head(artifact, executor.dtype, executor.device)
+    return MtpDrafter(
+        executor, vocab=head.ids, head=head, vocab_size=int(plan.model["vocab"]), **kw
+    )

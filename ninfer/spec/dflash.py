@@ -249,9 +249,9 @@ def build_dflash_drafter(
         )
     model = load_dflash(artifact, executor, executor.dtype)
     if lm_head_draft:
-        from ninfer.spec.draft_vocab import draft_head
+        from ninfer.spec.draft_vocab import build_draft_head
 
-        model.reduce_head(*draft_head(artifact, executor.dtype, model.device))
+        model.reduce_head(build_draft_head(artifact, executor.dtype, model.device))
     captured = set((getattr(executor, "plan", None) and executor.plan.model.get("capture")) or ())
     missing = [c for c in model.cfg.capture if c not in captured]
     if missing:

@@ -278,8 +278,7 @@ class DFlashGraphs:
             h, res = rmsnorm(a, w[f"{p}.post_attention_layernorm.weight"], s.eps, residual=res)
             x = self._mm(silu_mul(self._mm(h, self.gate_up[i])), w[f"{p}.mlp.down_proj.weight"])
         y, _ = rmsnorm(x, w["norm.weight"], s.eps, residual=res)
-        head = m.head if m.draft_rows is None else m.draft_rows
-        logits = self._mm(y, head)
+        logits = self._mm(y, m.head) if m.draft_head is None else m.draft_head.logits(y)
         best = logits.view(R, n, -1)[:, 1:].argmax(dim=-1)
         ids = best if m.draft_ids is None else m.draft_ids[best]
         return ids, logits

@@ -41,6 +41,7 @@ from ninfer.artifact.format import Artifact
 from ninfer.artifact.model_spec import model_spec
 from ninfer.errors import ArtifactError
 from ninfer.runtime.executors.cpu.ops import _inv_freq, rope_scale, rotate_half
+from ninfer.spec.draft_head import DraftHead
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -73,13 +74,13 @@ class DFlashModel:
         self._inv = _inv_freq(s.rope, s.rotary_dim).to(self.device)
         self._scale = rope_scale(s.rope)
         self.draft_ids: torch.Tensor | None = None  # --lm-head-draft: the reduced head's ids
-        self.draft_rows: torch.Tensor | None = None  # and their LM head rows
+        self.draft_head: DraftHead | None = None  # and its rows (ninfer/spec/draft_head.py)
 
-    def reduce_head(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
-        """--lm-head-draft (FR-Spec): draft logits from these LM head rows only (token ids
-        `ids` [N], rows [N, hidden]); every other token gets -inf, so it is never drafted and
-        q is zero there (verification still uses the target's full head)."""
-        self.draft_ids, self.draft_rows = ids, rows
+    def reduce_head(self, head: DraftHead) -> None:
+        """--lm-head-draft (FR-Spec): draft logits from the reduced head's LM head rows only
+        (token ids head.ids [N]); every other token gets -inf, so it is never drafted and q is
+        zero there (verification still uses the target's full head)."""
+        self.draft_ids, self.draft_head = head.ids, head
 
     # -- pieces --------------------------------------------------------------------------
     def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -137,14 +138,13 @@ class DFlashModel:
         B, n = tokens.shape
         keep = torch.cat([ctx_valid, ctx_valid.new_ones(B, n)], dim=1)[:, None, None, :]
         x = self.forward(tokens, positions, ctx, keep)[:, 1 : 1 + (n - 1 if rows is None else rows)]
-        return self.full_logits(
-            F.linear(x, self.head if self.draft_rows is None else self.draft_rows)
-        )
+        head = self.draft_head
+        return self.full_logits(F.linear(x, self.head) if head is None else head.logits(x))
 
     def full_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """fp32 logits [..., vocab] of the head's output [..., rows of the head]: --lm-head-draft
         gives -inf to every token outside the reduced head (reduce_head)."""
-        if self.draft_rows is None:
+        if self.draft_head is None:
             return logits.float()
         full = torch.full(
             (*logits.shape[:-1], self.head.shape[0]), float("-inf"), device=logits.device

@@ -52,6 +52,7 @@ from ninfer.runtime.executors.sampler import Sampler
 from ninfer.runtime.pages import PagePool
 from ninfer.runtime.request import SamplingParams
 from ninfer.runtime.step import FED, SeqChunk, StepBatch
+from ninfer.spec.draft_head import DraftHead
 from ninfer.spec.draft_model import choose_draft
 from ninfer.spec.drafter import NO_DRAFT, Draft, DraftRow, TimedDrafter, agree
 from ninfer.spec.mtp_media import HeadMedia
@@ -73,7 +74,7 @@ class _HeadSeq:
 
 class MtpDrafter(TimedDrafter):
     """Drafts with `executor`, a plan executor of the artifact's MTP head (module docstring).
-    `head` [len(vocab), hidden] with `vocab` (token ids): the reduced draft head of
+    `head` (ninfer/spec/draft_head.py) with `vocab` (its token ids): the reduced draft head of
     --lm-head-draft, whose logits the drafter computes from the head's output hidden (the plan
     then has no logits of its own); None: the plan's full logits."""
 
@@ -84,7 +85,7 @@ class MtpDrafter(TimedDrafter):
         executor: Any,
         max_chunk: int = 1 << 30,
         vocab: torch.Tensor | None = None,
-        head: torch.Tensor | None = None,
+        head: DraftHead | None = None,
         vocab_size: int | None = None,
         device_rounds: bool = True,
         target_media: Any = None,
@@ -101,7 +102,6 @@ class MtpDrafter(TimedDrafter):
         # False: every round step by step through choose_draft (the tests compare the two)
         self.device_rounds = device_rounds
         self.fed_rounds = 0  # rounds that took the device-fed path
-        self._gemv: dict[int, tuple[int, ...] | None] = {}  # rows -> the reduced head's launch
         self.page_size: int = executor.page_size
         self.pool = PagePool(executor.num_pages)
         self.max_chunk = max_chunk  # longest catch-up chunk (the head plan's prefill chunk)
@@ -295,27 +295,10 @@ class MtpDrafter(TimedDrafter):
         return full
 
     def _draft_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """The reduced head's logits [rows, len(vocab)] of output rows `h`, in the head's
-        dtype: on CUDA by the GEMV kernel and launch shape the compiler gives a weight of that
-        shape at that batch (kernels/gemv.py: at batch 1 it beat cuBLAS at every measured
-        shape), else a matmul. Both rounds (step by step and device-fed) call this."""
-        h = h.to(self.head.dtype).contiguous()
-        rows = h.shape[0]
-        if rows not in self._gemv:
-            self._gemv[rows] = None
-            if h.is_cuda:
-                from ninfer.passes.gemm_launch import GEMV, dense_launches
-
-                n, k = self.head.shape
-                for lo, hi, kernel, cfg in dense_launches(n, k, False):
-                    if lo <= rows <= hi and kernel == GEMV:
-                        self._gemv[rows] = tuple(cfg)
-        cfg = self._gemv[rows]
-        if cfg is None:
-            return h @ self.head.T
-        from kernels.gemv import DenseGemvConfig, dense_gemv
-
-        return dense_gemv(h, self.head, DenseGemvConfig(*cfg))
+        """The reduced head's logits [rows, len(vocab)] of output rows `h`, in the model dtype
+        (ninfer/spec/draft_head.py: fp8 rows on CUDA). Both rounds (step by step and
+        device-fed) call this."""
+        return self.head.logits(h)
 
     def _catch_up(self, rows: Sequence[DraftRow]) -> None:
         """Feed long backlogs (a new prompt, a replay) in chunks of at most `max_chunk` tokens

@@ -29,6 +29,7 @@ def _model(seed: int, reduced: bool):
     from artifacts.fixture_dflash import dflash_config, random_state
     from ninfer.artifact.dflash import DFlashConfig
     from ninfer.spec.dflash_model import DFlashModel
+    from ninfer.spec.draft_head import DraftHead
 
     cfg = dflash_config(TARGET, layers=2, block_size=5, target_layer_ids=[0, 2])
     gen = torch.Generator().manual_seed(seed)
@@ -39,7 +40,7 @@ def _model(seed: int, reduced: bool):
     )
     if reduced:
         ids = torch.arange(3, 600, 4)
-        model.reduce_head(ids, head[ids])
+        model.reduce_head(DraftHead(ids, head[ids]))
     return model
 
 
