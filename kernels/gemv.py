@@ -243,12 +243,9 @@ def dense_gemv_reference(x: torch.Tensor, w: torch.Tensor, *, glu: bool = False)
 def _skinny_kernel(
     x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
     BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, F32_DOT: tl.constexpr,
-    PDL: tl.constexpr,
 ):  # fmt: skip
     # grid (cdiv(N, BN),): the program streams its BN weight rows once through STAGES
-    # pipelined [BN, BK] tiles (asynchronous copies) into a 16-row tensor-core product; with
-    # PDL its launch overlaps the previous kernel's tail (the pipeline's first loads read x,
-    # so the wait comes before them)
+    # pipelined [BN, BK] tiles (asynchronous copies) into a 16-row tensor-core product
     BM: tl.constexpr = 16
     n = tl.program_id(0) * BN + tl.arange(0, BN)
     m = tl.arange(0, BM)
@@ -258,7 +255,6 @@ def _skinny_kernel(
     w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
     kk = tl.arange(0, BK)
     acc = tl.zeros([BM, BN], dtype=tl.float32)
-    pdl_wait(PDL)
     for k0 in tl.range(0, K, BK, num_stages=STAGES):
         k = k0 + kk
         kmask = k < K
@@ -300,6 +296,5 @@ def dense_skinny(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig) -> torc
     _skinny_kernel[(triton.cdiv(N, c.bn),)](
         x, w, y, M, N, K, x.stride(0), w.stride(0), y.stride(0),
         BN=c.bn, BK=c.bk, STAGES=c.stages, F32_DOT=f32_dot(x.dtype), num_warps=c.warps,
-        **pdl_args(x.device),
     )  # fmt: skip
     return y

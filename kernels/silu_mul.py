@@ -9,14 +9,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch import pdl_args, pdl_wait
-
 
 @triton.jit
-def _silu_mul_kernel(
-    gu_ptr, out_ptr, inter, stride_gu, stride_out, BLOCK: tl.constexpr, PDL: tl.constexpr
-):
-    pdl_wait(PDL)  # launched early (PDL): wait for the kernel that wrote gate_up
+def _silu_mul_kernel(gu_ptr, out_ptr, inter, stride_gu, stride_out, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < inter
@@ -36,13 +31,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         return out
     block = min(1024, triton.next_power_of_2(inter))
     _silu_mul_kernel[(T, triton.cdiv(inter, block))](
-        gate_up,
-        out,
-        inter,
-        gate_up.stride(0),
-        out.stride(0),
-        BLOCK=block,
-        **pdl_args(gate_up.device),
+        gate_up, out, inter, gate_up.stride(0), out.stride(0), BLOCK=block
     )
     return out
 
