@@ -415,7 +415,7 @@ class Engine:
             for row, why in (mask.dead if mask is not None else {}).items():
                 failure = ConstraintFailed(f"{why}, after {seqs[row].num_output} output tokens")
                 self._sched.abort(seqs[row].seq_id, "error", self._clock(), failure)
-            rows = [SampleRow(s.seq_id, s.request.sampling, s.output_ids) for s in seqs]
+            rows = [SampleRow(s.seq_id, s.request.sampling, s.outputs) for s in seqs]
             tokens = self._sampler.sample_async(logits, rows, mask and mask.apply, row_map(plan))
         except Exception as e:
             log.exception("step %d failed", plan.batch.step_index)
@@ -446,7 +446,7 @@ class Engine:
         if step.tokens.logprobs is not None:  # after the commit: only published tokens take one
             seqs = [s.seq_id if s.seq_id in self._handles else -1 for s in step.plan.sample_seqs]
             self._logprobs.record(seqs, step.tokens.logprob_entries())
-        live = [(s.seq_id, s.output_ids) for s in step.plan.sample_seqs if s.status is RUNNING]
+        live = [(s.seq_id, s.outputs) for s in step.plan.sample_seqs if s.status is RUNNING]
         for seq_id, verdict in self._constraints.advance_all(live):  # constraint complete or broken
             error = None if verdict.error is None else ConstraintFailed(verdict.error)
             self._sched.abort(seq_id, "stop" if error is None else "error", now, error)

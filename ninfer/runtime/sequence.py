@@ -18,7 +18,9 @@ No torch import.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+import itertools
+from collections.abc import Iterable, Iterator
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -155,6 +157,12 @@ class Sequence:
         return self.tokens[self.num_prompt :]
 
     @property
+    def outputs(self) -> OutputIds:
+        """The output tokens as a view of `tokens` (no copy): what the per-step rows (sampling,
+        constraints, verification) read, so a step's host work does not grow with the output."""
+        return OutputIds(self.tokens, self.num_prompt)
+
+    @property
     def decode_ready(self) -> bool:
         """Resident and only the last sampled token is left to feed."""
         return (
@@ -288,3 +296,37 @@ def count_unit(seq: Sequence, start_pos: int, length: int) -> None:
         seq.decode_rounds += 1
     else:
         seq.prefill_units += 1
+
+
+class OutputIds(Seq[int]):
+    """`tokens[start:]` as a live view: len, indexing, slices (copies of just the slice) and
+    iteration without copying the whole output. A step reads it before the tokens it samples
+    are committed (the view then grows with them)."""
+
+    __slots__ = ("_start", "_tokens")
+
+    def __init__(self, tokens: list[int], start: int) -> None:
+        self._tokens, self._start = tokens, start
+
+    def __len__(self) -> int:
+        return len(self._tokens) - self._start
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            a, b, step = i.indices(len(self))
+            if step > 0:
+                return self._tokens[self._start + a : self._start + b : step]
+            return list(self)[i]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError("output index out of range")
+        return self._tokens[self._start + (i if i >= 0 else n + i)]
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(self._tokens, self._start, None)
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == (list(other) if isinstance(other, Seq) else other)
+
+    def __repr__(self) -> str:
+        return f"OutputIds({list(self)!r})"

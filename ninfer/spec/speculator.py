@@ -106,11 +106,11 @@ class Speculator:
                 d = Draft(chunk.token_ids[1:], d.probs[: n - 1] if d.probs is not None else None)
                 x = logits[r : r + n]
                 chosen.append(
-                    verify_row(x, d, seq.seq_id, seq.request.sampling, seq.output_ids, sampler)
+                    verify_row(x, d, seq.seq_id, seq.request.sampling, seq.outputs, sampler)
                 )
             else:
                 plain.append(
-                    (len(chosen), r, SampleRow(seq.seq_id, seq.request.sampling, seq.output_ids))
+                    (len(chosen), r, SampleRow(seq.seq_id, seq.request.sampling, seq.outputs))
                 )
                 chosen.append(None)
             r += n
