@@ -72,6 +72,15 @@ def general_fill(lay: StepLayout, chunks: tuple[SeqChunk, ...]) -> np.ndarray:
 @pytest.mark.parametrize("wide", [False, True])
 @pytest.mark.parametrize("seed", range(12))
 def test_a_chain_fills_as_its_steps_one_by_one(seed, wide):
+    check_chain(seed, wide, pad=0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_wide_first_step_padded_to_its_graph_rows_puts_the_rest_on_the_scratch_page(seed):
+    check_chain(seed, True, pad=random.Random(seed).randint(1, 5))
+
+
+def check_chain(seed: int, wide: bool, pad: int) -> None:
     """Step 0 of a chain is the general fill of every chunk position as a one-token row
     (verify_rows), step j > 0 that of one row per chunk at its last position + j, the tips
     the rows of each chunk's last position; every table holds the pages up to the chain's
@@ -81,7 +90,7 @@ def test_a_chain_fills_as_its_steps_one_by_one(seed, wide):
     steps = rng.randint(1, 4)
     chunks = chunks_of(rng, rng.randint(1, 4), steps, wide)
     first = sum(len(c.token_ids) for c in chunks)
-    layout = ChainLayout(first, len(chunks), steps, WIDTH, PS, SCRATCH)
+    layout = ChainLayout(first + pad, len(chunks), steps, WIDTH, PS, SCRATCH)
     other = chunks_of(random.Random(seed + 100), len(chunks), steps, False)
     other = tuple(replace(o, token_ids=c.token_ids, num_logits=c.num_logits)
                   for o, c in zip(other, chunks))  # fmt: skip
@@ -98,6 +107,8 @@ def test_a_chain_fills_as_its_steps_one_by_one(seed, wide):
                     for c in batch
                 )  # fmt: skip
             lay, got = layout.step(j, h)
+            if j == 0 and pad:  # the padding rows: one position each on the scratch page
+                rows += tuple(SeqChunk(-1, (0,), 0, (SCRATCH,)) for _ in range(pad))
             want = general_fill(lay, rows)
             names = ("positions", "slots", "seq_lens", "cu", "state", "rows")
             for name in names + (("tokens",) if j == 0 else ()):
@@ -110,6 +121,7 @@ def test_a_chain_fills_as_its_steps_one_by_one(seed, wide):
                     assert tables[r, :need].tolist() == list(c.block_table[:need])
                     assert set(tables[r, need:].tolist()) <= {SCRATCH}
                     r += 1
+            assert set(tables[r:].reshape(-1).tolist()) <= {SCRATCH}  # padding rows
         if wide and first > len(chunks):
             ends = np.cumsum([len(c.token_ids) for c in batch]) - 1
             assert layout.tips(layout.host).tolist() == ends.tolist()
@@ -135,3 +147,16 @@ def test_a_table_that_does_not_cover_the_chain_is_refused():
     with pytest.raises(ValueError, match="does not cover position 15"):
         fill_step(np.zeros(StepLayout(1, 1, 1, WIDTH).size, np.int32), StepLayout(1, 1, 1, WIDTH),
                   (SeqChunk(0, (5,), PS - 1, ()),), [0], PS, 0)  # fmt: skip
+
+
+def test_a_shorter_first_step_on_the_same_pages_clears_the_rows_it_no_longer_uses():
+    layout = ChainLayout(4, 1, 2, WIDTH, PS, SCRATCH)
+    table = (7, 8, 9)
+    layout.fill((SeqChunk(0, (1, 2, 3), 20, table, num_logits=3),))
+    layout.fill((SeqChunk(0, (1, 2), 21, table, num_logits=2),))
+    lay, part = layout.step(0, layout.host.numpy())
+    tables = lay.view(part, "tables").reshape(4, WIDTH)
+    assert tables[:2, :3].tolist() == [[7, 8, SCRATCH]] * 2  # the chain ends at position 23
+    assert set(tables[2:].reshape(-1).tolist()) == {SCRATCH}
+    assert lay.view(part, "seq_lens").tolist() == [22, 23, 1, 1]
+    assert layout.tips(layout.host).tolist() == [1]

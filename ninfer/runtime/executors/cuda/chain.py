@@ -6,14 +6,14 @@ host round trip between its steps. `CudaExecutor.run_chain` runs such a chain of
 R rows (one per sequence) as one graph, captured once per (F, R, S) on first use, where F is
 the first step's rows: R when each sequence feeds one position, more for a wide first step
 (the round after accepted drafts feeds the head every position the target verified): its
-positions run as F one-token rows with logits (verify_rows' rows) and only each sequence's
-last (its tip) goes on:
+positions run as one-token rows with logits (verify_rows' rows), padded to F, a power of two
+(rows on the scratch page), and only each sequence's last (its tip) goes on:
 
     host    the S step layouts (the first of F rows, the others of R) and, when wide, the R
             tip rows, packed in one pinned int32 buffer, filled at once (chain_layout.py:
             step j >= 1 at each tip's position + j), copied to the device once; the first
-            step's extra inputs (`hidden` [F, hidden]) copied into the
-            graph's buffer; its tokens from `fed` (a device tensor) when given, else from the
+            step's extra inputs (`hidden`, a row per position) copied into the graph's buffer
+            [F, hidden]; its tokens from `fed` (a device tensor) when given, else from the
             batch
     graph   for i in 0 .. S-1:
                 out_i = the plan's forward over layout i (tokens of i > 0: pick_{i-1})
@@ -105,8 +105,9 @@ def replay_chain(
     picks [steps, rows] (the graph's buffer)."""
     g.copied.synchronize()  # the previous copy has read the pinned buffer
     g.layout.fill(first.chunks)
-    for name, value in ex._extra_inputs(inputs, g.layout.first).items():
-        g.extra[name].copy_(value, non_blocking=True)
+    n = first.num_tokens  # the graph's rows past n (padding) compute on the scratch page
+    for name, value in ex._extra_inputs(inputs, n).items():
+        g.extra[name][:n].copy_(value, non_blocking=True)
     g.device.copy_(g.layout.host, non_blocking=True)
     g.copied.record(ex._stream)
     if fed is not None:
@@ -136,10 +137,21 @@ def run_chain(
         return None
     if fed is not None and first.num_tokens != len(first.chunks):
         raise ValueError("a chain fed on the device takes one-token rows")
-    key = (first.num_tokens, len(first.chunks), steps)
+    key = (_first_rows(ex, first), len(first.chunks), steps)
     g = ex._chains.get(key)
     if g is None or g.link != link:
         g = ex._chains[key] = capture_chain(ex, *key, link)
     picks = replay_chain(ex, g, first, inputs, fed)
-    ex.tokens_computed += key[0] + key[1] * (steps - 1)
+    ex.tokens_computed += first.num_tokens + key[1] * (steps - 1)
     return picks
+
+
+def _first_rows(ex: Any, first: StepBatch) -> int:
+    """The first step's graph rows: its positions, a wide step's padded to a power of two
+    within the buckets (one graph per power, not per count: with 8 rows of k = 3 a count
+    would make up to 25 graphs per k)."""
+    n = first.num_tokens
+    if n == len(first.chunks):
+        return n
+    padded = 1 << (n - 1).bit_length()
+    return padded if padded in ex.graph_buckets else n

@@ -4,7 +4,9 @@ A chain of S decode steps keeps its S step layouts (step_layout.StepLayout: the 
 one-token rows, the others of R) and, after a wide first step (F > R), the R tip rows, in one
 pinned int32 buffer, copied to the device once per round:
 
-    step 0      every position of each chunk as a row: tokens, positions, KV slots, lengths
+    step 0      every position of each chunk as a row: tokens, positions, KV slots, lengths;
+                rows past them (a wide first step padded to its graph's rows) on the scratch
+                page
     step j > 0  one row per chunk at its last position + j (tokens: fed by the graph)
     tips        the row of each chunk's last position in step 0 (wide only)
 
@@ -56,7 +58,7 @@ class ChainLayout:
         if self.wide:
             h[self.at[-1] :] = np.arange(rows)
         self._index = np.array(self._dynamic(), dtype=np.int64)
-        self._pages: list[tuple[int, ...]] | None = None  # the tables last written
+        self._pages: tuple | None = None  # what the tables last written hold
 
     def step(self, i: int, buf: np.ndarray | torch.Tensor):
         """(layout, its part of `buf`) of step i (buf: `host` or its device copy)."""
@@ -82,8 +84,9 @@ class ChainLayout:
         return out
 
     def fill(self, chunks: Sequence[SeqChunk]) -> None:
-        """Write a round of `chunks` (their positions `first` in all, `rows` chunks); ValueError
-        when a chunk's block table does not cover the chain's last position."""
+        """Write a round of `chunks` (`rows` chunks of at most `first` positions in all: the
+        rest of step 0's rows on the scratch page); ValueError when a chunk's block table does
+        not cover the chain's last position."""
         ps, steps = self.page_size, self.steps
         tokens: list[int] = []
         pos: list[int] = []
@@ -106,7 +109,15 @@ class ChainLayout:
             for i, c in enumerate(chunks)
             for p in range(c.start_pos, c.start_pos + len(c.token_ids))
         ]
-        values = tokens + pos + slot + [p + 1 for p in pos]
+        pad = self.first - len(pos)
+        if pad < 0 or len(ends) != self.rows:
+            raise ValueError(
+                f"{len(ends)} chunks of {len(pos)} positions for a chain of {self.rows} rows"
+                f" and {self.first} first-step rows"
+            )
+        scratch = [self.scratch * ps] * pad
+        values = tokens + [0] * pad + pos + [0] * pad + slot + scratch
+        values += [p + 1 for p in pos] + [1] * pad
         for j in range(1, steps):
             pj = [e + j for e in ends]
             values += pj
@@ -116,9 +127,10 @@ class ChainLayout:
             values += tips
         h = self.host.numpy()
         h[self._index] = values
-        if pages != self._pages:
+        key = (tuple(len(c.token_ids) for c in chunks), pages)
+        if key != self._pages:
             self._write_tables(h, chunks, pages)
-            self._pages = pages
+            self._pages = key
 
     def _write_tables(
         self, h: np.ndarray, chunks: Sequence[SeqChunk], pages: list[tuple[int, ...]]
@@ -128,7 +140,10 @@ class ChainLayout:
         per_chunk = np.full((len(chunks), width), self.scratch, dtype=np.int32)
         for i, p in enumerate(pages):
             per_chunk[i, : len(p)] = p
-        first = np.repeat(per_chunk, [len(c.token_ids) for c in chunks], axis=0)
+        first = np.full((self.first, width), self.scratch, dtype=np.int32)
+        first[: sum(len(c.token_ids) for c in chunks)] = np.repeat(
+            per_chunk, [len(c.token_ids) for c in chunks], axis=0
+        )
         for i in range(self.steps):
             lay, part = self.step(i, h)
             lay.view(part, "tables")[:] = (first if i == 0 else per_chunk).reshape(-1)
