@@ -7,17 +7,28 @@ trained artifact (artifacts/fixtures/tiny-agent.ninfer) and its scripted prompts
 
 `--run-slow` runs the tests marked `slow` (the real models of `ninfer models`), which are
 skipped otherwise.
+
+The suite runs torch with one intra-op thread (OMP_NUM_THREADS=1 unless already set), in this
+process and, through the environment, in every server and command it starts. With two OpenMP
+threads on a 2-core machine, any other busy thread (the server's event loop, the test's
+clients, another process) deschedules one of them and the other spins at each op's barrier:
+the demo model's decode steps ran 5 to 10 times slower (e2e factual questions: 135 s against
+12 s; the API's constrained-output module: 417 s against about 60 s).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+# before anything imports torch (it reads the variable once); servers and commands inherit it
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parent.parent
 if (
