@@ -4,20 +4,32 @@
 `artifacts.fixtures` (arch in llama, qwen3, qwen3_moe, qwen3_5, qwen3_5_moe), built on first use
 into one temporary directory per test run and reused after that. `tiny_agent` is the committed
 trained artifact (artifacts/fixtures/tiny-agent.ninfer) and its scripted prompts.
+`demo_transformers_model` is transformers' GGUF load of the demo model, once per session.
 
 `--run-slow` runs the tests marked `slow` (the real models of `ninfer models`), which are
 skipped otherwise.
+
+The suite runs torch with one intra-op thread (OMP_NUM_THREADS=1 unless already set), in this
+process and, through the environment, in every server and command it starts. With two OpenMP
+threads on a 2-core machine, any other busy thread (the server's event loop, the test's
+clients, another process) deschedules one of them and the other spins at each op's barrier:
+the demo model's decode steps ran 5 to 10 times slower (e2e factual questions: 135 s against
+12 s; the API's constrained-output module: 417 s against about 60 s).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+# before anything imports torch (it reads the variable once); servers and commands inherit it
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parent.parent
 if (
@@ -76,6 +88,29 @@ def fixture_artifacts(fixture_root: Path) -> Callable[[str], Path]:
 def fixture_hf_dir(fixture_root: Path) -> Callable[[str], Path]:
     """arch -> the Hugging Face directory the fixture artifact was converted from."""
     return lambda arch: build_hf_dir(arch, fixture_root)
+
+
+@pytest.fixture(scope="session")
+def demo_transformers_model() -> Any:
+    """transformers' own GGUF load of the demo model (float32, eval mode): the reference that
+    tests/artifact (weights) and tests/runtime (greedy tokens) compare with. Loaded once per
+    session: the load takes 30-45 s, nearly all of it transformers re-reading the GGUF's
+    metadata, not dequantising. Tests only read it (state_dict, generate); skipped where the
+    demo model or transformers' GGUF support (accelerate) is not installed."""
+    from ninfer.artifact.demo import demo_gguf_path
+    from ninfer.errors import ConvertError
+
+    try:
+        gguf = demo_gguf_path()
+    except ConvertError as e:
+        pytest.skip(str(e))
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    import torch
+
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    ).eval()
 
 
 @pytest.fixture(scope="session")

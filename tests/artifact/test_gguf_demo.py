@@ -88,15 +88,8 @@ def test_chat_template_render_encodes_like_transformers(artifact, hf_tokenizer):
     assert ids.count(1) == 3  # every <|im_start|> stays one token
 
 
-def test_weights_equal_transformers_gguf_load(artifact, hf_gguf_dir):
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
-    import torch
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        hf_gguf_dir, gguf_file=GGUF_NAME, dtype=torch.float32
-    )
-    state = model.state_dict()
+def test_weights_equal_transformers_gguf_load(artifact, demo_transformers_model):
+    state = demo_transformers_model.state_dict()
     seen = set()
     for name, ref in state.items():
         ours_name = "model.embed_tokens.weight" if name == "lm_head.weight" else name

@@ -32,7 +32,7 @@ def demo_gguf():
         pytest.skip(str(e))
 
 
-def test_demo_model_matches_transformers_gguf(demo_gguf) -> None:
+def test_demo_model_matches_transformers_gguf(demo_transformers_model) -> None:
     from ninfer.artifact.demo import demo_artifact_path
 
     # the float32 reference numerics: transformers computes in float32 too
@@ -43,12 +43,7 @@ def test_demo_model_matches_transformers_gguf(demo_gguf) -> None:
         for q in QUESTIONS
     ]
     outs = llm.generate(prompts, SamplingParams(max_tokens=32, temperature=0.0))
-    import transformers
-
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        str(demo_gguf.parent), gguf_file=demo_gguf.name, dtype=torch.float32
-    )
-    hf.eval()
+    hf = demo_transformers_model
     for prompt, out in zip(prompts, outs):
         ids = llm.tokenizer.encode(prompt)
         with torch.no_grad():
