@@ -264,5 +264,5 @@ def build_dflash_drafter(
     if model.device.type == "cuda" and (plan is None or plan.options.cuda_graphs):
         from ninfer.spec.dflash_graph import DFlashGraphs
 
-        graphs = DFlashGraphs(model)
+        graphs = DFlashGraphs(model, fp8_layers=lm_head_draft)
     return DFlashDrafter(model, graphs)

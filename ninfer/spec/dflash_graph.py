@@ -22,7 +22,13 @@ step). Here a round is one graph replay of ~55 kernels:
     GEMMs    the launch the H200 sweeps chose for that weight shape and row count
              (ninfer/passes/gemm_launch.py: kernels.gemv for 1-4 rows, the tensor-core skinny
              tiles for 5-16, else cuBLAS); a shape the sweep did not measure (the reduced head)
-             takes the skinny tiles of the nearest measured width of the same depth.
+             takes the skinny tiles of the nearest measured width of the same depth
+             (ninfer/spec/gemm.py). With --lm-head-draft the layers' projections are read as
+             fp8 rows (ninfer/spec/draft_head.py Fp8Rows: e4m3 bytes and a scale per row,
+             half the bytes, kernels/fp8_skinny.py's tiles) for a round of one sequence (16
+             rows); wider rounds read the bf16 weights. Drafts may then differ where the bf16
+             forward's top two are within the quantisation error; verification, with the
+             target's weights, decides the output either way.
 
 A graph is captured on first use of its B; growing P or C reallocates the staging buffer and
 drops every graph (captured again on next use), so C grows by doubling. Rounds whose staging
@@ -32,8 +38,6 @@ replay: callers read them first.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -43,20 +47,15 @@ import torch.nn.functional as F
 
 from kernels.attn_prologue import attention_prologue
 from kernels.block_attention import block_attention, block_splits
-from kernels.gemv import DenseGemvConfig, SkinnyConfig, dense_gemv, dense_skinny
 from kernels.rmsnorm import rmsnorm
 from kernels.silu_mul import silu_mul
-from ninfer.passes.gemm_launch import (
-    GEMV,
-    KERNELS_DIR,
-    SKINNY,
-    dense_launches,
-    read_skinny_table,
-)
 from ninfer.spec.dflash_model import DFlashModel
+from ninfer.spec.draft_head import Fp8Rows
+from ninfer.spec.gemm import dense_gemm
 
 STAGING_MAX_BYTES = 1 << 30  # the eager path's per-round context tensors are as large
 MIN_CONTEXT = 256  # the smallest staging context (C): fewer early reallocations
+FP8_LAYER_ROWS = 16  # fp8 layer rows serve one sequence's block; wider rounds read bf16
 
 
 class Staged(Protocol):
@@ -84,38 +83,16 @@ def _pow2(x: int) -> int:
     return 1 << max(0, x - 1).bit_length()
 
 
-@functools.cache
-def _skinny_table() -> dict:
-    return read_skinny_table(KERNELS_DIR / "skinny_table.json")
-
-
-def _gemm_fn(N: int, K: int, M: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """x [M, K] @ wᵀ for w [N, K] by the kernel the sweeps chose (module docstring)."""
-    for lo, hi, kernel, cfg in dense_launches(N, K, False):
-        if lo <= M <= hi and kernel == GEMV:
-            gemv = DenseGemvConfig(*cfg)
-            return lambda x, w: dense_gemv(x, w, gemv)
-        if lo <= M <= hi and kernel == SKINNY:
-            tiles = SkinnyConfig(*cfg)
-            return lambda x, w: dense_skinny(x, w, tiles)
-    table = _skinny_table()
-    bucket = 8 if M <= 8 else 16
-    if 5 <= M <= 16 and not any((N, K, b) in table for b in (8, 16)):  # not measured
-        near = [(abs(n.bit_length() - N.bit_length()), n) for n, k, b in table if k == K and b == bucket]  # fmt: skip
-        if near:
-            tiles = SkinnyConfig(*table[(min(near)[1], K, bucket)])
-            return lambda x, w: dense_skinny(x, w, tiles)
-    return F.linear
-
-
 class DFlashGraphs:
     """CUDA Graphs of `model`'s block forward (module docstring). Fuses each layer's q/k/v and
     gate/up weights into one tensor and points model.w's entries at views of them (the same
     values: the eager forward and context_kv read them unchanged)."""
 
-    def __init__(self, model: DFlashModel, capture: bool = True) -> None:
+    def __init__(self, model: DFlashModel, capture: bool = True, fp8_layers: bool = False) -> None:
         """`capture` False: each round runs the graph body eagerly instead of replaying it
-        (the same kernels: a CPU test runs them under the Triton interpreter)."""
+        (the same kernels: a CPU test runs them under the Triton interpreter). `fp8_layers`
+        (--lm-head-draft on CUDA): the layers' projections also as fp8 rows (module
+        docstring)."""
         self.m = model
         self.capture = capture and model.device.type == "cuda"
         s = model.cfg.spec
@@ -127,6 +104,14 @@ class DFlashGraphs:
             p = f"layers.{i}"
             self.qkv.append(_fuse(w, [f"{p}.self_attn.{x}_proj.weight" for x in "qkv"]))
             self.gate_up.append(_fuse(w, [f"{p}.mlp.{x}_proj.weight" for x in ("gate", "up")]))
+        # fp8 copies of the projections, keyed by the weight (bf16 rows: the eager forward's)
+        self._fp8: dict[tuple[int, tuple[int, ...]], Fp8Rows] = {}
+        if fp8_layers:
+            for i in range(s.layers):
+                p = f"layers.{i}"
+                for wt in (self.qkv[i], w[f"{p}.self_attn.o_proj.weight"], self.gate_up[i],
+                           w[f"{p}.mlp.down_proj.weight"]):  # fmt: skip
+                    self._fp8[_key(wt)] = Fp8Rows(wt, fp8=True, fp8_max_rows=FP8_LAYER_ROWS)
         self.inv = model._inv.float().contiguous()
         elt = torch.empty((), dtype=model.dtype).element_size()
         self._row_bytes = s.layers * 2 * s.kv_heads * s.head_dim * elt  # per staged position
@@ -284,7 +269,14 @@ class DFlashGraphs:
         return ids, logits
 
     def _mm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return _gemm_fn(w.shape[0], w.shape[1], x.shape[0])(x, w)
+        rows = self._fp8.get(_key(w))
+        if rows is not None:
+            return rows(x)
+        return dense_gemm(w.shape[0], w.shape[1], x.shape[0])(x, w)
+
+
+def _key(w: torch.Tensor) -> tuple[int, tuple[int, ...]]:
+    return w.data_ptr(), tuple(w.shape)
 
 
 def _fuse(w: dict[str, torch.Tensor], names: list[str]) -> torch.Tensor:

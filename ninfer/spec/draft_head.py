@@ -1,4 +1,7 @@
-"""`--lm-head-draft`'s reduced head as the drafters read it: fp8 rows on CUDA.
+"""`--lm-head-draft`'s private draft weights as the drafters read them: fp8 rows on CUDA.
+
+`Fp8Rows` is one such weight; `DraftHead` is the reduced head (an Fp8Rows with its token ids).
+The DFlash drafter's layers take Fp8Rows too under --lm-head-draft (ninfer/spec/dflash_graph.py).
 
 The reduced head (ninfer/spec/draft_vocab.py: N = 32768 rows of a large vocabulary's LM head)
 is read in full by every draft step; in bf16 on the H200 that is 268 MB of the MTP head's
@@ -15,6 +18,8 @@ fp8 launches, chosen once per row count (host-only; the call is captured in CUDA
     1 row         kernels/fp8_mma.py (tensor cores) where its table names a shape and x is
                   bf16 on sm_89+, else kernels/fp8_gemv.py (its table's shape or default)
     2-4 rows      kernels/fp8_gemv.py where its table names a shape for that many rows
+    5-16 rows     kernels/fp8_skinny.py's tensor-core tiles where its table (or the nearest
+                  measured width's) names a shape
     else <= 16    quant_linear's tensor-core tiles (kernels/quant_gemm.py: the weight read once
                   per 16 rows, dequantised in registers)
     17 or more    the model-dtype rows (kept beside the fp8 ones; `fp8_max_rows`)
@@ -35,7 +40,7 @@ so the fp8 rows serve up to 16 rows (one M tile) and the bf16 rows wider calls (
 drafter's blocks of more than one sequence), at 134 MB more memory for that head.
 
 bf16 on CUDA: the launch the dense sweeps chose for that shape and row count, as the DFlash
-graph's GEMMs (ninfer/spec/dflash_graph.py `_gemm_fn`: kernels.gemv, skinny tiles, cuBLAS).
+graph's GEMMs (ninfer/spec/gemm.py `dense_gemm`: kernels.gemv, skinny tiles, cuBLAS).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ import torch.nn.functional as F
 
 FP8_MMA = "triton.fp8_mma"
 FP8_GEMV = "triton.fp8_gemv"
+FP8_SKINNY = "triton.fp8_skinny"
 QUANT_LINEAR = "quant_linear"  # config: its path, "tiled" or "dense"
 FP8_MAX_ROWS = 16  # widest call the fp8 rows serve by default (module docstring)
 QUANTISE_ROWS = 4096  # rows quantised at a time: a bounded fp32 scratch at build
@@ -77,6 +83,7 @@ def fp8_launch(N: int, K: int, M: int, tensor_cores: bool = True) -> Launch:
     ``tensor_cores`` the one to take where fp8_mma cannot."""
     from kernels.fp8_gemv import fp8_gemv_config
     from kernels.fp8_mma import fp8_mma_config
+    from kernels.fp8_skinny import MAX_M, fp8_skinny_config
     from kernels.quant_gemm import DENSE_MIN_M
 
     n = measured_width(N, K)
@@ -84,21 +91,22 @@ def fp8_launch(N: int, K: int, M: int, tensor_cores: bool = True) -> Launch:
         return Launch(FP8_MMA, mma)
     if (gemv := fp8_gemv_config(n, K, M)) is not None:
         return Launch(FP8_GEMV, gemv)
+    if 5 <= M <= MAX_M and (tiles := fp8_skinny_config(N, K, M)) is not None:
+        return Launch(FP8_SKINNY, tiles)
     return Launch(QUANT_LINEAR, "dense" if M >= DENSE_MIN_M["fp8"] else "tiled")
 
 
-class DraftHead:
-    """The reduced draft head: token ids `ids` [N] int64 (ascending: logit column i is token
-    ids[i]) and their LM head rows, owned here in `dtype` and, with `fp8`, as e4m3 bytes
-    `data` [N, hidden] and fp32 row scales `scale` [N].
+class Fp8Rows:
+    """A weight [N, hidden] the drafters multiply by (a reduced head, a DFlash layer's
+    projection), owned here in `dtype` and, with `fp8`, as e4m3 bytes `data` [N, hidden] and
+    fp32 row scales `scale` [N].
 
-    `logits(h)` is what the drafters computed as `h @ rows.T`: [..., N] in `dtype` for h
-    [..., hidden], on h's device; no host synchronisation, so it may run inside a CUDA Graph
-    capture (the kernels allocate their outputs from the capturing pool)."""
+    `logits(h)` (or calling it) is `h @ rows.T`: [..., N] in `dtype` for h [..., hidden], on h's
+    device; no host synchronisation, so it may run inside a CUDA Graph capture (the kernels
+    allocate their outputs from the capturing pool)."""
 
     def __init__(
         self,
-        ids: torch.Tensor,
         rows: torch.Tensor,
         *,
         dtype: torch.dtype | None = None,
@@ -107,16 +115,15 @@ class DraftHead:
         fp8_max_rows: int | None = FP8_MAX_ROWS,
     ) -> None:
         """`rows` [N, hidden] float, on any device (quantised from these values: pass fp32
-        rows to round once); the head lives on `device` (default rows') with logits in `dtype`
-        (default rows'). `fp8` (default: whether `device` is CUDA) stores e4m3 rows, which
-        serve calls of up to `fp8_max_rows` rows (None: every call, and no `dtype` rows are
-        kept); off CUDA that needs the Triton interpreter (TRITON_INTERPRET=1, as the kernels'
-        CPU tests run)."""
+        rows to round once); they live on `device` (default rows') with logits in `dtype`
+        (default rows'; rows already there in that dtype are kept, not copied). `fp8`
+        (default: whether `device` is CUDA) stores e4m3 rows, which serve calls of up to
+        `fp8_max_rows` rows (None: every call, and no `dtype` rows are kept); off CUDA that
+        needs the Triton interpreter (TRITON_INTERPRET=1, as the kernels' CPU tests run)."""
         self.device = torch.device(device) if device is not None else rows.device
         self.dtype = dtype or rows.dtype
         self.fp8 = self.device.type == "cuda" if fp8 is None else fp8
-        assert rows.dim() == 2 and ids.shape == rows.shape[:1], (ids.shape, rows.shape)
-        self.ids = ids.to(self.device)
+        assert rows.dim() == 2, rows.shape
         self.shape = (int(rows.shape[0]), int(rows.shape[1]))
         # the widest call the fp8 rows serve (0: no fp8 rows; None: every call, no dtype rows)
         self.fp8_max_rows = fp8_max_rows if self.fp8 else 0
@@ -131,7 +138,7 @@ class DraftHead:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the head's storage."""
+        """Bytes of the storage (rows shared with their owner counted too)."""
         held = (self.rows, self.data, self.scale)
         return sum(t.numel() * t.element_size() for t in held if t is not None)
 
@@ -147,6 +154,8 @@ class DraftHead:
             call = self._calls[rows] = self._choose(rows)
         return call(flat).view(*h.shape[:-1], self.shape[0])
 
+    __call__ = logits
+
     def _choose(self, rows: int) -> Callable[[torch.Tensor], torch.Tensor]:
         """The kernel call for x [rows, hidden] (module docstring), chosen once."""
         N, K = self.shape
@@ -154,9 +163,9 @@ class DraftHead:
         if self.fp8_max_rows is not None and rows > self.fp8_max_rows:
             if self.device.type != "cuda":
                 return lambda x: F.linear(x, w)
-            from ninfer.spec.dflash_graph import _gemm_fn
+            from ninfer.spec.gemm import dense_gemm
 
-            mm = _gemm_fn(N, K, rows)
+            mm = dense_gemm(N, K, rows)
             return lambda x: mm(x, w)
         fallback = _fp8_call(fp8_launch(N, K, rows, tensor_cores=False), self.data, self.scale)
         launch = fp8_launch(N, K, rows)
@@ -168,6 +177,18 @@ class DraftHead:
         return lambda x: fp8_mma(x, q, s, cfg) if usable(x, q) else fallback(x)
 
 
+class DraftHead(Fp8Rows):
+    """The reduced draft head: token ids `ids` [N] int64 (ascending: logit column i is token
+    ids[i]) and their LM head rows (Fp8Rows: `logits(h)` is what the drafters computed as
+    `h @ rows.T`)."""
+
+    def __init__(self, ids: torch.Tensor, rows: torch.Tensor, **options: Any) -> None:
+        """`options`: Fp8Rows's (dtype, device, fp8, fp8_max_rows)."""
+        super().__init__(rows, **options)
+        assert ids.shape == rows.shape[:1], (ids.shape, rows.shape)
+        self.ids = ids.to(self.device)
+
+
 def _fp8_call(
     launch: Launch, q: torch.Tensor, s: torch.Tensor
 ) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -176,6 +197,10 @@ def _fp8_call(
         from kernels.fp8_gemv import fp8_gemv
 
         return lambda x: fp8_gemv(x, q, s, launch.config)
+    if launch.kernel == FP8_SKINNY:
+        from kernels.fp8_skinny import fp8_skinny
+
+        return lambda x: fp8_skinny(x, q, s, launch.config)
     from kernels.quant_gemm import quant_linear
 
     return lambda x: quant_linear(x, q, s, "fp8", path=launch.config)

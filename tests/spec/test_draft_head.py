@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from ninfer.spec.draft_head import (
     FP8_GEMV,
     FP8_MMA,
+    FP8_SKINNY,
     QUANT_LINEAR,
     DraftHead,
     Launch,
@@ -136,11 +137,13 @@ def test_fp8_argmax_is_the_bf16_heads_beyond_the_quantisation_error() -> None:
 
 def test_an_unmeasured_head_takes_the_nearest_measured_widths_launches(monkeypatch) -> None:
     """Qwen3-8B's reduced head (32768 x 4096) is not in the fp8 sweeps: it takes 24576 x 4096's
-    launches (tensor cores at 1 row, fp8_gemv without them, quant_linear's tiles from 2 rows,
-    where 24576 x 4096's fp8_gemv entries stop); a depth no sweep measured keeps fp8_gemv's
+    launches (tensor cores at 1 row, fp8_gemv without them, quant_linear's tiles at 2 rows,
+    where 24576 x 4096's fp8_gemv entries stop, and at 16 rows fp8_skinny's entry, or
+    quant_linear's tiles where they won); a depth no sweep measured keeps fp8_gemv's
     batch-1 default."""
     from kernels.fp8_gemv import DEFAULT_M1, Fp8GemvConfig
     from kernels.fp8_mma import Fp8MmaConfig
+    from kernels.fp8_skinny import fp8_skinny_config
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # the table choice a GPU makes
     assert measured_width(32768, 4096) == 24576 and measured_width(4096, 4096) == 4096
@@ -149,7 +152,10 @@ def test_an_unmeasured_head_takes_the_nearest_measured_widths_launches(monkeypat
         FP8_GEMV, Fp8GemvConfig(4, 4, 1)
     )
     tiles = Launch(QUANT_LINEAR, "tiled")
-    assert fp8_launch(32768, 4096, 2) == fp8_launch(32768, 4096, 16) == tiles
+    assert fp8_launch(32768, 4096, 2) == tiles
+    fp8_tiles = fp8_skinny_config(32768, 4096, 16)  # its table's entry for the shape
+    want = tiles if fp8_tiles is None else Launch(FP8_SKINNY, fp8_tiles)
+    assert fp8_launch(32768, 4096, 16) == want
     assert fp8_launch(32768, 4096, 4096) == Launch(QUANT_LINEAR, "dense")
     assert measured_width(N, K) == N and fp8_launch(N, K, 1) == Launch(FP8_GEMV, DEFAULT_M1)
 

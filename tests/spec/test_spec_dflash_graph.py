@@ -4,8 +4,8 @@ and its argmax on the device) against the eager forward: on the CPU its kernels 
 Triton interpreter (in a child process: TRITON_INTERPRET is read when a kernel is defined),
 uncaptured. Rows of different context lengths, contexts that grow, are cut back (a rejected
 draft) and move between staging rows, a finished sequence's row reused, greedy and sampled
-rows, the full and the reduced (--lm-head-draft) head, and a round too large for the staging
-buffer run eagerly. tests/spec/test_spec_cuda.py runs the captured graphs on a GPU."""
+rows, the full and the reduced (--lm-head-draft) head, the layers as fp8 rows (--lm-head-draft
+on CUDA), and a round too large for the staging buffer run eagerly. tests/spec/test_spec_cuda.py runs the captured graphs on a GPU."""
 
 from __future__ import annotations
 
@@ -44,8 +44,22 @@ def _model(seed: int, reduced: bool):
     return model
 
 
-def compare(reduced: bool) -> None:
-    """Run in the child: the same rounds through an eager drafter and an uncaptured graph one."""
+def _fp8_exact(model) -> None:
+    """Round the layers' projections to fp8 values (e4m3 times their row scale): quantised
+    again by an fp8 layer they give the same bytes and scales, so the fp8 rows hold exactly
+    the weights the eager forward reads."""
+    from kernels.quant_gemm import quantize_weight_fp8
+
+    for name, w in model.w.items():
+        if name.endswith("_proj.weight"):
+            q, s = quantize_weight_fp8(w)
+            model.w[name] = q.view(torch.float8_e4m3fn).float() * s[:, None]
+
+
+def compare(reduced: bool, fp8: bool = False) -> None:
+    """Run in the child: the same rounds through an eager drafter and an uncaptured graph one;
+    `fp8`: the graph's layers read fp8 rows (--lm-head-draft on CUDA) of weights fp8 holds
+    exactly."""
     from ninfer.runtime.executors.sampler import Sampler
     from ninfer.runtime.request import SamplingParams
     from ninfer.runtime.step import SeqChunk, StepBatch
@@ -54,8 +68,13 @@ def compare(reduced: bool) -> None:
     from ninfer.spec.dflash_graph import DFlashGraphs
     from ninfer.spec.drafter import DraftRow
 
-    eager = DFlashDrafter(_model(1, reduced))
-    graphs = DFlashGraphs(_model(1, reduced), capture=False)
+    models = [_model(1, reduced), _model(1, reduced)]
+    if fp8:
+        for model in models:
+            _fp8_exact(model)
+    eager = DFlashDrafter(models[0])
+    graphs = DFlashGraphs(models[1], capture=False, fp8_layers=fp8)
+    assert len(graphs._fp8) == (8 if fp8 else 0)  # 2 layers: q/k/v, o, gate/up, down
     fast = DFlashDrafter(graphs.m, graphs)
     gen = torch.Generator().manual_seed(7)
     committed: dict[int, list[int]] = {}
@@ -95,15 +114,17 @@ def compare(reduced: bool) -> None:
     observe(4, 0, [9] * 10)
     round_([4, 3], temperature=0.8)  # sampled rows: q from the graph's logits
     assert graphs.rounds == 8 and graphs._P == 4 and graphs._C == 512
+    if fp8:  # a one-row round's 5 block rows read fp8 rows; the wider rounds bf16
+        assert all(5 in rows._calls and 20 in rows._calls for rows in graphs._fp8.values())
     dflash_graph.STAGING_MAX_BYTES = 0  # a round whose staging would not fit runs eagerly
     round_([4, 3])
     assert graphs.rounds == 8
 
 
-@pytest.mark.parametrize("reduced", [False, True])
-def test_graph_body_drafts_what_the_eager_forward_drafts(reduced):
+@pytest.mark.parametrize(("reduced", "fp8"), [(False, False), (True, False), (True, True)])
+def test_graph_body_drafts_what_the_eager_forward_drafts(reduced, fp8):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
-    code = f"from tests.spec.test_spec_dflash_graph import compare; compare({reduced})"
+    code = f"from tests.spec.test_spec_dflash_graph import compare; compare({reduced}, {fp8})"
     proc = subprocess.run(
         [sys.executable, "-c", code], check=False, cwd=REPO, env=env, capture_output=True,
         text=True,
