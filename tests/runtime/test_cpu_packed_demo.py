@@ -3,9 +3,11 @@ the default packed weights (kernels/cpu_quant.py) against the float32 reference
 (`cpu_weights="float32"`, the weights dequantised at load).
 
 The packed GEMMs compute in bf16 (the error bound is in kernels/cpu_quant.py), so the logits
-are not bit-equal: they stay within a few percent of the logit range, and the greedy answers
-to the chat prompts below are the same tokens. A bf16 GEMM can reorder two tokens whose
-float32 logits are closer than its error; these prompts have no such tie in 32 tokens.
+are not bit-equal: they stay within a few percent of the logit range. The greedy answers to the
+chat prompts below are the float32 reference's tokens up to the first near-tie: a bf16 GEMM can
+reorder two tokens whose float32 logits are closer than its error, and which prompts hit such a
+tie within 32 tokens depends on the CPU's kernels. Past a tie the two answers are different
+texts, so the comparison stops there, and the tie itself must be one by the reference's logits.
 """
 
 from __future__ import annotations
@@ -75,13 +77,25 @@ def test_packed_weights_hold_a_fraction_of_the_float32_bytes(llms):
         assert llm.plan.ledger.bytes_of("weights") == host_bytes(llm)
 
 
-def test_greedy_answers_equal_the_float32_reference(llms):
+TIE = 0.01  # of the largest |logit|: well inside the bf16 GEMM's error, far below a real choice
+
+
+def test_greedy_answers_equal_the_float32_reference_up_to_a_tie(llms):
     prompts = _prompts(llms["packed"])
     params = SamplingParams(max_tokens=32, temperature=0.0)
     got = llms["packed"].generate(prompts, params)
     want = llms["float32"].generate(prompts, params)
     for prompt, g, w in zip(prompts, got, want):
-        assert g.token_ids == w.token_ids, prompt
+        g_ids, w_ids = g.token_ids, w.token_ids
+        i = next((i for i, (a, b) in enumerate(zip(g_ids, w_ids)) if a != b), None)
+        if i is None:
+            assert g_ids == w_ids, prompt
+            continue
+        assert i >= 4, (prompt, i)  # the opening tokens are clear choices
+        ids = llms["float32"].tokenizer.encode(prompt) + list(w_ids[:i])
+        ref = llms["float32"].logits(ids)[-1]
+        gap = (ref[w_ids[i]] - ref[g_ids[i]]).item()
+        assert 0 <= gap < TIE * ref.abs().max().item(), (prompt, i, gap)
     assert "Paris" in got[0].text
 
 
