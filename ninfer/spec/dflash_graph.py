@@ -239,7 +239,7 @@ class DFlashGraphs:
         m, s, n = self.m, self.m.cfg.spec, self.n
         T, H, Hkv, D = R * n, s.heads, s.kv_heads, s.head_dim
         tokens, positions, lengths = dev[:T], dev[T : 2 * T], dev[2 * T :]
-        splits = block_splits(n + self._C)
+        splits = block_splits(n + self._C, R * Hkv)
         w = m.w
         x = F.embedding(tokens, m.embed)
         res = None

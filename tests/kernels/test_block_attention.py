@@ -59,3 +59,6 @@ def test_block_attention_is_sdpa_over_the_rows_keys(device):
 
 def test_block_splits():
     assert [block_splits(L) for L in (16, 128, 129, 528, 4096, 1 << 20)] == [1, 1, 2, 8, 16, 16]
+    # about 128 programs in all: rows x KV heads x ranges
+    assert [block_splits(4096, g) for g in (8, 16, 24, 32, 64, 128, 256)] == [16, 8, 4, 4, 2, 1, 1]
+    assert block_splits(528, 32) == 4 and block_splits(200, 32) == 2
