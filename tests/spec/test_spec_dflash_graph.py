@@ -123,7 +123,8 @@ def compare(reduced: bool, fp8: bool = False) -> None:
 
 @pytest.mark.parametrize(("reduced", "fp8"), [(False, False), (True, False), (True, True)])
 def test_graph_body_drafts_what_the_eager_forward_drafts(reduced, fp8):
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
+    path = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
     code = f"from tests.spec.test_spec_dflash_graph import compare; compare({reduced}, {fp8})"
     proc = subprocess.run(
         [sys.executable, "-c", code], check=False, cwd=REPO, env=env, capture_output=True,

@@ -52,3 +52,13 @@ def test_drafter_bench_refuses_a_bad_flag(capsys):
     with pytest.raises(SystemExit):
         main(["--synthetic", "tiny-qwen3", "--device", "cpu", "--repeats", "0"])
     assert "--repeats" in capsys.readouterr().err
+
+
+def test_drafter_bench_times_one_head_when_asked(tmp_path):
+    out = tmp_path / "draft.md"
+    argv = ["--synthetic", "tiny-qwen3", "--device", "cpu", "--context", "48", "--repeats", "1"]
+    assert main([*argv, "--drafters", "dflash", "--heads", "draft", "--out", str(out)]) == 0
+    named = [line.split("|")[1].strip() for line in out.read_text().splitlines()[7:]]
+    assert named == ["decode step", "dflash --lm-head-draft", "dflash --lm-head-draft"]
+    with pytest.raises(SystemExit):
+        main([*argv, "--heads", "bf16"])
