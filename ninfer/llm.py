@@ -68,14 +68,16 @@ class GenerationResult:
 class LLM:
     """Loads `path` and starts an engine on it. Engine options are keywords named like the
     `ninfer serve` flags (max_context, prefill_chunk, kv_dtype, page_size, prefix_reuse,
-    cuda_graphs, ...; EngineOptions). Unlike the server, a request waiting for a lane never
-    times out unless `pending_timeout_ms` is given. Calls are serialised."""
+    cuda_graphs, ...; EngineOptions). `dtype` not given: float32 on cpu, bfloat16 on cuda; given
+    as "float32", a CPU plan computes in float32 throughout (GGUF weights dequantised at load
+    unless `cpu_weights="packed"`). Unlike the server, a request waiting for a lane never times
+    out unless `pending_timeout_ms` is given. Calls are serialised."""
 
     def __init__(
         self,
         path: str | os.PathLike[str],
         device: str = "cpu",
-        dtype: str = "float32",
+        dtype: str | None = None,
         max_concurrency: int = 8,
         kv_capacity: int | str | None = 4096,
         **engine_options: Any,

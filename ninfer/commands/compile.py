@@ -55,8 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cpu-weights",
         choices=CPU_WEIGHTS,
-        default="packed",
-        help="cpu plans: GGUF weights packed (read by the cpu.* kernels) or float32 (default: packed)",
+        default=None,
+        help="cpu plans: GGUF weights packed (read by the cpu.* kernels) or float32 (default:"
+        " float32 when --dtype float32 is given, else packed)",
     )
     p.add_argument(
         "--memory-gib",

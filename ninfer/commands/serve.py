@@ -33,7 +33,7 @@ from ninfer.api.server.config import (
 )
 from ninfer.errors import ConfigError
 from ninfer.ir.kv_formats import KV_DTYPES
-from ninfer.passes.options import CPU_WEIGHTS, CompileOptions
+from ninfer.passes.options import CPU_WEIGHTS, CompileOptions, default_cpu_weights
 from ninfer.runtime.config import EngineOptions
 
 TCP_USER_TIMEOUT_MS = 15000  # a dead or unacknowledging peer is dropped after ~15 s
@@ -110,8 +110,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-dtype", choices=KV_DTYPES,
                    help="KV-cache storage (default: bf16 on cuda, the compute dtype on cpu)")
     g.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false", help="disable CUDA Graph decode")
-    g.add_argument("--cpu-weights", choices=CPU_WEIGHTS, default="packed",
-                   help="on cpu, keep GGUF weights packed for the cpu.* kernels or expand them to float32")
+    g.add_argument("--cpu-weights", choices=CPU_WEIGHTS,
+                   help="on cpu, keep GGUF weights packed for the cpu.* kernels or expand them to float32"
+                        " (default: float32 when --dtype float32 is given, else packed)")
     g.add_argument("--no-prefix-reuse", dest="prefix_reuse", action="store_false",
                    help="disable compatible-prefix caching")
     g.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
@@ -219,7 +220,7 @@ def config_from_args(
             prefill_chunk=args.prefill_chunk,
             device_state_slots=args.device_state_slots,
             cuda_graphs=args.cuda_graph,
-            cpu_weights=args.cpu_weights,
+            cpu_weights=args.cpu_weights or default_cpu_weights(args.dtype),
             vision=args.vision,
             tensor_parallel=args.tensor_parallel,
         ),

@@ -15,9 +15,19 @@ from ninfer.ir.types import COMPUTE_DTYPES
 
 DEVICES = ("cpu", "cuda")
 # cpu: GGUF Q4_0/Q4_1/Q8_0 weights kept packed for the int4 kernels of kernels/cpu_quant.py
-# (bf16 GEMM numerics), or dequantised to float32 at load (the reference numerics tests use)
+# (bf16 GEMM numerics), or dequantised to float32 at load (the reference numerics). Not given:
+# float32 when the caller asked for float32 compute (dtype="float32"), else packed: a bf16 GEMM
+# can reorder two tokens whose float32 logits are within its error, which someone who asked
+# for float32 would take for a wrong answer.
 CPU_WEIGHTS = ("packed", "float32")
 MAX_CONCURRENCY = 8
+
+
+def default_cpu_weights(dtype: str | None) -> str:
+    """--cpu-weights when not given, for the dtype the caller asked for (None: not given)."""
+    return "float32" if dtype == "float32" else "packed"
+
+
 MAX_TENSOR_PARALLEL = 64
 GIB = 1 << 30
 # Memory the planner may use when the caller does not say (`device_memory`): an H200 for cuda
@@ -50,7 +60,7 @@ class CompileOptions:
     # row each): CUDA Graph buckets cover decode steps up to this many rows too (0: none)
     verify_rows: int = 0
     device_memory: int | None = None  # bytes the plan may use; None: DEFAULT_DEVICE_MEMORY
-    cpu_weights: str = "packed"  # CPU_WEIGHTS; cuda plans ignore it
+    cpu_weights: str | None = None  # CPU_WEIGHTS; None: by dtype (above); cuda plans ignore it
     vision: bool = False  # run the vision tower (--vision): its weights, ops and MRoPE positions
     tensor_parallel: int = 1  # ranks the model is sharded over (passes/shard.py); a power of 2
     tp_rank: int = 0  # the rank this plan is for, 0..tensor_parallel-1
@@ -72,6 +82,8 @@ class CompileOptions:
             raise ConfigError(
                 f"--kv-dtype {self.kv_dtype}: unknown KV dtype (choose from {', '.join(KV_DTYPES)})"
             )
+        if self.cpu_weights is None:  # frozen: resolved once, here
+            object.__setattr__(self, "cpu_weights", default_cpu_weights(self.dtype))
         if self.cpu_weights not in CPU_WEIGHTS:
             raise ConfigError(
                 f"--cpu-weights {self.cpu_weights}: unknown (choose from {', '.join(CPU_WEIGHTS)})"

@@ -235,3 +235,25 @@ def test_cpu_weights_keeps_gguf_blocks_packed_or_expands_them(fixture_root, caps
     assert config_from_args(args, cuda_available=False).engine.compile.cpu_weights == "float32"
     args = serve.parse_args([str(out), "--device", "cpu"])
     assert config_from_args(args, cuda_available=False).engine.compile.cpu_weights == "packed"
+
+    # asking for float32 compute asks for float32 GEMMs too, unless packed is named
+    rc, asked, err = compile_out(capsys, str(out), "--verbose", "--dtype", "float32")
+    assert rc == 0, err
+    assert "(packed)" not in asked and "(dequantised at load)" in asked
+    for argv, want in [
+        (["--dtype", "float32"], "float32"),
+        (["--dtype", "bfloat16"], "packed"),
+        (["--dtype", "float32", "--cpu-weights", "packed"], "packed"),
+    ]:
+        args = serve.parse_args([str(out), "--device", "cpu", *argv])
+        assert config_from_args(args, cuda_available=False).engine.compile.cpu_weights == want
+
+
+def test_cpu_weights_follow_the_dtype_asked_for() -> None:
+    from ninfer.passes.options import CompileOptions
+
+    assert CompileOptions().cpu_weights == "packed"
+    assert CompileOptions(dtype="float32").cpu_weights == "float32"
+    assert CompileOptions(dtype="bfloat16").cpu_weights == "packed"
+    assert CompileOptions(dtype="float32", cpu_weights="packed").cpu_weights == "packed"
+    assert CompileOptions(cpu_weights="float32").cpu_weights == "float32"

@@ -1,6 +1,7 @@
 """The demo model (SmolLM2-135M-Instruct, GGUF Q4_1 layers and a Q8_0 tied embedding) on CPU:
 the default packed weights (kernels/cpu_quant.py) against the float32 reference
-(`cpu_weights="float32"`, the weights dequantised at load).
+(`cpu_weights="float32"`, the weights dequantised at load: LLM's choice when dtype="float32" is
+asked for).
 
 The packed GEMMs compute in bf16 (the error bound is in kernels/cpu_quant.py), so the logits
 are not bit-equal: they stay within a few percent of the logit range. The greedy answers to the
@@ -41,9 +42,10 @@ def demo_path() -> str:
 def llms(demo_path):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    # LLM's defaults: packed weights, unless float32 compute is asked for (dtype="float32")
     yield {
-        mode: LLM(demo_path, max_concurrency=3, kv_capacity=1024, cpu_weights=mode)
-        for mode in ("packed", "float32")
+        "packed": LLM(demo_path, max_concurrency=3, kv_capacity=1024),
+        "float32": LLM(demo_path, dtype="float32", max_concurrency=3, kv_capacity=1024),
     }
     torch.set_num_threads(threads)
 
