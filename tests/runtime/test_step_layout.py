@@ -52,6 +52,33 @@ def test_decode_rows_fill_as_the_general_fill(seed):
     assert via.tolist() == general.tolist()
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_a_kept_buffer_rewrites_only_changed_tables_and_holds_what_a_fresh_fill_writes(seed):
+    """A decode graph's buffer keeps its contents between steps, and `written` the tables its
+    rows hold: after each step (rows that grow a position, move to a new page, are replaced by
+    a shorter or an unrelated sequence, or stay) it is what a fresh fill writes."""
+    rng = random.Random(seed)
+    n = rng.randint(1, 6)
+    lay = StepLayout(n, n, n, WIDTH)
+    kept, written = np.full(lay.size, -7, np.int32), []
+    rows = list(decode_rows(rng, n))
+    for _ in range(40):
+        for i, c in enumerate(rows):
+            if rng.random() < 0.15:  # another sequence takes the row
+                rows[i] = decode_rows(rng, 1)[0]
+            elif c.start_pos + 1 < PS * (WIDTH - 1):  # the next position, a page more at a boundary
+                pages = c.block_table + (
+                    (rng.randrange(1000),) if (c.start_pos + 1) % PS == 0 else ()
+                )
+                rows[i] = replace(c, start_pos=c.start_pos + 1, block_table=pages)
+        order = rng.sample(range(n), n)
+        fill_step(kept, lay, tuple(rows), order, PS, SCRATCH, written)
+        fresh = np.zeros(lay.size, np.int32)
+        fill_step(fresh, lay, tuple(rows), order, PS, SCRATCH)
+        assert kept.tolist() == fresh.tolist()
+        assert written == [c.block_table[: c.start_pos // PS + 1] for c in rows]
+
+
 def chunks_of(rng: random.Random, n: int, ahead: int, wide: bool) -> tuple[SeqChunk, ...]:
     """`n` chunks (1..4 positions each when `wide`, else one), each block table covering
     `ahead` positions past its last."""

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -87,6 +87,8 @@ class _DecodeGraph:
     logits: torch.Tensor  # [batch, vocab] output buffer
     hidden: dict[str, torch.Tensor]  # captured hidden states (plan capture), [batch, hidden]
     extra: dict[str, torch.Tensor]  # the plan's extra step inputs (an MTP head's hidden)
+    # the block tables `host` holds per row (step_layout.fill_step: rewritten where changed)
+    tables: list[tuple[int, ...]] = field(default_factory=list)
 
 
 _STEP_INPUTS = ("tokens", "positions", "logit_rows", "media_embeds", "media_rows")
@@ -263,11 +265,17 @@ class CudaExecutor(PlanExecutorBase):
         return logits
 
     def _fill(
-        self, buf: np.ndarray, lay: StepLayout, chunks: tuple[SeqChunk, ...], rows: list[int]
+        self,
+        buf: np.ndarray,
+        lay: StepLayout,
+        chunks: tuple[SeqChunk, ...],
+        rows: list[int],
+        written: list[tuple[int, ...]] | None = None,
     ) -> None:
-        """Write a step's metadata into `buf` (int32, laid out by `lay`; step_layout.py)."""
+        """Write a step's metadata into `buf` (int32, laid out by `lay`; step_layout.py;
+        `written`: the tables a kept buffer's rows hold)."""
         scratch = self.kv.scratch_page if self.kv is not None else 0
-        fill_step(buf, lay, chunks, rows, self.page_size, scratch)
+        fill_step(buf, lay, chunks, rows, self.page_size, scratch, written)
 
     def _device_step(
         self, dev: torch.Tensor, lay: StepLayout, decode: bool, max_q_len: int
@@ -415,7 +423,7 @@ class CudaExecutor(PlanExecutorBase):
         lay = StepLayout(g.batch, g.batch, g.batch, self.max_pages, self._axes)
         g.copied.synchronize()  # the previous copy has read the pinned buffer
         h = g.host.numpy()
-        self._fill(h, lay, batch.chunks, list(range(g.batch)))
+        self._fill(h, lay, batch.chunks, list(range(g.batch)), g.tables)
         start = end = None
         if timing:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -67,14 +67,23 @@ def fill_step(
     rows: list[int],
     page_size: int,
     scratch: int,
+    written: list[tuple[int, ...]] | None = None,
 ) -> None:
     """Write a step's metadata into `buf` (int32, laid out by `lay`): each chunk's tokens,
     positions, KV slots, sequence length, state slot and block table (the pages up to its last
-    position; `scratch` after them), chunk boundaries, and the logit `rows`."""
+    position; `scratch` after them), chunk boundaries, and the logit `rows`.
+
+    `written`: for a buffer that keeps its contents between steps (a decode graph's), the
+    tables its rows hold, kept here: a row's table is written again only where it changed (a
+    new page every page_size positions). Converting a table of Python ints is most of a
+    decode step's host work at long contexts (8 rows of 32k positions: about 1.2 ms a step on
+    the CI machine, against 0.07 ms at 512)."""
     if lay.T == lay.N == len(chunks) and lay.axes == 1 and not lay.spill:
-        _fill_rows(buf, lay, chunks, rows, page_size, scratch)
+        _fill_rows(buf, lay, chunks, rows, page_size, scratch, written)
     else:
         _fill_chunks(buf, lay, chunks, rows, page_size, scratch)
+        if written is not None:
+            written.clear()  # every table was written whole: nothing to compare against
 
 
 def _fill_chunks(
@@ -127,17 +136,26 @@ def _fill_rows(
     rows: list[int],
     ps: int,
     scratch: int,
+    written: list[tuple[int, ...]] | None = None,
 ) -> None:
     """fill_step for one-token rows (a decode step): the same values from a few list
     assignments instead of a dozen array operations per chunk (the host work of every graph
-    replay)."""
+    replay); with `written`, each table only where it differs from what the row holds."""
     tables = lay.view(buf, "tables").reshape(lay.N, lay.W)
-    tables.fill(scratch)
+    if written is None:
+        tables.fill(scratch)
+    elif len(written) != lay.N:  # nothing known of what the rows hold: write them whole
+        written[:] = [()] * lay.N
+        tables.fill(scratch)
     pos = [c.start_pos for c in chunks]
     slots = []
     for i, c in enumerate(chunks):
         bt = _cover(c, pos[i], ps)
-        tables[i, : len(bt)] = bt
+        if written is None:
+            tables[i, : len(bt)] = bt
+        elif bt != (old := written[i]):
+            _write_table(tables[i], bt, old, scratch)
+            written[i] = bt
         slots.append(bt[-1] * ps + pos[i] % ps)
     lay.view(buf, "tokens")[:] = [c.token_ids[0] for c in chunks]
     lay.view(buf, "positions")[:] = pos
@@ -146,6 +164,15 @@ def _fill_rows(
     lay.view(buf, "cu")[:] = range(len(chunks) + 1)
     lay.view(buf, "state")[:] = [0 if c.state_slot is None else c.state_slot for c in chunks]
     lay.view(buf, "rows")[:] = rows
+
+
+def _write_table(row: np.ndarray, bt: tuple[int, ...], old: tuple[int, ...], scratch: int) -> None:
+    """Turn a table row holding `old` (scratch after it) into one holding `bt`: only the pages
+    past `old` when `bt` extends it (a sequence that grew), else the whole table."""
+    n = len(old) if len(old) <= len(bt) and bt[: len(old)] == old else 0
+    row[n : len(bt)] = bt[n:]
+    if len(old) > len(bt):
+        row[len(bt) : len(old)] = scratch
 
 
 def _cover(c: SeqChunk, last: int, ps: int) -> tuple[int, ...]:
