@@ -222,6 +222,8 @@ def test_effort_reaches_the_template_and_conflicts_are_reported():
         "thinking.type",
     )
     assert "thinking.type" in err.message and "reasoning_effort" not in err.message
+    # thinking.type is a string: the message names the boolean it stands for
+    assert "thinking.type sets enable_thinking false" in err.message, err.message
     refused(
         {"output_config": {"effort": "low"}, "chat_template_kwargs": {"reasoning_effort": "max"}},
         "conflicting_template_option",

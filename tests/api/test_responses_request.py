@@ -119,6 +119,7 @@ def test_tools_namespaces_and_allowed_tools():
         ({"tools": [dict(FN, allowed_callers=["programmatic"])]}, "unsupported_value", "tools[0].allowed_callers"),
         ({"tools": [FN, FN]}, "invalid_value", "tools[1].name"),
         ({"tools": [{"type": "namespace", "name": "n", "tools": [{"type": "custom", "name": "c"}]}]}, "unsupported_value", "tools[0].tools[0].type"),
+        ({"tools": [{"type": "namespace", "name": "n", "tools": [{"type": "namespace", "name": "m", "tools": []}]}]}, "invalid_value", "tools[0].tools[0].type"),
         ({"tool_choice": "required"}, "invalid_value", "tool_choice"),
         ({"tools": [FN], "tool_choice": {"type": "function", "name": "zzz"}}, "invalid_value", "tool_choice.name"),
         ({"tools": [FN], "tool_choice": {"type": "allowed_tools", "mode": "required", "tools": []}}, "invalid_value", "tool_choice.tools"),

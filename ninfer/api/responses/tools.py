@@ -123,6 +123,10 @@ def parse_tools(body: dict[str, Any]) -> ToolSet:
                 fparam = f"{param}.tools[{j}]"
                 fn = require_object(fraw, fparam)
                 fkind = get_str(fn, "type", f"{fparam}.type", required=True)
+                if fkind == "namespace":  # malformed, not a hosted tool: say so
+                    raise errors.invalid_value(
+                        f"{fparam}.type", "namespaces do not nest; a namespace groups functions"
+                    )
                 if fkind != "function":
                     raise errors.unsupported_value(f"{fparam}.type", fkind, HOSTED)
                 name, desc, params, strict = _parse_function(fn, fparam)

@@ -133,9 +133,15 @@ def resolve_template_options(
         if b is not None:
             _check_option(name, f"chat_template_kwargs.{name}", b)
         if a is not None and b is not None and a != b:
+            # A protocol field may carry the option under another name and kind (Anthropic's
+            # thinking.type is a string, not enable_thinking's boolean): name both.
+            said = (
+                f"{name} is {_js(a)} in the request"
+                if field[name] == name
+                else f"{field[name]} sets {name} {_js(a)}"
+            )
             raise errors.conflicting_template_option(
-                field[name],
-                f"{field[name]} is {_js(a)} in the request but {_js(b)} in chat_template_kwargs",
+                field[name], f"{said} but {_js(b)} in chat_template_kwargs.{name}"
             )
         resolved[name] = a if a is not None else b
     extra: dict[str, Any] = {}
