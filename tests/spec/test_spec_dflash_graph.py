@@ -121,7 +121,10 @@ def compare(reduced: bool, fp8: bool = False) -> None:
     assert graphs.rounds == 8
 
 
-@pytest.mark.parametrize(("reduced", "fp8"), [(False, False), (True, False), (True, True)])
+# The reduced head with bf16 layers needs no run of its own: the fp8 run's rounds of several
+# sequences read the bf16 layers with the reduced head, and the head and the layers are
+# separate calls in the graph body.
+@pytest.mark.parametrize(("reduced", "fp8"), [(False, False), (True, True)])
 def test_graph_body_drafts_what_the_eager_forward_drafts(reduced, fp8):
     path = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
