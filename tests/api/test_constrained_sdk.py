@@ -123,9 +123,14 @@ def _book_request(topic: str) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["aggregate", "stream"])
-def test_json_schema_responses_validate(oa, model, stream):
-    """20 different prompts, 8 at a time: every reply is JSON valid against the nested schema
+# Each mode takes half of the 20 topics (CI time: 20 per mode took 75 s of the suite's budget):
+# all 20 prompts are still sampled once, and each mode still runs 8 requests at a time, more
+# than one wave, so the constraint holds across a full batch and a lane reused mid-test.
+@pytest.mark.parametrize(
+    "stream, topics", [(False, TOPICS[0::2]), (True, TOPICS[1::2])], ids=["aggregate", "stream"]
+)
+def test_json_schema_responses_validate(oa, model, stream, topics):
+    """10 different prompts, 8 at a time: every reply is JSON valid against the nested schema
     (enums, arrays of objects, bounds, required fields) and ends with finish_reason stop."""
 
     def ask(topic: str) -> tuple[str, str]:
@@ -141,8 +146,8 @@ def test_json_schema_responses_validate(oa, model, stream):
         return text, finish
 
     with ThreadPoolExecutor(8) as pool:
-        replies = list(pool.map(ask, TOPICS))
-    for topic, (text, finish) in zip(TOPICS, replies):
+        replies = list(pool.map(ask, topics))
+    for topic, (text, finish) in zip(topics, replies):
         assert finish == "stop", (topic, text)
         jsonschema.validate(json.loads(text), BOOK)
 

@@ -1,7 +1,8 @@
 """End-to-end fixtures: the real `ninfer serve` process on the committed tiny trained model.
 
-`live_server` starts one server per test module (CPU, float32) on a free port and yields its
-base URL (`http://127.0.0.1:PORT`); `server_factory` starts servers with extra flags. Servers
+`live_server` starts one server for the whole session (CPU, float32) on a free port and yields
+its base URL (`http://127.0.0.1:PORT`); `server_factory` starts servers with extra flags, one
+set per test module. Servers
 are real subprocesses driven over HTTP by the official clients, exactly as users run them.
 """
 
@@ -98,7 +99,10 @@ def start_server(
     return server.wait_ready()
 
 
-@pytest.fixture(scope="module")
+# Session-wide: five modules use it, and each start costs 4-5 s of CI time; no test relies on
+# a fresh server (prefix-cache hits, stored responses and metrics are asserted relative to the
+# test's own requests), and an idle server takes no CPU.
+@pytest.fixture(scope="session")
 def live_server(tmp_path_factory) -> Iterator[LiveServer]:
     if not TINY_AGENT.exists():
         pytest.fail(f"{TINY_AGENT} is missing: build it with `python -m artifacts.train_tiny`")

@@ -65,7 +65,7 @@ TEXT = (
 
 
 def test_fp8_and_nvfp4_weights_agree_with_bf16(tmp_path, demo_gguf) -> None:
-    """Top-1 agreement with bf16 weights over a fixed 2,000-token text, bounded."""
+    """Top-1 agreement with bf16 weights over a fixed 1,000-token text, bounded."""
     from ninfer.artifact.convert_gguf import convert_gguf
 
     top1 = {}
@@ -77,12 +77,15 @@ def test_fp8_and_nvfp4_weights_agree_with_bf16(tmp_path, demo_gguf) -> None:
             kv_capacity=2048,
         )
         if ids is None:
-            ids = (llm.tokenizer.encode(TEXT) * 40)[:2000]  # the paragraph, repeated
-            assert len(ids) == 2000
+            # the paragraph, repeated: 1,000 tokens, not 2,000 (each format's forward over
+            # 2,000 took 13 s of CI time); the bounds below keep their margin at this length
+            ids = (llm.tokenizer.encode(TEXT) * 40)[:1000]
+            assert len(ids) == 1000
         top1[fmt] = llm.logits(ids).argmax(dim=-1)
         del llm
     agree = {f: (top1[f] == top1["bf16"]).float().mean().item() for f in ("fp8", "nvfp4")}
-    print(f"top-1 agreement with bf16 over 2000 tokens: {agree}")
-    # measured 0.994 (fp8) and 0.960 (nvfp4)
+    print(f"top-1 agreement with bf16 over 1000 tokens: {agree}")
+    # measured 0.989 (fp8) and 0.928 (nvfp4); over 2,000 tokens 0.994 and 0.960 (the repeats
+    # of the paragraph are easier to predict than its first pass)
     assert agree["fp8"] >= 0.97, agree
     assert agree["nvfp4"] >= 0.90, agree
